@@ -1,0 +1,48 @@
+// Element types and reduction operators understood by every layer of gradcomp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace gradcomp {
+
+/// Element type of a buffer. The numeric values are part of the C ABI and the wire format
+/// of negotiation messages: never renumber.
+enum class DataType : uint8_t {
+  kUInt8 = 0,
+  kInt8 = 1,
+  kInt32 = 2,
+  kInt64 = 3,
+  kFloat16 = 4,
+  kBFloat16 = 5,
+  kFloat32 = 6,
+  kFloat64 = 7,
+  kBool = 8,
+};
+inline constexpr int kNumDataTypes = 9;
+
+/// Reduction applied by allreduce / reducescatter. Average is Sum followed by a division
+/// by the number of ranks; the communicators only ever see Sum, Min, Max and Product.
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAverage = 1,
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+
+/// Size in bytes of one element of `dtype`.
+size_t DataTypeSize(DataType dtype);
+/// Lower-case name ("float32", "bfloat16", ...), as users see it in error messages.
+const char* DataTypeName(DataType dtype);
+/// Name of a reduction ("sum", "average", ...).
+const char* ReduceOpName(ReduceOp op);
+/// Parses a DataType from its numeric value; throws naming the value when it is unknown.
+DataType DataTypeFromInt(int value);
+/// Parses a ReduceOp from its numeric value; throws naming the value when it is unknown.
+ReduceOp ReduceOpFromInt(int value);
+/// True for float16, bfloat16, float32 and float64.
+bool IsFloatingPoint(DataType dtype);
+
+}  // namespace gradcomp

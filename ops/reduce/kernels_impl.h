@@ -1,0 +1,214 @@
+// Body of the reduction kernels. Included once per instruction set by kernels_scalar.cc and
+// kernels_avx2.cc (the latter compiled with -mavx2 -mf16c) inside a namespace of its own, so
+// the two instantiations never collide. The generic loops are written for the compiler's
+// auto-vectorizer; 16-bit floats use F16C intrinsics explicitly where available. Nothing here
+// may instantiate a shared template or inline function with external linkage (the linker
+// could merge an AVX2 copy into scalar callers): all helpers live in an unnamed namespace,
+// and arguments are validated by the dispatcher in reduce.cc before entering.
+// (No include guard: this file is meant to be included once per kernel translation unit.)
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define GC_KERNELS_SIMD 1
+#else
+#define GC_KERNELS_SIMD 0
+#endif
+
+#include "ops/common/dtype.h"
+#include "ops/common/half.h"
+
+namespace gradcomp {
+namespace GC_KERNEL_NAMESPACE {
+namespace {
+
+// Integer arithmetic is done in the unsigned type of the same width: wrap-around instead of UB.
+template <typename T, bool = std::is_integral_v<T>>
+struct WideOf {
+  using type = T;
+};
+template <typename T>
+struct WideOf<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+template <typename T>
+using Wide = typename WideOf<T>::type;
+
+template <typename T>
+struct SumOp {
+  T operator()(T a, T b) const { return static_cast<T>(static_cast<Wide<T>>(a) + static_cast<Wide<T>>(b)); }
+};
+template <typename T>
+struct ProdOp {
+  T operator()(T a, T b) const { return static_cast<T>(static_cast<Wide<T>>(a) * static_cast<Wide<T>>(b)); }
+};
+template <typename T>
+struct MinOp {
+  T operator()(T a, T b) const { return b < a ? b : a; }
+};
+template <typename T>
+struct MaxOp {
+  T operator()(T a, T b) const { return a < b ? b : a; }
+};
+
+template <typename T, typename Op>
+void Loop(T* __restrict dst, const T* __restrict src, size_t n, Op op) {
+  for (size_t i = 0; i < n; ++i) dst[i] = op(dst[i], src[i]);
+}
+
+template <typename T>
+void ReduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  switch (op) {
+    case ReduceOp::kSum: Loop(d, s, n, SumOp<T>()); return;
+    case ReduceOp::kProduct: Loop(d, s, n, ProdOp<T>()); return;
+    case ReduceOp::kMin: Loop(d, s, n, MinOp<T>()); return;
+    case ReduceOp::kMax: Loop(d, s, n, MaxOp<T>()); return;
+    case ReduceOp::kAverage: return;  // lowered by the caller (reduce.cc), never reaches here
+  }
+}
+
+void ReduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  const bool is_or = (op == ReduceOp::kSum || op == ReduceOp::kMax);
+  if (is_or) {
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>((d[i] | s[i]) != 0);
+  } else {
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>((d[i] != 0) & (s[i] != 0));
+  }
+}
+
+// 16-bit floats: widen to float32, apply the op, round back to nearest even.
+struct HalfCodec {
+  static float Load(uint16_t v) { return HalfBitsToFloat(v); }
+  static uint16_t Store(float v) { return FloatToHalfBits(v); }
+};
+struct BFloat16Codec {
+  static float Load(uint16_t v) { return BFloat16BitsToFloat(v); }
+  static uint16_t Store(float v) { return FloatToBFloat16Bits(v); }
+};
+
+#if GC_KERNELS_SIMD
+inline __m256 Load8(const uint16_t* p, HalfCodec) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void Store8(uint16_t* p, __m256 v, HalfCodec) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+inline __m256 Load8(const uint16_t* p, BFloat16Codec) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline void Store8(uint16_t* p, __m256 v, BFloat16Codec) {
+  // Round to nearest even exactly as FloatToBFloat16Bits; NaN lanes become quiet NaNs.
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  rounded = _mm256_srli_epi32(rounded, 16);
+  const __m256i nan_bits = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  rounded = _mm256_blendv_epi8(rounded, nan_bits, _mm256_castps_si256(is_nan));
+  // Pack the eight 32-bit lanes (each < 2^16) into 16-bit values in order.
+  const __m256i packed = _mm256_packus_epi32(rounded, rounded);
+  const __m256i ordered = _mm256_permute4x64_epi64(packed, 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(ordered));
+}
+inline __m256 ApplySimd(__m256 a, __m256 b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return _mm256_add_ps(a, b);
+    case ReduceOp::kProduct: return _mm256_mul_ps(a, b);
+    case ReduceOp::kMin: return _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ));
+    case ReduceOp::kMax: return _mm256_blendv_ps(a, b, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+    case ReduceOp::kAverage: break;
+  }
+  return a;
+}
+#endif
+
+inline float ApplyScalar(float a, float b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return a + b;
+    case ReduceOp::kProduct: return a * b;
+    case ReduceOp::kMin: return b < a ? b : a;
+    case ReduceOp::kMax: return a < b ? b : a;
+    case ReduceOp::kAverage: break;
+  }
+  return a;
+}
+
+template <typename Codec>
+void Reduce16(void* dst, const void* src, size_t n, ReduceOp op) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  size_t i = 0;
+#if GC_KERNELS_SIMD
+  for (; i + 8 <= n; i += 8) {
+    Store8(d + i, ApplySimd(Load8(d + i, Codec()), Load8(s + i, Codec()), op), Codec());
+  }
+#endif
+  for (; i < n; ++i) d[i] = Codec::Store(ApplyScalar(Codec::Load(d[i]), Codec::Load(s[i]), op));
+}
+
+template <typename Codec>
+void Scale16(void* buf, size_t n, float factor) {
+  uint16_t* b = static_cast<uint16_t*>(buf);
+  size_t i = 0;
+#if GC_KERNELS_SIMD
+  const __m256 f = _mm256_set1_ps(factor);
+  for (; i + 8 <= n; i += 8) Store8(b + i, _mm256_mul_ps(Load8(b + i, Codec()), f), Codec());
+#endif
+  for (; i < n; ++i) b[i] = Codec::Store(Codec::Load(b[i]) * factor);
+}
+
+template <typename T>
+void ScaleFloat(void* buf, size_t n, T factor) {
+  T* b = static_cast<T*>(buf);
+  for (size_t i = 0; i < n; ++i) b[i] *= factor;
+}
+
+template <typename T>
+void ScaleInt(void* buf, size_t n, double factor) {
+  T* b = static_cast<T*>(buf);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<T>(static_cast<double>(b[i]) * factor);
+}
+
+}  // namespace
+
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: return ReduceTyped<uint8_t>(dst, src, n, op);
+    case DataType::kInt8: return ReduceTyped<int8_t>(dst, src, n, op);
+    case DataType::kInt32: return ReduceTyped<int32_t>(dst, src, n, op);
+    case DataType::kInt64: return ReduceTyped<int64_t>(dst, src, n, op);
+    case DataType::kFloat32: return ReduceTyped<float>(dst, src, n, op);
+    case DataType::kFloat64: return ReduceTyped<double>(dst, src, n, op);
+    case DataType::kFloat16: return Reduce16<HalfCodec>(dst, src, n, op);
+    case DataType::kBFloat16: return Reduce16<BFloat16Codec>(dst, src, n, op);
+    case DataType::kBool: return ReduceBool(dst, src, n, op);
+  }
+}
+
+void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor) {
+  switch (dtype) {
+    case DataType::kUInt8: return ScaleInt<uint8_t>(buf, n, factor);
+    case DataType::kInt8: return ScaleInt<int8_t>(buf, n, factor);
+    case DataType::kInt32: return ScaleInt<int32_t>(buf, n, factor);
+    case DataType::kInt64: return ScaleInt<int64_t>(buf, n, factor);
+    case DataType::kFloat32: return ScaleFloat<float>(buf, n, static_cast<float>(factor));
+    case DataType::kFloat64: return ScaleFloat<double>(buf, n, factor);
+    case DataType::kFloat16: return Scale16<HalfCodec>(buf, n, static_cast<float>(factor));
+    case DataType::kBFloat16: return Scale16<BFloat16Codec>(buf, n, static_cast<float>(factor));
+    case DataType::kBool:
+      if (factor == 0.0) ScaleInt<uint8_t>(buf, n, 0.0);
+      return;
+  }
+}
+
+}  // namespace GC_KERNEL_NAMESPACE
+}  // namespace gradcomp
+
+#undef GC_KERNELS_SIMD

@@ -1,0 +1,80 @@
+#include "ops/reduce/reduce.h"
+
+#include <cstring>
+
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op, Isa isa) {
+  GC_ENFORCE(op != ReduceOp::kAverage, "Average must be lowered to Sum + ScaleInPlace");
+  (void)DataTypeSize(dtype);  // throws for an unknown dtype code before entering a kernel
+  if (n == 0) return;
+  if (isa == Isa::kAvx2) {
+    kernels_avx2::ReduceInto(dst, src, n, dtype, op);
+  } else {
+    kernels_scalar::ReduceInto(dst, src, n, dtype, op);
+  }
+}
+
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
+  ReduceInto(dst, src, n, dtype, op, BestIsa());
+}
+
+void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor, Isa isa) {
+  (void)DataTypeSize(dtype);
+  if (n == 0 || factor == 1.0) return;
+  if (isa == Isa::kAvx2) {
+    kernels_avx2::ScaleInPlace(buf, n, dtype, factor);
+  } else {
+    kernels_scalar::ScaleInPlace(buf, n, dtype, factor);
+  }
+}
+
+void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor) {
+  ScaleInPlace(buf, n, dtype, factor, BestIsa());
+}
+
+void ReduceMany(void* dst, const std::vector<const void*>& srcs, size_t offset_bytes, size_t n,
+                DataType dtype, ReduceOp op) {
+  GC_ENFORCE(!srcs.empty(), "ReduceMany needs at least one source");
+  if (n == 0) return;
+  const size_t bytes = n * DataTypeSize(dtype);
+  const char* first = static_cast<const char*>(srcs[0]) + offset_bytes;
+  if (dst != first) std::memcpy(dst, first, bytes);
+  for (size_t r = 1; r < srcs.size(); ++r) {
+    ReduceInto(dst, static_cast<const char*>(srcs[r]) + offset_bytes, n, dtype, op);
+  }
+}
+
+namespace {
+template <typename T>
+void DivideTyped(void* buf, size_t n, int64_t divisor) {
+  T* b = static_cast<T*>(buf);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<T>(static_cast<int64_t>(b[i]) / divisor);
+}
+}  // namespace
+
+void DivideIntegersInPlace(void* buf, size_t n, DataType dtype, int64_t divisor) {
+  GC_ENFORCE(divisor > 0, "divisor must be positive, got ", divisor);
+  switch (dtype) {
+    case DataType::kUInt8: return DivideTyped<uint8_t>(buf, n, divisor);
+    case DataType::kInt8: return DivideTyped<int8_t>(buf, n, divisor);
+    case DataType::kInt32: return DivideTyped<int32_t>(buf, n, divisor);
+    case DataType::kInt64: return DivideTyped<int64_t>(buf, n, divisor);
+    default: GC_ENFORCE(false, "DivideIntegersInPlace on non-integer type ", DataTypeName(dtype));
+  }
+}
+
+void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int num_ranks) {
+  if (op == ReduceOp::kAverage) {
+    if (IsFloatingPoint(dtype)) {
+      ScaleInPlace(buf, n, dtype, postscale / num_ranks);
+      return;
+    }
+    DivideIntegersInPlace(buf, n, dtype, num_ranks);
+  }
+  ScaleInPlace(buf, n, dtype, postscale);
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,51 @@
+// Element-wise reduction and scaling kernels for every gradcomp data type.
+// Vectorized for AVX2/F16C with a scalar fallback; the variant is chosen at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ops/common/cpu.h"
+#include "ops/common/dtype.h"
+
+namespace gradcomp {
+
+/// dst[i] = dst[i] (op) src[i] for i < n. `op` is Sum, Min, Max or Product (Average is
+/// Sum followed by ScaleInPlace). Integer arithmetic wraps; bool Sum/Max is OR and
+/// Product/Min is AND; float16/bfloat16 compute in float32 and round to nearest even.
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op);
+/// Same, with an explicit instruction set (tests compare the variants).
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op, Isa isa);
+
+/// dst = srcs[0] (op) srcs[1] (op) ... in that order, each source holding n elements at the
+/// given byte offset. The fixed order makes every rank that computes a slice get the same bits.
+/// `dst` may equal srcs[0] + offset but no other source.
+void ReduceMany(void* dst, const std::vector<const void*>& srcs, size_t offset_bytes, size_t n,
+                DataType dtype, ReduceOp op);
+
+/// buf[i] /= divisor for integer types, truncating toward zero (Average of integers).
+void DivideIntegersInPlace(void* buf, size_t n, DataType dtype, int64_t divisor);
+
+/// Finishes a reduction of `n` elements on `buf`: for Average divides by `num_ranks`
+/// (floats multiply by postscale / num_ranks in one pass; integers divide exactly, then
+/// scale), then applies `postscale`.
+void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int num_ranks);
+
+/// buf[i] *= factor. Floating types multiply in their compute precision (float32 for
+/// 16-bit floats, float64 for float64); integers multiply in float64 and truncate toward
+/// zero; bool is left unchanged unless factor is 0.
+void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
+/// Same, with an explicit instruction set.
+void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor, Isa isa);
+
+namespace kernels_scalar {
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op);
+void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
+}  // namespace kernels_scalar
+namespace kernels_avx2 {
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op);
+void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
+}  // namespace kernels_avx2
+
+}  // namespace gradcomp
