@@ -1,0 +1,86 @@
+#include "ops/collectives/allreduce.h"
+
+#include <cstring>
+
+#include "ops/collectives/context.h"
+#include "ops/reduce/reduce.h"
+
+namespace gradcomp {
+
+namespace {
+
+void Validate(const AllreduceOptions& o) {
+  if (o.count > 0 && (o.input == nullptr || o.output == nullptr)) {
+    throw InvalidArgument("allreduce got a null buffer for " + std::to_string(o.count) + " elements");
+  }
+  if (o.dtype == DataType::kBool && o.op == ReduceOp::kAverage) {
+    throw InvalidArgument("allreduce: op average is not defined for bool tensors (use sum, min or max)");
+  }
+}
+
+// Copies input to output scaled by prescale when needed; returns the buffer to reduce from.
+const void* ApplyPrescale(const AllreduceOptions& o) {
+  if (o.prescale == 1.0) return o.input;
+  if (o.output != o.input) std::memcpy(o.output, o.input, o.count * DataTypeSize(o.dtype));
+  ScaleInPlace(o.output, o.count, o.dtype, o.prescale);
+  return o.output;
+}
+
+ReduceOp LoweredOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+void RunFlat(const Topology& topo, const AllreduceOptions& o) { Allreduce(*topo.world, o); }
+
+}  // namespace
+
+void Allreduce(Communicator& comm, const AllreduceOptions& o) {
+  WithTensorContext("allreduce", o.name, [&] {
+    Validate(o);
+    if (o.count == 0) return;
+    const void* src = ApplyPrescale(o);
+    comm.Allreduce(src, o.output, o.count, o.dtype, LoweredOp(o.op));
+    FinishReduction(o.output, o.count, o.dtype, o.op, o.postscale, comm.size());
+  });
+}
+
+void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& o) {
+  WithTensorContext("hierarchical allreduce", o.name, [&] {
+    Validate(o);
+    if (!topo.homogeneous) {
+      GC_THROW("hierarchical allreduce needs the same number of ranks on every node (rank ", topo.rank(),
+               " has ", topo.local_size(), " local ranks)");
+    }
+    if (o.count == 0) return;
+    Communicator& local = *topo.local;
+    const size_t esize = DataTypeSize(o.dtype);
+    const void* src = ApplyPrescale(o);
+    const std::vector<size_t> counts = EvenSplit(o.count, local.size());
+    const size_t mine = counts[static_cast<size_t>(local.rank())];
+    std::vector<char> shard(mine * esize);
+    local.ReduceScatter(src, shard.data(), counts, o.dtype, LoweredOp(o.op));
+    if (topo.cross_size() > 1) topo.cross->Allreduce(shard.data(), shard.data(), mine, o.dtype, LoweredOp(o.op));
+    FinishReduction(shard.data(), mine, o.dtype, o.op, o.postscale, topo.size());
+    std::vector<size_t> bytes(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * esize;
+    local.Allgatherv(shard.data(), o.output, bytes);
+  });
+}
+
+const std::vector<AllreduceAlgorithm>& AllreduceAlgorithms() {
+  static const std::vector<AllreduceAlgorithm> table = {
+      {"flat", "one MPI_Allreduce over all ranks", &RunFlat},
+      {"hierarchical", "node-local reduce-scatter (shared memory), cross-node allreduce, node-local allgather",
+       &HierarchicalAllreduce},
+  };
+  return table;
+}
+
+const AllreduceAlgorithm& FindAllreduceAlgorithm(const std::string& name) {
+  std::string known;
+  for (const auto& algo : AllreduceAlgorithms()) {
+    if (name == algo.name) return algo;
+    known += known.empty() ? algo.name : std::string(", ") + algo.name;
+  }
+  throw InvalidArgument("unknown allreduce algorithm '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,48 @@
+// Uncompressed allreduce: flat (the communicator's own collective, i.e. MPI_Allreduce)
+// and hierarchical (node-local reduce-scatter, cross-node allreduce, node-local allgather).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "ops/comm/communicator.h"
+#include "ops/comm/topology.h"
+
+namespace gradcomp {
+
+/// Arguments of one allreduce. `output` may equal `input`.
+struct AllreduceOptions {
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  /// Multiplies the input before the reduction.
+  double prescale = 1.0;
+  /// Multiplies the result (after Average's division by the number of ranks).
+  double postscale = 1.0;
+  /// Tensor name, for error messages.
+  std::string name;
+};
+
+/// Flat allreduce over `comm`; the reduction itself is the communicator's (MPI's) collective.
+void Allreduce(Communicator& comm, const AllreduceOptions& opts);
+
+/// Hierarchical allreduce: reduce-scatter inside each node (through the shared-memory window
+/// with an shm local communicator), allreduce of each shard among the ranks with the same
+/// local rank, allgather inside each node. Needs the same number of ranks on every node.
+void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& opts);
+
+/// One allreduce algorithm of the table: a name, a one-line description and its entry point.
+struct AllreduceAlgorithm {
+  const char* name;
+  const char* description;
+  void (*run)(const Topology& topo, const AllreduceOptions& opts);
+};
+/// Every allreduce algorithm, in the order users see them listed.
+const std::vector<AllreduceAlgorithm>& AllreduceAlgorithms();
+/// The algorithm called `name`; throws listing the known names when there is none.
+const AllreduceAlgorithm& FindAllreduceAlgorithm(const std::string& name);
+
+}  // namespace gradcomp

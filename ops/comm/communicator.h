@@ -1,0 +1,73 @@
+// The narrow transport interface every collective algorithm is written against
+// (in the spirit of gloo's Context/Pair). Implementations: MPI (mpi_communicator.h),
+// an MPI-3 shared-memory window for node-local exchange (shm_communicator.h) and
+// in-process thread ranks for tests (inprocess_communicator.h). Algorithms include only
+// this header, never mpi.h.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "ops/common/dtype.h"
+
+namespace gradcomp {
+
+/// How ranks of one node talk to each other in hierarchical algorithms
+/// (CGX_INNER_COMMUNICATOR_TYPE): through a shared-memory window or through MPI messages.
+enum class LocalTransport { kSharedMemory, kMessages };
+
+/// A group of ranks that can exchange bytes and run the few collectives we delegate.
+/// Every collective must be called by all ranks of the communicator in the same order.
+/// Methods throw gradcomp::Error (with rank and operation) on failure.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// This rank's index in the group, 0..size()-1.
+  virtual int rank() const = 0;
+  /// Number of ranks in the group.
+  virtual int size() const = 0;
+  /// Short name of the implementation: "mpi", "shm" or "inproc".
+  virtual const char* kind() const = 0;
+
+  /// Blocking send of `bytes` bytes to `peer`; messages with the same (peer, tag) stay ordered.
+  virtual void Send(const void* data, size_t bytes, int peer, int tag) = 0;
+  /// Blocking receive of exactly `bytes` bytes from `peer`.
+  virtual void Recv(void* data, size_t bytes, int peer, int tag) = 0;
+  /// Sends to `dst` and receives from `src` at once, so exchange patterns cannot deadlock.
+  virtual void SendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
+                        int src, int tag) = 0;
+
+  /// Returns once every rank has entered.
+  virtual void Barrier() = 0;
+  /// out[i] = op over ranks of in[i]; `in == out` is allowed. op is Sum, Min, Max or Product.
+  virtual void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) = 0;
+  /// Reduces `in` (sum of counts elements) over ranks; rank r receives the slice that starts at
+  /// the prefix sum of counts[0..r) and holds counts[r] elements. `out` must not overlap `in`.
+  virtual void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                             DataType dtype, ReduceOp op) = 0;
+  /// out = concatenation over ranks of their `in` (rank r contributes bytes[r] bytes).
+  virtual void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
+  /// Copies `bytes` bytes of root's `data` into every rank's `data`.
+  virtual void Broadcast(void* data, size_t bytes, int root) = 0;
+  /// Rank r sends send_bytes[p] bytes (consecutive in `in`) to each p and receives
+  /// recv_bytes[p] bytes from each p into consecutive regions of `out`.
+  virtual void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                         const std::vector<size_t>& recv_bytes) = 0;
+  /// Collective: ranks passing the same color form a new communicator, ordered by (key, rank).
+  /// A negative color returns nullptr for that rank.
+  virtual std::unique_ptr<Communicator> Split(int color, int key) = 0;
+  /// Collective: the communicator of the ranks on this rank's node. forced_local_size > 0 groups
+  /// consecutive ranks in nodes of that size (to exercise hierarchy on one machine); 0 detects
+  /// the real shared-memory domain.
+  virtual std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport) = 0;
+};
+
+/// Splits `count` elements into `parts` contiguous slices whose sizes differ by at most one
+/// (the first count % parts slices get the extra element).
+std::vector<size_t> EvenSplit(size_t count, int parts);
+/// Prefix sums: offsets[i] = sum of sizes[0..i).
+std::vector<size_t> Offsets(const std::vector<size_t>& sizes);
+
+}  // namespace gradcomp

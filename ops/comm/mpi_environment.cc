@@ -1,0 +1,45 @@
+#include "ops/comm/mpi_environment.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "ops/comm/mpi_communicator.h"
+
+namespace gradcomp {
+
+namespace {
+void FinalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+}  // namespace
+
+void EnsureMpiInitialized() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = 0;
+  if (!initialized) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) GC_THROW("MPI was already finalized in this process; gradcomp cannot start it again");
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Init_thread", -1));
+    std::atexit(FinalizeAtExit);
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  // The background thread makes every MPI call, but not the thread that initialized MPI.
+  if (provided < MPI_THREAD_SERIALIZED) {
+    GC_THROW("MPI provides thread level ", provided, " but gradcomp needs at least MPI_THREAD_SERIALIZED (",
+             MPI_THREAD_SERIALIZED, "); initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)");
+  }
+}
+
+std::unique_ptr<Communicator> CreateMpiWorld() {
+  EnsureMpiInitialized();
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+}  // namespace gradcomp

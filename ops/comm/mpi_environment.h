@@ -1,0 +1,19 @@
+// MPI start-up for gradcomp processes, without exposing mpi.h.
+#pragma once
+
+#include <memory>
+
+#include "ops/comm/communicator.h"
+
+namespace gradcomp {
+
+/// Initializes MPI with MPI_THREAD_MULTIPLE unless the process already did (mpi4py, a
+/// framework). When gradcomp initialized it, MPI_Finalize runs at process exit, so
+/// gradcomp can be shut down and initialized again in the same process.
+/// Throws when MPI was initialized by someone else with less than MPI_THREAD_SERIALIZED.
+void EnsureMpiInitialized();
+
+/// A communicator over a duplicate of MPI_COMM_WORLD (calls EnsureMpiInitialized).
+std::unique_ptr<Communicator> CreateMpiWorld();
+
+}  // namespace gradcomp

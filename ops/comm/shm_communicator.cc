@@ -1,0 +1,138 @@
+#include "ops/comm/shm_communicator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/reduce/reduce.h"
+
+namespace gradcomp {
+
+namespace {
+size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+size_t MaxOf(const std::vector<size_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+// Elements of round `round` (slab elements per round) within a slice of `count` elements.
+size_t SlabLength(size_t count, size_t slab, size_t round) {
+  const size_t start = round * slab;
+  return start >= count ? 0 : std::min(slab, count - start);
+}
+}  // namespace
+
+ShmCommunicator::ShmCommunicator(MPI_Comm node, size_t staging_bytes)
+    : mpi_(node), rank_(mpi_.rank()), staging_bytes_(staging_bytes) {
+  GC_ENFORCE(staging_bytes_ >= 64, "shared-memory staging area too small: ", staging_bytes_);
+  MPI_Info info;
+  GC_MPI_CHECK(MPI_Info_create(&info));
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  void* base = nullptr;
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(2 * staging_bytes_), 1, info, mpi_.handle(),
+                                         &base, &win_);
+  MPI_Info_free(&info);
+  GC_MPI_CHECK(rc);
+  segments_.resize(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) {
+    MPI_Aint bytes = 0;
+    int disp_unit = 0;
+    void* ptr = nullptr;
+    GC_MPI_CHECK(MPI_Win_shared_query(win_, r, &bytes, &disp_unit, &ptr));
+    segments_[static_cast<size_t>(r)] = static_cast<char*>(ptr);
+  }
+  GC_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+}
+
+ShmCommunicator::~ShmCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || win_ == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(win_);
+  MPI_Win_free(&win_);
+}
+
+void ShmCommunicator::Sync() {
+  GC_MPI_CHECK(MPI_Win_sync(win_));
+  mpi_.Barrier();
+  GC_MPI_CHECK(MPI_Win_sync(win_));
+}
+
+void ShmCommunicator::ReduceRound(const char* in, const std::vector<size_t>& counts,
+                                  const std::vector<size_t>& offsets, size_t slab, size_t round,
+                                  DataType dtype, ReduceOp op, char* dst) {
+  const size_t esize = DataTypeSize(dtype);
+  // Stage slab `round` of every rank's slice, slice s at s * slab elements.
+  char* stage = Stage(rank_);
+  for (size_t s = 0; s < counts.size(); ++s) {
+    const size_t len = SlabLength(counts[s], slab, round);
+    if (len > 0) std::memcpy(stage + s * slab * esize, in + (offsets[s] + round * slab) * esize, len * esize);
+  }
+  Sync();
+  const size_t me = static_cast<size_t>(rank_);
+  const size_t len = SlabLength(counts[me], slab, round);
+  std::vector<const void*> sources(segments_.begin(), segments_.end());
+  ReduceMany(dst, sources, me * slab * esize, len, dtype, op);
+}
+
+void ShmCommunicator::ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                                    ReduceOp op) {
+  GC_ENFORCE(counts.size() == static_cast<size_t>(size()), "reducescatter needs one count per rank");
+  const size_t esize = DataTypeSize(dtype);
+  const size_t slab = std::max<size_t>(1, staging_bytes_ / (esize * counts.size()));
+  const std::vector<size_t> offsets = Offsets(counts);
+  const size_t rounds = CeilDiv(MaxOf(counts), slab);
+  char* dst = static_cast<char*>(out);
+  for (size_t k = 0; k < rounds; ++k) {
+    ReduceRound(static_cast<const char*>(in), counts, offsets, slab, k, dtype, op, dst + k * slab * esize);
+    Sync();  // staging areas are free again
+  }
+}
+
+void ShmCommunicator::Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
+  const size_t esize = DataTypeSize(dtype);
+  const std::vector<size_t> counts = EvenSplit(count, size());
+  const std::vector<size_t> offsets = Offsets(counts);
+  const size_t slab = std::max<size_t>(1, staging_bytes_ / (esize * counts.size()));
+  const size_t rounds = CeilDiv(MaxOf(counts), slab);
+  for (size_t k = 0; k < rounds; ++k) {
+    ReduceRound(static_cast<const char*>(in), counts, offsets, slab, k, dtype, op, Result(rank_));
+    Sync();  // every rank's reduced slab is ready; all inputs of this round were read
+    for (int r = 0; r < size(); ++r) {
+      const size_t len = SlabLength(counts[static_cast<size_t>(r)], slab, k);
+      if (len > 0) {
+        std::memcpy(static_cast<char*>(out) + (offsets[static_cast<size_t>(r)] + k * slab) * esize, Result(r),
+                    len * esize);
+      }
+    }
+    Sync();  // result areas are free again
+  }
+}
+
+void ShmCommunicator::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
+  GC_ENFORCE(bytes.size() == static_cast<size_t>(size()), "allgather needs one size per rank");
+  const std::vector<size_t> offsets = Offsets(bytes);
+  const size_t me = static_cast<size_t>(rank_);
+  const size_t rounds = CeilDiv(MaxOf(bytes), staging_bytes_);
+  for (size_t k = 0; k < rounds; ++k) {
+    const size_t mine = SlabLength(bytes[me], staging_bytes_, k);
+    if (mine > 0) std::memcpy(Stage(rank_), static_cast<const char*>(in) + k * staging_bytes_, mine);
+    Sync();
+    for (int r = 0; r < size(); ++r) {
+      const size_t len = SlabLength(bytes[static_cast<size_t>(r)], staging_bytes_, k);
+      char* dst = static_cast<char*>(out) + offsets[static_cast<size_t>(r)] + k * staging_bytes_;
+      if (len > 0) std::memcpy(dst, Stage(r), len);
+    }
+    Sync();
+  }
+}
+
+void ShmCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  GC_ENFORCE(root >= 0 && root < size(), "broadcast root ", root, " outside 0..", size() - 1);
+  const size_t rounds = CeilDiv(bytes, staging_bytes_);
+  for (size_t k = 0; k < rounds; ++k) {
+    const size_t len = SlabLength(bytes, staging_bytes_, k);
+    char* chunk = static_cast<char*>(data) + k * staging_bytes_;
+    if (rank_ == root) std::memcpy(Stage(root), chunk, len);
+    Sync();
+    if (rank_ != root) std::memcpy(chunk, Stage(root), len);
+    Sync();
+  }
+}
+
+}  // namespace gradcomp

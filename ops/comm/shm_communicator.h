@@ -1,0 +1,69 @@
+// Node-local communicator over an MPI-3 shared-memory window (MPI_Win_allocate_shared).
+// Reductions and gathers copy through each rank's window segment and read peers' segments
+// directly; point-to-point, alltoall and splits go through MPI on the same ranks.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "ops/comm/mpi_communicator.h"
+
+namespace gradcomp {
+
+/// Collectives of ranks sharing one node's memory through a window of two staging
+/// areas per rank (inputs, reduced slices), each `staging_bytes` large; larger buffers
+/// go through in rounds.
+class ShmCommunicator final : public Communicator {
+ public:
+  /// Default staging area per rank: large enough that a 64 MB bucket takes few rounds.
+  static constexpr size_t kDefaultStagingBytes = size_t{16} << 20;
+
+  /// All ranks of `node` must share memory; `node` is duplicated, not retained.
+  explicit ShmCommunicator(MPI_Comm node, size_t staging_bytes = kDefaultStagingBytes);
+  ~ShmCommunicator() override;
+  ShmCommunicator(const ShmCommunicator&) = delete;
+  ShmCommunicator& operator=(const ShmCommunicator&) = delete;
+
+  int rank() const override { return mpi_.rank(); }
+  int size() const override { return mpi_.size(); }
+  const char* kind() const override { return "shm"; }
+
+  void Send(const void* data, size_t bytes, int peer, int tag) override { mpi_.Send(data, bytes, peer, tag); }
+  void Recv(void* data, size_t bytes, int peer, int tag) override { mpi_.Recv(data, bytes, peer, tag); }
+  void SendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes, int src,
+                int tag) override {
+    mpi_.SendRecv(send, send_bytes, dst, recv, recv_bytes, src, tag);
+  }
+  void Barrier() override { mpi_.Barrier(); }
+  void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
+  void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                     ReduceOp op) override;
+  void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  void Broadcast(void* data, size_t bytes, int root) override;
+  void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                 const std::vector<size_t>& recv_bytes) override {
+    mpi_.Alltoallv(in, send_bytes, out, recv_bytes);
+  }
+  std::unique_ptr<Communicator> Split(int color, int key) override { return mpi_.Split(color, key); }
+  std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport) override {
+    return mpi_.SplitLocal(forced_local_size, transport);
+  }
+
+ private:
+  /// Makes every rank's writes to its segment visible to all, and waits for all ranks.
+  void Sync();
+  char* Stage(int r) const { return segments_[static_cast<size_t>(r)]; }
+  char* Result(int r) const { return segments_[static_cast<size_t>(r)] + staging_bytes_; }
+  /// Reduce-scatter of one round: slab `round` of each rank's slices, my reduced slab into `dst`.
+  void ReduceRound(const char* in, const std::vector<size_t>& counts, const std::vector<size_t>& offsets,
+                   size_t slab, size_t round, DataType dtype, ReduceOp op, char* dst);
+
+  MpiCommunicator mpi_;
+  const int rank_;  // for GC_MPI_CHECK messages
+  size_t staging_bytes_;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::vector<char*> segments_;
+};
+
+}  // namespace gradcomp

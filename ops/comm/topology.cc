@@ -1,0 +1,28 @@
+#include "ops/comm/topology.h"
+
+#include <vector>
+
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_size, LocalTransport transport) {
+  GC_ENFORCE(world != nullptr, "BuildTopology needs a world communicator");
+  if (forced_local_size < 0) GC_THROW("GRADCOMP_LOCAL_SIZE=", forced_local_size, " must be >= 0");
+  if (forced_local_size > 0 && world->size() % forced_local_size != 0) {
+    GC_THROW("GRADCOMP_LOCAL_SIZE=", forced_local_size, " does not divide the world size ", world->size());
+  }
+  Topology topo;
+  topo.local = world->SplitLocal(forced_local_size, transport);
+  topo.cross = world->Split(topo.local->rank(), world->rank());
+  // Every rank learns every node's size: hierarchy needs the same number of ranks per node.
+  const int n = world->size();
+  int mine = topo.local->size();
+  std::vector<int> sizes(static_cast<size_t>(n));
+  world->Allgatherv(&mine, sizes.data(), std::vector<size_t>(static_cast<size_t>(n), sizeof(int)));
+  for (int s : sizes) topo.homogeneous = topo.homogeneous && (s == mine);
+  topo.world = std::move(world);
+  return topo;
+}
+
+}  // namespace gradcomp

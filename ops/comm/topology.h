@@ -1,0 +1,34 @@
+// Node structure of a world: the node-local and cross-node communicators hierarchical
+// algorithms compose (UCC-style: hierarchical = local + cross).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ops/comm/communicator.h"
+
+namespace gradcomp {
+
+/// A world communicator with its node-local and cross-node sub-communicators.
+/// cross groups the ranks that have the same local rank, one per node.
+struct Topology {
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<Communicator> local;
+  std::unique_ptr<Communicator> cross;
+  /// True when every node has the same number of ranks (hierarchical algorithms need it).
+  bool homogeneous = true;
+
+  int rank() const { return world->rank(); }
+  int size() const { return world->size(); }
+  int local_rank() const { return local->rank(); }
+  int local_size() const { return local->size(); }
+  int cross_rank() const { return cross->rank(); }
+  int cross_size() const { return cross->size(); }
+};
+
+/// Collective over `world`: builds the node and cross communicators. forced_local_size > 0
+/// forces nodes of that many consecutive ranks (GRADCOMP_LOCAL_SIZE; it must divide the
+/// world size); 0 detects shared-memory domains.
+Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_size, LocalTransport transport);
+
+}  // namespace gradcomp
