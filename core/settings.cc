@@ -1,0 +1,318 @@
+#include "core/settings.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include "ops/common/enforce.h"
+
+extern char** environ;
+
+namespace gradcomp {
+
+namespace {
+
+enum class Kind { kBool, kInt, kFloat, kString, kChoice };
+
+using Field = std::variant<bool Settings::*, int64_t Settings::*, double Settings::*, std::string Settings::*>;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kNoExtra = std::numeric_limits<int64_t>::min();
+
+/// One row of the registry.
+struct Entry {
+  const char* name;
+  const char* alias;  // CGX variable or nullptr
+  Kind kind;
+  Field field;
+  const char* default_value;
+  const char* help;
+  double lo = -kInf;  // numeric range
+  double hi = kInf;
+  bool lo_open = false;  // (lo, ...] instead of [lo, ...]
+  int64_t extra = kNoExtra;  // one more allowed integer outside the range (bits: 32)
+  const char* choices = nullptr;  // "a|b|c" for Kind::kChoice
+};
+
+// The registry. Keep it sorted by topic; README's settings table is generated from it.
+const std::vector<Entry>& Registry() {
+  static const std::vector<Entry> entries = {
+      {"GRADCOMP_FUSION_THRESHOLD_MB", "CGX_FUSION_BUFFER_SIZE_MB", Kind::kFloat, &Settings::fusion_threshold_mb,
+       "64", "largest fusion buffer in MB; tensors ready together are packed up to this size (0 disables fusion)",
+       0, 65536},
+      {"GRADCOMP_CYCLE_TIME_MS", nullptr, Kind::kFloat, &Settings::cycle_time_ms, "1",
+       "how long the background thread gathers newly enqueued tensors before negotiating them", 0, 10000},
+      {"GRADCOMP_CACHE_CAPACITY", nullptr, Kind::kInt, &Settings::cache_capacity, "1024",
+       "entries of the response cache that skips coordinator round trips in steady state (0 disables it)", 0,
+       1e9},
+      {"GRADCOMP_COMPRESSION", nullptr, Kind::kChoice, &Settings::compression, "none",
+       "gradient compression of float allreduces: none, fp16, bf16, maxmin (quantization) or topk (DGC)", -kInf,
+       kInf, false, kNoExtra, "none|fp16|bf16|maxmin|topk"},
+      {"GRADCOMP_BITS", "CGX_COMPRESSION_QUANTIZATION_BITS", Kind::kInt, &Settings::bits, "4",
+       "bits per value for maxmin quantization; 32 disables quantization (setting it enables maxmin, as in CGX)", 1,
+       8, false, 32},
+      {"GRADCOMP_BUCKET_SIZE", "CGX_COMPRESSION_BUCKET_SIZE", Kind::kInt, &Settings::bucket_size, "512",
+       "values per quantization bucket (each bucket has its own min and scale)", 1, 1e9},
+      {"GRADCOMP_STOCHASTIC", nullptr, Kind::kBool, &Settings::stochastic, "0",
+       "stochastic (unbiased) rounding in maxmin quantization instead of round-to-nearest"},
+      {"GRADCOMP_SEED", nullptr, Kind::kInt, &Settings::seed, "0",
+       "seed of the counter-based generator used by stochastic rounding", 0, 9.2e18},
+      {"GRADCOMP_SKIP_INCOMPLETE_BUCKETS", "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS", Kind::kBool,
+       &Settings::skip_incomplete_buckets, "0", "send the last partial bucket of a tensor uncompressed"},
+      {"GRADCOMP_MIN_SIZE", "CGX_COMPRESSION_MINIMAL_SIZE", Kind::kInt, &Settings::min_size, "16",
+       "tensors with fewer elements are sent uncompressed (via the CGX variable at least 16, as CGX does)", 0,
+       9.2e18},
+      {"GRADCOMP_TOPK_RATIO", nullptr, Kind::kFloat, &Settings::topk_ratio, "0.01",
+       "fraction of values topk (DGC) keeps per tensor", 0, 1, true},
+      {"GRADCOMP_ERROR_FEEDBACK", nullptr, Kind::kBool, &Settings::error_feedback, "0",
+       "carry each tensor's compression error into its next step (error feedback)"},
+      {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, &Settings::hierarchical, "0",
+       "allreduce inside each node first (shared memory), then across nodes"},
+      {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, &Settings::local_size, "0",
+       "force nodes of this many consecutive ranks (0 detects them); lets one machine exercise hierarchy", 0,
+       1e6},
+      {"GRADCOMP_INNER_COMMUNICATOR", "CGX_INNER_COMMUNICATOR_TYPE", Kind::kChoice, &Settings::inner_communicator,
+       "shm", "transport between ranks of one node in hierarchical operations", -kInf, kInf, false, kNoExtra,
+       "shm|mpi|nccl"},
+      {"GRADCOMP_CROSS_COMMUNICATOR", "CGX_CROSS_COMMUNICATOR_TYPE", Kind::kChoice, &Settings::cross_communicator,
+       "mpi", "transport between nodes", -kInf, kInf, false, kNoExtra, "mpi|nccl"},
+      {"GRADCOMP_INTRA_BROADCAST", "CGX_INTRA_BROADCAST", Kind::kBool, &Settings::intra_broadcast, "0",
+       "in hierarchical operations only one rank per node crosses the network, then broadcasts in the node"},
+      {"GRADCOMP_SHM_BUFFER_MB", nullptr, Kind::kInt, &Settings::shm_buffer_mb, "16",
+       "size of each rank's staging area in the node's shared-memory window", 1, 4096},
+      {"GRADCOMP_TIMELINE", nullptr, Kind::kString, &Settings::timeline, "",
+       "write a Chrome-trace timeline of every operation to this file (empty: off)"},
+      {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, &Settings::timeline_mark_cycles, "0",
+       "mark each background-thread cycle in the timeline"},
+      {"GRADCOMP_STALL_CHECK_TIME_SECONDS", nullptr, Kind::kFloat, &Settings::stall_check_time_seconds, "60",
+       "warn, naming the missing ranks, when a tensor waits this long for other ranks (0 disables)", 0, 1e9},
+      {"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", nullptr, Kind::kFloat, &Settings::stall_shutdown_time_seconds, "0",
+       "fail a tensor on every rank once it has waited this long (0 disables)", 0, 1e9},
+      {"GRADCOMP_LOG_LEVEL", nullptr, Kind::kChoice, &Settings::log_level, "warning",
+       "least severe log level printed", -kInf, kInf, false, kNoExtra,
+       "trace|debug|info|warning|error|fatal|off"},
+  };
+  return entries;
+}
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+std::string Trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\n\r");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\n\r");
+  return s.substr(b, e - b + 1);
+}
+
+std::string FormatNumber(double v) {
+  if (v == kInf) return "inf";
+  if (v == -kInf) return "-inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kFloat: return "float";
+    case Kind::kString: return "string";
+    case Kind::kChoice: return "choice";
+  }
+  return "?";
+}
+
+std::string Allowed(const Entry& e) {
+  switch (e.kind) {
+    case Kind::kBool: return "0 or 1 (also true/false, yes/no, on/off)";
+    case Kind::kString: return "any text";
+    case Kind::kChoice: {
+      std::string c = e.choices;
+      std::replace(c.begin(), c.end(), '|', ',');
+      return "one of " + c;
+    }
+    case Kind::kInt: {
+      std::string s = "an integer in " + FormatNumber(e.lo) + ".." + FormatNumber(e.hi);
+      if (e.hi >= 1e9) s = "an integer >= " + FormatNumber(e.lo);
+      if (e.extra != kNoExtra) s += ", or " + std::to_string(e.extra);
+      return s;
+    }
+    case Kind::kFloat: {
+      if (e.lo_open) return "a number in (" + FormatNumber(e.lo) + ", " + FormatNumber(e.hi) + "]";
+      if (e.hi >= 1e9) return "a number >= " + FormatNumber(e.lo);
+      return "a number in [" + FormatNumber(e.lo) + ", " + FormatNumber(e.hi) + "]";
+    }
+  }
+  return "";
+}
+
+[[noreturn]] void Reject(const Entry& e, const std::string& variable, const std::string& value) {
+  std::string who = variable;
+  if (variable != e.name) who += std::string(" (alias of ") + e.name + ")";
+  throw InvalidArgument("invalid value for " + who + ": '" + value + "'; expected " + Allowed(e) + " (" +
+                        e.help + ")");
+}
+
+bool ParseBool(const std::string& v, bool* out) {
+  const std::string s = Lower(v);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return *out = true, true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return *out = false, true;
+  return false;
+}
+
+bool InRange(const Entry& e, double x) {
+  const bool lo_ok = e.lo_open ? x > e.lo : x >= e.lo;
+  return lo_ok && x <= e.hi;
+}
+
+// Parses `raw` for entry `e` (read from `variable`) into `s`; throws on a bad value.
+void Assign(const Entry& e, const std::string& variable, const std::string& raw, Settings* s) {
+  const std::string v = Trim(raw);
+  switch (e.kind) {
+    case Kind::kBool: {
+      bool b = false;
+      if (!ParseBool(v, &b)) Reject(e, variable, raw);
+      s->*std::get<bool Settings::*>(e.field) = b;
+      return;
+    }
+    case Kind::kInt: {
+      errno = 0;
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || errno == ERANGE) Reject(e, variable, raw);
+      if (!InRange(e, static_cast<double>(x)) && x != e.extra) Reject(e, variable, raw);
+      s->*std::get<int64_t Settings::*>(e.field) = x;
+      return;
+    }
+    case Kind::kFloat: {
+      errno = 0;
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x) || !InRange(e, x)) {
+        Reject(e, variable, raw);
+      }
+      s->*std::get<double Settings::*>(e.field) = x;
+      return;
+    }
+    case Kind::kChoice: {
+      const std::string want = Lower(v);
+      std::stringstream choices(e.choices);
+      for (std::string c; std::getline(choices, c, '|');) {
+        if (c == want) {
+          s->*std::get<std::string Settings::*>(e.field) = c;
+          return;
+        }
+      }
+      Reject(e, variable, raw);
+    }
+    case Kind::kString:
+      s->*std::get<std::string Settings::*>(e.field) = raw;
+      return;
+  }
+}
+
+bool Same(const Entry& e, const std::string& a, const std::string& b) {
+  Settings x, y;
+  Assign(e, e.name, a, &x);
+  Assign(e, e.name, b, &y);
+  return std::visit([&](auto field) { return x.*field == y.*field; }, e.field);
+}
+
+}  // namespace
+
+Settings Settings::Parse(const std::function<const char*(const std::string&)>& lookup,
+                         const std::vector<std::string>& all_names) {
+  Settings s;
+  std::set<std::string> explicitly_set;
+  std::set<std::string> from_alias;
+  for (const Entry& e : Registry()) {
+    Assign(e, e.name, e.default_value, &s);
+    const char* primary = lookup(e.name);
+    const char* alias = e.alias ? lookup(e.alias) : nullptr;
+    if (alias != nullptr) Assign(e, e.alias, alias, &s);  // validated even when overridden
+    if (primary != nullptr) {
+      if (alias != nullptr && !Same(e, primary, alias)) {
+        s.notes.push_back(std::string(e.name) + "=" + primary + " overrides " + e.alias + "=" + alias);
+      }
+      Assign(e, e.name, primary, &s);
+    } else if (alias != nullptr) {
+      from_alias.insert(e.name);
+    }
+    if (primary != nullptr || alias != nullptr) explicitly_set.insert(e.name);
+  }
+
+  // CGX semantics: choosing a bit width below 32 turns quantization on, 32 turns it off.
+  if (!explicitly_set.count("GRADCOMP_COMPRESSION") && explicitly_set.count("GRADCOMP_BITS") && s.bits < 32) {
+    s.compression = "maxmin";
+    s.notes.push_back("compression set to maxmin because " + std::to_string(s.bits) + " bits were requested");
+  }
+  if (s.compression == "maxmin" && s.bits == 32) {
+    s.compression = "none";
+    s.notes.push_back("maxmin with 32 bits means no quantization: compression set to none");
+  }
+  // CGX documents that its minimal size is never below 16.
+  if (from_alias.count("GRADCOMP_MIN_SIZE") && s.min_size < 16) {
+    s.notes.push_back("CGX_COMPRESSION_MINIMAL_SIZE=" + std::to_string(s.min_size) + " raised to 16, as CGX does");
+    s.min_size = 16;
+  }
+
+  std::set<std::string> known;
+  for (const Entry& e : Registry()) known.insert(e.name);
+  for (const std::string& name : all_names) {
+    if (name.rfind("GRADCOMP_", 0) == 0 && !known.count(name)) {
+      s.notes.push_back(name + " is not a gradcomp setting and is ignored (see DescribeSettings / README)");
+    }
+  }
+  return s;
+}
+
+Settings Settings::FromEnvironment() {
+  std::vector<std::string> names;
+  for (char** env = environ; env != nullptr && *env != nullptr; ++env) {
+    const std::string kv = *env;
+    names.push_back(kv.substr(0, kv.find('=')));
+  }
+  return Parse([](const std::string& name) { return std::getenv(name.c_str()); }, names);
+}
+
+Settings Settings::FromMap(const std::map<std::string, std::string>& vars) {
+  std::vector<std::string> names;
+  for (const auto& kv : vars) names.push_back(kv.first);
+  return Parse(
+      [&vars](const std::string& name) -> const char* {
+        auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      },
+      names);
+}
+
+std::vector<SettingInfo> DescribeSettings() {
+  std::vector<SettingInfo> out;
+  for (const Entry& e : Registry()) {
+    out.push_back({e.name, e.alias ? e.alias : "", KindName(e.kind), e.default_value, Allowed(e), e.help});
+  }
+  return out;
+}
+
+std::string SettingsMarkdownTable() {
+  std::ostringstream os;
+  os << "| variable | CGX alias | default | allowed | meaning |\n|---|---|---|---|---|\n";
+  for (const SettingInfo& i : DescribeSettings()) {
+    os << "| `" << i.name << "` | " << (i.alias.empty() ? "" : "`" + i.alias + "`") << " | `"
+       << i.default_value << "` | " << i.allowed << " | " << i.help << " |\n";
+  }
+  return os.str();
+}
+
+}  // namespace gradcomp

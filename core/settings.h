@@ -1,0 +1,72 @@
+// The one typed registry of gradcomp's settings (NCCL param.h style): every setting has a
+// GRADCOMP_* variable, a type, a default, an allowed range and a line of help, and some are
+// also read from CGX's variables. Parsed once, at init.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gradcomp {
+
+/// Parsed values of every setting. Field defaults are overwritten by the registry's
+/// defaults when parsing, so the registry (settings.cc) is the single source of truth.
+struct Settings {
+  double fusion_threshold_mb = 0;
+  double cycle_time_ms = 0;
+  int64_t cache_capacity = 0;
+  std::string compression;
+  int64_t bits = 0;
+  int64_t bucket_size = 0;
+  bool stochastic = false;
+  int64_t seed = 0;
+  bool skip_incomplete_buckets = false;
+  int64_t min_size = 0;
+  double topk_ratio = 0;
+  bool error_feedback = false;
+  bool hierarchical = false;
+  int64_t local_size = 0;
+  std::string inner_communicator;
+  std::string cross_communicator;
+  bool intra_broadcast = false;
+  int64_t shm_buffer_mb = 0;
+  std::string timeline;
+  bool timeline_mark_cycles = false;
+  double stall_check_time_seconds = 0;
+  double stall_shutdown_time_seconds = 0;
+  std::string log_level;
+
+  /// What parsing decided that users should hear about (an alias overridden, a value
+  /// adjusted as CGX documents, an unknown GRADCOMP_* variable); logged at init.
+  std::vector<std::string> notes;
+
+  /// Parses the process environment. Throws gradcomp::InvalidArgument naming the variable,
+  /// the value and what is allowed.
+  static Settings FromEnvironment();
+  /// Parses the given variables only (init() keyword arguments, tests).
+  static Settings FromMap(const std::map<std::string, std::string>& vars);
+  /// Parses through `lookup` (returns nullptr when a variable is unset). `all_names` lists
+  /// the variables that are set, to warn about unknown GRADCOMP_* names.
+  static Settings Parse(const std::function<const char*(const std::string&)>& lookup,
+                        const std::vector<std::string>& all_names);
+};
+
+/// Description of one setting, for documentation and `python3 -m gradcomp.settings`.
+struct SettingInfo {
+  std::string name;      ///< GRADCOMP_* variable
+  std::string alias;     ///< CGX_* variable honoured too, or empty
+  std::string type;      ///< bool, int, float, string or choice
+  std::string default_value;
+  std::string allowed;   ///< human-readable allowed values
+  std::string help;
+};
+
+/// Every setting, in registry order.
+std::vector<SettingInfo> DescribeSettings();
+
+/// The settings as a Markdown table (README's settings section is generated from it).
+std::string SettingsMarkdownTable();
+
+}  // namespace gradcomp
