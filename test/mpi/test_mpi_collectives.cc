@@ -1,0 +1,252 @@
+// The mpirun suite (registered with ctest at -np 2, 3, 4 and 4 with GRADCOMP_LOCAL_SIZE=2):
+// the collectives over real MPI processes, the MPI-3 shared-memory window communicator
+// (with a tiny staging area so every operation takes many rounds) and hierarchy.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "ops/common/enforce.h"
+#include "core/settings.h"
+#include "ops/collectives/allgather.h"
+#include "ops/collectives/allreduce.h"
+#include "ops/collectives/alltoall.h"
+#include "ops/collectives/broadcast.h"
+#include "ops/collectives/reducescatter.h"
+#include "ops/comm/mpi_environment.h"
+#include "ops/comm/shm_communicator.h"
+#include "test/support/reference.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+
+const std::vector<size_t> kCounts = {0, 1, 7, 4097, size_t{1} << 20};
+
+AllreduceOptions Options(const ReduceCase& c, const void* in, void* out) {
+  AllreduceOptions o;
+  o.input = in;
+  o.output = out;
+  o.count = c.count;
+  o.dtype = c.dtype;
+  o.op = c.op;
+  o.prescale = c.prescale;
+  o.postscale = c.postscale;
+  o.name = "grad";
+  return o;
+}
+
+// Runs every allreduce case through `run` and checks it against the float64 reference.
+template <typename Run>
+void SweepAllreduce(int world, int rank, const std::vector<size_t>& counts, Run run) {
+  for (const ReduceCase& c : AllReduceCases(counts)) {
+    std::vector<char> in = MakeInput(c.dtype, c.op, c.count, rank);
+    std::vector<char> out(in.size());
+    run(Options(c, in.data(), out.data()));
+    ASSERT_EQ(CompareReduction(c, world, out.data(), ExpectedReduction(c, world, 0, c.count)), "");
+  }
+}
+
+TEST(Mpi, FlatAllreduceEveryDtypeOpAndCount) {
+  auto world = CreateMpiWorld();
+  SweepAllreduce(world->size(), world->rank(), kCounts, [&](const AllreduceOptions& o) { Allreduce(*world, o); });
+}
+
+TEST(Mpi, HierarchicalAllreduceOverSharedMemoryAndOverMessages) {
+  const Settings settings = Settings::FromEnvironment();
+  for (LocalTransport transport : {LocalTransport::kSharedMemory, LocalTransport::kMessages}) {
+    Topology topo = BuildTopology(CreateMpiWorld(), static_cast<int>(settings.local_size), transport);
+    if (settings.local_size > 0) {
+      ASSERT_EQ(topo.local_size(), settings.local_size);
+      ASSERT_EQ(topo.cross_size(), topo.size() / settings.local_size);
+    }
+    ASSERT_STREQ(topo.local->kind(), transport == LocalTransport::kSharedMemory ? "shm" : "mpi");
+    SweepAllreduce(topo.size(), topo.rank(), kCounts, [&](const AllreduceOptions& o) { HierarchicalAllreduce(topo, o); });
+  }
+}
+
+TEST(Mpi, SharedMemoryWindowInManyRounds) {
+  // 256-byte staging areas: a 4097-element buffer takes dozens of rounds per operation.
+  ShmCommunicator shm(MPI_COMM_WORLD, 256);
+  const int world = shm.size(), rank = shm.rank();
+  SweepAllreduce(world, rank, {0, 1, 7, 4097}, [&](const AllreduceOptions& o) { Allreduce(shm, o); });
+  for (const ReduceCase& c : AllReduceCases({0, 5, 4097})) {
+    const std::vector<size_t> counts = EvenSplit(c.count, world);
+    const size_t me = static_cast<size_t>(rank);
+    std::vector<char> in = MakeInput(c.dtype, c.op, c.count, rank);
+    std::vector<char> out(counts[me] * DataTypeSize(c.dtype));
+    ReducescatterOptions o;
+    o.input = in.data();
+    o.output = out.data();
+    o.counts = counts;
+    o.dtype = c.dtype;
+    o.op = c.op;
+    o.prescale = c.prescale;
+    o.postscale = c.postscale;
+    Reducescatter(shm, o);
+    ASSERT_EQ(CompareReduction(c, world, out.data(), ExpectedReduction(c, world, Offsets(counts)[me], counts[me])), "");
+  }
+  std::vector<size_t> bytes;
+  std::vector<char> expected;
+  for (int r = 0; r < world; ++r) {
+    std::vector<char> part = MakeInput(DataType::kUInt8, ReduceOp::kSum, 300 + 211 * static_cast<size_t>(r), r);
+    bytes.push_back(part.size());
+    expected.insert(expected.end(), part.begin(), part.end());
+  }
+  std::vector<char> mine = MakeInput(DataType::kUInt8, ReduceOp::kSum, bytes[static_cast<size_t>(rank)], rank);
+  std::vector<char> gathered(expected.size());
+  shm.Allgatherv(mine.data(), gathered.data(), bytes);
+  EXPECT_EQ(gathered, expected);
+  for (int root = 0; root < world; ++root) {
+    std::vector<char> buf = MakeInput(DataType::kFloat32, ReduceOp::kSum, 1000, rank);
+    shm.Broadcast(buf.data(), buf.size(), root);
+    EXPECT_EQ(buf, MakeInput(DataType::kFloat32, ReduceOp::kSum, 1000, root)) << "root " << root;
+  }
+}
+
+TEST(Mpi, AllgatherBroadcastAlltoallReducescatter) {
+  auto world = CreateMpiWorld();
+  const int n = world->size(), me = world->rank();
+  for (DataType dt : AllDataTypes()) {
+    // Allgather with a different first dimension per rank (rank 1 contributes nothing).
+    const auto count_of = [](int r) { return r == 1 ? size_t{0} : size_t{1000} + static_cast<size_t>(r) * 37; };
+    AllgatherOptions g;
+    std::vector<char> in = MakeInput(dt, ReduceOp::kSum, count_of(me), me);
+    g.input = in.data();
+    g.count = count_of(me);
+    g.counts = AllgatherCounts(*world, g.count);
+    g.dtype = dt;
+    std::vector<char> expected;
+    for (int r = 0; r < n; ++r) {
+      auto part = MakeInput(dt, ReduceOp::kSum, count_of(r), r);
+      expected.insert(expected.end(), part.begin(), part.end());
+    }
+    std::vector<char> out(expected.size());
+    g.output = out.data();
+    Allgather(*world, g);
+    EXPECT_EQ(out, expected) << DataTypeName(dt);
+
+    // Broadcast from the last rank.
+    BroadcastOptions b;
+    std::vector<char> buf = MakeInput(dt, ReduceOp::kSum, 4097, me);
+    b.buffer = buf.data();
+    b.count = 4097;
+    b.dtype = dt;
+    b.root = n - 1;
+    Broadcast(*world, b);
+    EXPECT_EQ(buf, MakeInput(dt, ReduceOp::kSum, 4097, n - 1)) << DataTypeName(dt);
+
+    // Alltoall: rank s sends (s + d + 1) elements to rank d, all equal to s * 10 + d.
+    AlltoallOptions a;
+    std::vector<char> send;
+    for (int d = 0; d < n; ++d) {
+      a.send_counts.push_back(static_cast<size_t>(me + d + 1));
+      std::vector<char> part(a.send_counts.back() * DataTypeSize(dt));
+      for (size_t i = 0; i < a.send_counts.back(); ++i) StoreAt(part.data(), dt, i, (me * 10 + d) % 100);
+      send.insert(send.end(), part.begin(), part.end());
+    }
+    a.input = send.data();
+    a.recv_counts = AlltoallRecvCounts(*world, a.send_counts);
+    size_t total = 0;
+    for (size_t c : a.recv_counts) total += c;
+    std::vector<char> recv(total * DataTypeSize(dt));
+    a.output = recv.data();
+    a.dtype = dt;
+    Alltoall(*world, a);
+    size_t k = 0;
+    for (int s = 0; s < n; ++s) {
+      ASSERT_EQ(a.recv_counts[static_cast<size_t>(s)], static_cast<size_t>(s + me + 1));
+      for (int i = 0; i <= s + me; ++i, ++k) {
+        char tmp[8];
+        StoreAt(tmp, dt, 0, (s * 10 + me) % 100);
+        ASSERT_EQ(ValueAt(recv.data(), dt, k), ValueAt(tmp, dt, 0)) << DataTypeName(dt) << " from " << s;
+      }
+    }
+  }
+  for (const ReduceCase& c : AllReduceCases({0, 7, 4097, 100000})) {
+    const std::vector<size_t> counts = EvenSplit(c.count, n);
+    const size_t r = static_cast<size_t>(me);
+    std::vector<char> in = MakeInput(c.dtype, c.op, c.count, me);
+    std::vector<char> out(counts[r] * DataTypeSize(c.dtype));
+    ReducescatterOptions o;
+    o.input = in.data();
+    o.output = out.data();
+    o.counts = counts;
+    o.dtype = c.dtype;
+    o.op = c.op;
+    o.prescale = c.prescale;
+    o.postscale = c.postscale;
+    Reducescatter(*world, o);
+    ASSERT_EQ(CompareReduction(c, n, out.data(), ExpectedReduction(c, n, Offsets(counts)[r], counts[r])), "");
+  }
+}
+
+TEST(Mpi, ErrorsNameRankOperationAndTensor) {
+  auto world = CreateMpiWorld();
+  float x = 1;
+  BroadcastOptions b;
+  b.buffer = &x;
+  b.count = 1;
+  b.root = world->size();
+  b.name = "fc.weight";
+  try {
+    Broadcast(*world, b);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("broadcast root rank " + std::to_string(world->size()) + " is outside"),
+              std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("tensor 'fc.weight'"), std::string::npos);
+  }
+  // A receive whose size disagrees with the message is reported with the rank.
+  if (world->size() >= 2 && world->rank() < 2) {
+    const int peer = 1 - world->rank();
+    int big[2] = {1, 2}, one = 0;
+    if (world->rank() == 0) world->Send(big, sizeof big, peer, 9);
+    if (world->rank() == 1) {
+      try {
+        world->Recv(&one, sizeof one, peer, 9);
+        FAIL() << "no error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+      }
+    }
+  }
+  world->Barrier();
+}
+
+// On ranks other than 0, prints only failures, each tagged with the rank.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed()) {
+      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
+                   result.line_number(), result.summary());
+    }
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace gradcomp
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  gradcomp::EnsureMpiInitialized();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new gradcomp::FailurePrinter(rank));
+  }
+  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && any_failed && !failed) std::fprintf(stderr, "a test failed on another rank (see its output)\n");
+  return any_failed;
+}

@@ -1,0 +1,234 @@
+// Allgather, broadcast, alltoall, reducescatter, barrier, split and point-to-point over
+// thread ranks, world sizes 1-8, every dtype, counts including 0.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "ops/collectives/allgather.h"
+#include "ops/collectives/alltoall.h"
+#include "ops/collectives/barrier.h"
+#include "ops/collectives/broadcast.h"
+#include "ops/collectives/reducescatter.h"
+#include "ops/common/enforce.h"
+#include "test/support/harness.h"
+#include "test/support/reference.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+
+// Elements rank r contributes to allgather case `base`: differs per rank, sometimes 0.
+size_t GatherCount(size_t base, int r) { return (base == 0 || r % 3 == 2) ? 0 : base + static_cast<size_t>(r); }
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllgatherWithDifferentCountsPerRank) {
+  const int world = GetParam();
+  for (DataType dt : AllDataTypes()) {
+    for (size_t base : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}}) {
+      std::vector<char> expected;
+      for (int r = 0; r < world; ++r) {
+        std::vector<char> part = MakeInput(dt, ReduceOp::kSum, GatherCount(base, r), r);
+        expected.insert(expected.end(), part.begin(), part.end());
+      }
+      const auto results = RunRanks(world, [&](Communicator& comm) {
+        const size_t mine = GatherCount(base, comm.rank());
+        std::vector<char> in = MakeInput(dt, ReduceOp::kSum, mine, comm.rank());
+        AllgatherOptions o;
+        o.input = in.data();
+        o.count = mine;
+        o.counts = AllgatherCounts(comm, mine);
+        o.dtype = dt;
+        std::vector<char> out(expected.size());
+        o.output = out.data();
+        Allgather(comm, o);
+        return out == expected ? std::string() : std::string("allgather ") + DataTypeName(dt) + " differs";
+      });
+      ASSERT_EQ(Failures(results), "") << DataTypeName(dt) << " base " << base;
+    }
+  }
+}
+
+TEST_P(Collectives, BroadcastFromEveryRoot) {
+  const int world = GetParam();
+  for (DataType dt : AllDataTypes()) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{1} << 20}) {
+      for (int root = 0; root < world; root += (count > 4097 ? world : 1)) {
+        const std::vector<char> expected = MakeInput(dt, ReduceOp::kSum, count, root);
+        const auto results = RunRanks(world, [&](Communicator& comm) {
+          std::vector<char> buf = MakeInput(dt, ReduceOp::kSum, count, comm.rank());
+          BroadcastOptions o;
+          o.buffer = buf.data();
+          o.count = count;
+          o.dtype = dt;
+          o.root = root;
+          Broadcast(comm, o);
+          return buf == expected ? std::string() : std::string("broadcast differs");
+        });
+        ASSERT_EQ(Failures(results), "") << DataTypeName(dt) << " count " << count << " root " << root;
+      }
+    }
+  }
+}
+
+// Elements rank `src` sends to rank `dst` in alltoall case `scale`.
+size_t Split(int src, int dst, size_t scale) { return static_cast<size_t>((src + 2 * dst) % 4) * scale; }
+
+TEST_P(Collectives, AlltoallWithSplits) {
+  const int world = GetParam();
+  for (DataType dt : AllDataTypes()) {
+    for (size_t scale : {size_t{0}, size_t{1}, size_t{1000}}) {
+      const auto results = RunRanks(world, [&](Communicator& comm) {
+        const int me = comm.rank();
+        // Rank src's send buffer: its input, split consecutively by destination.
+        auto send_buffer = [&](int src, std::vector<size_t>* splits) {
+          size_t total = 0;
+          for (int d = 0; d < world; ++d) {
+            splits->push_back(Split(src, d, scale));
+            total += splits->back();
+          }
+          return MakeInput(dt, ReduceOp::kSum, total, src);
+        };
+        AlltoallOptions o;
+        std::vector<char> in = send_buffer(me, &o.send_counts);
+        o.input = in.data();
+        o.recv_counts = AlltoallRecvCounts(comm, o.send_counts);
+        std::vector<char> expected;
+        const size_t esize = DataTypeSize(dt);
+        for (int src = 0; src < world; ++src) {
+          std::vector<size_t> splits;
+          std::vector<char> theirs = send_buffer(src, &splits);
+          const size_t offset = Offsets(splits)[static_cast<size_t>(me)] * esize;
+          expected.insert(expected.end(), theirs.begin() + static_cast<long>(offset),
+                          theirs.begin() + static_cast<long>(offset + splits[static_cast<size_t>(me)] * esize));
+          if (o.recv_counts[static_cast<size_t>(src)] != splits[static_cast<size_t>(me)]) return std::string("counts");
+        }
+        std::vector<char> out(expected.size());
+        o.output = out.data();
+        o.dtype = dt;
+        Alltoall(comm, o);
+        return out == expected ? std::string() : std::string("alltoall differs");
+      });
+      ASSERT_EQ(Failures(results), "") << DataTypeName(dt) << " scale " << scale;
+    }
+  }
+}
+
+TEST_P(Collectives, ReducescatterEveryDtypeAndOp) {
+  const int world = GetParam();
+  for (const ReduceCase& c : AllReduceCases({0, 1, 7, 4097, 100000})) {
+    const std::vector<size_t> counts = EvenSplit(c.count, world);
+    const std::vector<size_t> offsets = Offsets(counts);
+    const auto results = RunRanks(world, [&](Communicator& comm) {
+      const size_t me = static_cast<size_t>(comm.rank());
+      std::vector<char> in = MakeInput(c.dtype, c.op, c.count, comm.rank());
+      std::vector<char> out(counts[me] * DataTypeSize(c.dtype));
+      ReducescatterOptions o;
+      o.input = in.data();
+      o.output = out.data();
+      o.counts = counts;
+      o.dtype = c.dtype;
+      o.op = c.op;
+      o.prescale = c.prescale;
+      o.postscale = c.postscale;
+      Reducescatter(comm, o);
+      return CompareReduction(c, world, out.data(), ExpectedReduction(c, world, offsets[me], counts[me]));
+    });
+    ASSERT_EQ(Failures(results), "") << c.Describe();
+  }
+}
+
+TEST_P(Collectives, BarrierSeparatesPhases) {
+  const int world = GetParam();
+  std::atomic<int> arrived{0};
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    for (int round = 1; round <= 50; ++round) {
+      arrived.fetch_add(1);
+      Barrier(comm);
+      if (arrived.load() < round * world) return std::string("passed the barrier early in round ") + std::to_string(round);
+      Barrier(comm);
+    }
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST_P(Collectives, SplitOrdersByKeyAndPointToPointStaysOrdered) {
+  const int world = GetParam();
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    auto half = comm.Split(comm.rank() % 2, world - comm.rank());  // reversed order inside a color
+    const int same_color = (world + 1 - comm.rank() % 2) / 2;
+    if (half->size() != same_color) return std::string("wrong split size");
+    // Highest world rank of the color gets new rank 0.
+    int higher = 0;
+    for (int r = comm.rank() + 2; r < world; r += 2) ++higher;
+    if (half->rank() != higher) return std::string("wrong split rank");
+    // Ring of messages: send two to the next rank, receive two from the previous, in order.
+    const int next = (comm.rank() + 1) % world, prev = (comm.rank() + world - 1) % world;
+    for (int k = 0; k < 2; ++k) {
+      const int v = comm.rank() * 10 + k;
+      int got = -1;
+      comm.SendRecv(&v, sizeof v, next, &got, sizeof got, prev, 5);
+      if (got != prev * 10 + k) return std::string("point-to-point out of order");
+    }
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Range(1, 9));
+
+template <typename Fn>
+std::string ErrorOf(int world, Fn fn) {
+  try {
+    RunRanks(world, [&](Communicator& comm) {
+      fn(comm);
+      return std::string();
+    });
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CollectiveErrors, MessagesNameTheValueAtFault) {
+  std::string msg = ErrorOf(2, [](Communicator& comm) {
+    float x = 0;
+    BroadcastOptions o;
+    o.buffer = &x;
+    o.count = 1;
+    o.root = 5;
+    o.name = "w";
+    Broadcast(comm, o);
+  });
+  EXPECT_NE(msg.find("broadcast root rank 5 is outside 0..1 [broadcast of tensor 'w']"), std::string::npos) << msg;
+
+  msg = ErrorOf(3, [](Communicator& comm) {
+    float x = 0;
+    AllgatherOptions o;
+    o.input = &x;
+    o.count = 1;
+    o.counts = {1, 1};
+    o.output = &x;
+    o.name = "emb";
+    Allgather(comm, o);
+  });
+  EXPECT_NE(msg.find("allgather needs one count per rank: got 2 for 3 ranks"), std::string::npos) << msg;
+
+  msg = ErrorOf(2, [](Communicator& comm) {
+    std::vector<float> in(4), out(4);
+    AlltoallOptions o;
+    o.input = in.data();
+    o.output = out.data();
+    o.send_counts = {2, 2};
+    o.recv_counts = comm.rank() == 0 ? std::vector<size_t>{2, 1} : std::vector<size_t>{2, 2};
+    o.name = "tokens";
+    Alltoall(comm, o);
+  });
+  EXPECT_NE(msg.find("expects 4 bytes from rank 1 but rank 1 sends 8"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace gradcomp
