@@ -83,40 +83,9 @@ void ReduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
 }
 
 // 16-bit floats: widen to float32, apply the op, round back to nearest even.
-struct HalfCodec {
-  static float Load(uint16_t v) { return HalfBitsToFloat(v); }
-  static uint16_t Store(float v) { return FloatToHalfBits(v); }
-};
-struct BFloat16Codec {
-  static float Load(uint16_t v) { return BFloat16BitsToFloat(v); }
-  static uint16_t Store(float v) { return FloatToBFloat16Bits(v); }
-};
+#include "ops/common/simd_impl.h"
 
 #if GC_KERNELS_SIMD
-inline __m256 Load8(const uint16_t* p, HalfCodec) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline void Store8(uint16_t* p, __m256 v, HalfCodec) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-}
-inline __m256 Load8(const uint16_t* p, BFloat16Codec) {
-  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-inline void Store8(uint16_t* p, __m256 v, BFloat16Codec) {
-  // Round to nearest even exactly as FloatToBFloat16Bits; NaN lanes become quiet NaNs.
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-  rounded = _mm256_srli_epi32(rounded, 16);
-  const __m256i nan_bits = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-  const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  rounded = _mm256_blendv_epi8(rounded, nan_bits, _mm256_castps_si256(is_nan));
-  // Pack the eight 32-bit lanes (each < 2^16) into 16-bit values in order.
-  const __m256i packed = _mm256_packus_epi32(rounded, rounded);
-  const __m256i ordered = _mm256_permute4x64_epi64(packed, 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(ordered));
-}
 inline __m256 ApplySimd(__m256 a, __m256 b, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return _mm256_add_ps(a, b);
@@ -140,28 +109,28 @@ inline float ApplyScalar(float a, float b, ReduceOp op) {
   return a;
 }
 
-template <typename Codec>
+template <typename Elem>
 void Reduce16(void* dst, const void* src, size_t n, ReduceOp op) {
   uint16_t* d = static_cast<uint16_t*>(dst);
   const uint16_t* s = static_cast<const uint16_t*>(src);
   size_t i = 0;
 #if GC_KERNELS_SIMD
   for (; i + 8 <= n; i += 8) {
-    Store8(d + i, ApplySimd(Load8(d + i, Codec()), Load8(s + i, Codec()), op), Codec());
+    Elem::Store8(d + i, ApplySimd(Elem::Load8(d + i), Elem::Load8(s + i), op));
   }
 #endif
-  for (; i < n; ++i) d[i] = Codec::Store(ApplyScalar(Codec::Load(d[i]), Codec::Load(s[i]), op));
+  for (; i < n; ++i) Elem::Store1(d + i, ApplyScalar(Elem::Load1(d + i), Elem::Load1(s + i), op));
 }
 
-template <typename Codec>
+template <typename Elem>
 void Scale16(void* buf, size_t n, float factor) {
   uint16_t* b = static_cast<uint16_t*>(buf);
   size_t i = 0;
 #if GC_KERNELS_SIMD
   const __m256 f = _mm256_set1_ps(factor);
-  for (; i + 8 <= n; i += 8) Store8(b + i, _mm256_mul_ps(Load8(b + i, Codec()), f), Codec());
+  for (; i + 8 <= n; i += 8) Elem::Store8(b + i, _mm256_mul_ps(Elem::Load8(b + i), f));
 #endif
-  for (; i < n; ++i) b[i] = Codec::Store(Codec::Load(b[i]) * factor);
+  for (; i < n; ++i) Elem::Store1(b + i, Elem::Load1(b + i) * factor);
 }
 
 template <typename T>
@@ -186,8 +155,8 @@ void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp o
     case DataType::kInt64: return ReduceTyped<int64_t>(dst, src, n, op);
     case DataType::kFloat32: return ReduceTyped<float>(dst, src, n, op);
     case DataType::kFloat64: return ReduceTyped<double>(dst, src, n, op);
-    case DataType::kFloat16: return Reduce16<HalfCodec>(dst, src, n, op);
-    case DataType::kBFloat16: return Reduce16<BFloat16Codec>(dst, src, n, op);
+    case DataType::kFloat16: return Reduce16<F16>(dst, src, n, op);
+    case DataType::kBFloat16: return Reduce16<BF16>(dst, src, n, op);
     case DataType::kBool: return ReduceBool(dst, src, n, op);
   }
 }
@@ -200,8 +169,8 @@ void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor) {
     case DataType::kInt64: return ScaleInt<int64_t>(buf, n, factor);
     case DataType::kFloat32: return ScaleFloat<float>(buf, n, static_cast<float>(factor));
     case DataType::kFloat64: return ScaleFloat<double>(buf, n, factor);
-    case DataType::kFloat16: return Scale16<HalfCodec>(buf, n, static_cast<float>(factor));
-    case DataType::kBFloat16: return Scale16<BFloat16Codec>(buf, n, static_cast<float>(factor));
+    case DataType::kFloat16: return Scale16<F16>(buf, n, static_cast<float>(factor));
+    case DataType::kBFloat16: return Scale16<BF16>(buf, n, static_cast<float>(factor));
     case DataType::kBool:
       if (factor == 0.0) ScaleInt<uint8_t>(buf, n, 0.0);
       return;
