@@ -1,0 +1,47 @@
+#include "ops/compression/cast_codec.h"
+
+#include "ops/common/enforce.h"
+#include "ops/compression/kernels.h"
+
+namespace gradcomp {
+
+namespace {
+void CastWith(Isa isa, const void* in, DataType in_dt, size_t n, void* out, DataType out_dt, bool acc) {
+  if (isa == Isa::kAvx2) {
+    codec_kernels::avx2::Cast(in, in_dt, n, out, out_dt, acc);
+  } else {
+    codec_kernels::scalar::Cast(in, in_dt, n, out, out_dt, acc);
+  }
+}
+}  // namespace
+
+size_t CastCodec::MaxWireSize(size_t n, const CodecParams&) const { return n * DataTypeSize(wire_dtype_); }
+
+size_t CastCodec::Encode(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t,
+                         void* out) const {
+  CheckCodecDataType(dtype, name_, "input");
+  CastWith(p.isa, in, dtype, n, out, wire_dtype_, false);
+  return n * DataTypeSize(wire_dtype_);
+}
+
+void CastCodec::Decode(const void* wire, size_t wire_bytes, size_t n, const CodecParams& p, DataType out_dtype,
+                       void* out) const {
+  Run(wire, wire_bytes, n, p, out_dtype, out, false);
+}
+
+void CastCodec::DecodeAccumulate(const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
+                                 DataType out_dtype, void* out) const {
+  Run(wire, wire_bytes, n, p, out_dtype, out, true);
+}
+
+void CastCodec::Run(const void* wire, size_t wire_bytes, size_t n, const CodecParams& p, DataType out_dtype,
+                    void* out, bool accumulate) const {
+  CheckCodecDataType(out_dtype, name_, "output");
+  if (wire_bytes != n * DataTypeSize(wire_dtype_)) {
+    throw InvalidArgument(std::string(name_) + ": " + std::to_string(n) + " values take " +
+                          std::to_string(n * DataTypeSize(wire_dtype_)) + " bytes, got " + std::to_string(wire_bytes));
+  }
+  CastWith(p.isa, wire, wire_dtype_, n, out, out_dtype, accumulate);
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,97 @@
+#include "ops/compression/memory.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+namespace {
+const std::vector<float>& Empty() {
+  static const std::vector<float> empty;
+  return empty;
+}
+}  // namespace
+
+std::vector<float>& ErrorFeedback::Slot(const std::string& name, size_t n) {
+  std::vector<float>& r = residuals_[name];
+  if (r.size() != n) r.assign(n, 0.0f);
+  return r;
+}
+
+void ErrorFeedback::Compensate(const std::string& name, float* values, size_t n) {
+  const std::vector<float>& r = Slot(name, n);
+  for (size_t i = 0; i < n; ++i) values[i] += r[i];
+}
+
+void ErrorFeedback::Update(const std::string& name, const float* compensated, const float* decoded, size_t n) {
+  std::vector<float>& r = Slot(name, n);
+  for (size_t i = 0; i < n; ++i) r[i] = compensated[i] - decoded[i];
+}
+
+const std::vector<float>& ErrorFeedback::Residual(const std::string& name) const {
+  auto it = residuals_.find(name);
+  return it == residuals_.end() ? Empty() : it->second;
+}
+
+DgcMemory::State& DgcMemory::Slot(const std::string& name, size_t n) {
+  State& s = state_[name];
+  if (s.momentum.size() != n) {
+    s.momentum.assign(n, 0.0f);
+    s.velocity.assign(n, 0.0f);
+  }
+  return s;
+}
+
+void DgcMemory::Compensate(const std::string& name, float* grad, size_t n) {
+  State& s = Slot(name, n);
+  float* u = s.momentum.data();
+  float* v = s.velocity.data();
+  const float m = momentum_;
+  if (nesterov_) {
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = (u[i] + grad[i]) * m;
+      v[i] = (v[i] + u[i]) + grad[i];
+      grad[i] = v[i];
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = m * u[i] + grad[i];
+      v[i] = v[i] + u[i];
+      grad[i] = v[i];
+    }
+  }
+}
+
+void DgcMemory::Update(const std::string& name, const uint32_t* sent, size_t count) {
+  auto it = state_.find(name);
+  GC_ENFORCE(it != state_.end(), "DGC memory has no state for tensor '", name, "'");
+  State& s = it->second;
+  for (size_t j = 0; j < count; ++j) {
+    GC_ENFORCE(sent[j] < s.momentum.size(), "sent index ", sent[j], " outside tensor '", name, "'");
+    s.momentum[sent[j]] = 0.0f;
+    s.velocity[sent[j]] = 0.0f;
+  }
+}
+
+const std::vector<float>& DgcMemory::Momentum(const std::string& name) const {
+  auto it = state_.find(name);
+  return it == state_.end() ? Empty() : it->second.momentum;
+}
+
+const std::vector<float>& DgcMemory::Velocity(const std::string& name) const {
+  auto it = state_.find(name);
+  return it == state_.end() ? Empty() : it->second.velocity;
+}
+
+double DgcWarmupRatio(double final_ratio, int warmup_epochs, double epoch) {
+  if (!(final_ratio > 0.0 && final_ratio <= 1.0)) {
+    throw InvalidArgument("DGC warm-up: final ratio " + std::to_string(final_ratio) + " is outside (0, 1]");
+  }
+  if (warmup_epochs <= 0 || epoch + 1 >= warmup_epochs) return final_ratio;
+  const double progress = std::max(0.0, std::floor(epoch) + 1) / warmup_epochs;
+  return std::pow(final_ratio, progress);
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,66 @@
+// State codecs keep per tensor name across steps: error feedback (the residual of the last
+// compression is added to the next input) and DGC's momentum correction with momentum
+// factor masking and its sparsity warm-up schedule.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace gradcomp {
+
+/// Error feedback (EF-SGD): before compressing, input += residual; after, residual =
+/// compensated input - decode(encode(compensated input)). Keyed by tensor name; a tensor
+/// whose length changes starts again from a zero residual.
+class ErrorFeedback {
+ public:
+  /// values[i] += residual[name][i].
+  void Compensate(const std::string& name, float* values, size_t n);
+  /// residual[name] = compensated - decoded.
+  void Update(const std::string& name, const float* compensated, const float* decoded, size_t n);
+  /// The current residual of `name` (empty if none).
+  const std::vector<float>& Residual(const std::string& name) const;
+  /// Forgets every residual.
+  void Clear() { residuals_.clear(); }
+
+ private:
+  std::vector<float>& Slot(const std::string& name, size_t n);
+  std::unordered_map<std::string, std::vector<float>> residuals_;
+};
+
+/// DGC momentum correction (Lin et al. 2018): the momentum u and the accumulated velocity v
+/// are kept locally per tensor and v is what gets sparsified; the values sent are cleared
+/// from both (momentum factor masking). With this the wrapped optimizer must run without
+/// momentum of its own.
+class DgcMemory {
+ public:
+  DgcMemory(float momentum, bool nesterov) : momentum_(momentum), nesterov_(nesterov) {}
+
+  /// Accumulates `grad` (n values) and overwrites it with the velocity to sparsify:
+  ///   plain:    u = m*u + g;      v = v + u
+  ///   nesterov: u = (u + g) * m;  v = (v + u) + g
+  void Compensate(const std::string& name, float* grad, size_t n);
+  /// Momentum factor masking: u[i] = v[i] = 0 for every sent index.
+  void Update(const std::string& name, const uint32_t* sent, size_t count);
+  /// The (u, v) state of `name`, for inspection; empty vectors if none.
+  const std::vector<float>& Momentum(const std::string& name) const;
+  const std::vector<float>& Velocity(const std::string& name) const;
+  void Clear() { state_.clear(); }
+
+ private:
+  struct State {
+    std::vector<float> momentum, velocity;
+  };
+  State& Slot(const std::string& name, size_t n);
+  float momentum_;
+  bool nesterov_;
+  std::unordered_map<std::string, State> state_;
+};
+
+/// DGC's sparsity warm-up: the kept ratio in `epoch` (0-based, fractional allowed) falls
+/// exponentially from final_ratio^(1/warmup_epochs) to final_ratio over warmup_epochs
+/// epochs (0.25, 0.063, 0.015, 0.004, 0.001 for 0.001 over 5), then stays at final_ratio.
+double DgcWarmupRatio(double final_ratio, int warmup_epochs, double epoch);
+
+}  // namespace gradcomp

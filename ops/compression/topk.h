@@ -1,0 +1,33 @@
+// topk (Deep Gradient Compression): keeps the values of largest magnitude. Exposed beyond the
+// codec so tests and the runtime can inspect the selection.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/compression/codec.h"
+
+namespace gradcomp {
+
+/// The values topk keeps of one segment: ascending indices and the magnitude threshold
+/// every kept value reaches.
+struct TopKSelection {
+  std::vector<uint32_t> indices;
+  float threshold = 0.0f;
+  /// Number of threshold adjustments made (0..10) and whether exact top-k was used.
+  int adjustments = 0;
+  bool exact = false;
+};
+
+/// Target count k for n values: ceil(n * ratio), at least 1 (0 for n = 0), at most n.
+size_t TopKTarget(size_t n, double ratio);
+/// Most values a selection can hold: floor(1.3 k), at least k, at most n.
+size_t TopKMaxCount(size_t n, double ratio);
+
+/// DGC's selection: estimate the threshold from a strided sample (sample_ratio of the values,
+/// random start keyed by (seed, step, first_index)), then adjust it up to 10 times until the
+/// count lies in [0.8k, 1.3k]; if it still does not, select exactly the k largest. NaN counts
+/// as the largest magnitude (it is always kept, so it stays visible after the reduction).
+TopKSelection SelectTopK(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t first_index);
+
+}  // namespace gradcomp
