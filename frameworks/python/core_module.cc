@@ -1,0 +1,140 @@
+// gradcomp._core: the native module behind the pure-Python package. It carries no
+// framework types beyond numpy buffers; gradcomp.codec, gradcomp.numpy and gradcomp.torch
+// build on it. Errors: gradcomp::InvalidArgument -> ValueError, gradcomp::Error ->
+// gradcomp.GradcompError (a RuntimeError).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "core/settings.h"
+#include "ops/common/enforce.h"
+#include "ops/compression/codec.h"
+#include "ops/compression/topk.h"
+
+namespace py = pybind11;
+
+namespace gradcomp {
+namespace {
+
+DataType CodecDtypeFromName(const std::string& name) {
+  if (name == "float32") return DataType::kFloat32;
+  if (name == "float16") return DataType::kFloat16;
+  if (name == "bfloat16") return DataType::kBFloat16;
+  throw InvalidArgument("dtype '" + name + "' is not a codec dtype (float32, float16 or bfloat16)");
+}
+
+CodecParams MakeParams(int bits, size_t bucket_size, bool stochastic, uint64_t seed, uint64_t step,
+                       bool skip_incomplete_buckets, double ratio, double sample_ratio, const std::string& value_dtype) {
+  CodecParams p;
+  p.bits = bits;
+  p.bucket_size = bucket_size;
+  p.stochastic = stochastic;
+  p.seed = seed;
+  p.step = step;
+  p.skip_incomplete_buckets = skip_incomplete_buckets;
+  p.topk_ratio = ratio;
+  p.topk_sample_ratio = sample_ratio;
+  p.topk_value_dtype = CodecDtypeFromName(value_dtype);
+  return p;
+}
+
+// Arguments shared by every codec call, in Python keyword form.
+#define GC_CODEC_KWARGS                                                                          \
+  py::arg("bits") = 4, py::arg("bucket_size") = 512, py::arg("stochastic") = false,             \
+  py::arg("seed") = 0, py::arg("step") = 0, py::arg("skip_incomplete_buckets") = false,        \
+  py::arg("ratio") = 0.01, py::arg("sample_ratio") = 0.01, py::arg("value_dtype") = "float32"
+
+py::bytes Encode(py::buffer array, const std::string& codec_name, const std::string& dtype, uint64_t first_index,
+                 int bits, size_t bucket_size, bool stochastic, uint64_t seed, uint64_t step, bool skip,
+                 double ratio, double sample_ratio, const std::string& value_dtype) {
+  const Codec& codec = FindCodec(codec_name);
+  const CodecParams p = MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype);
+  py::buffer_info info = array.request();
+  const DataType dt = CodecDtypeFromName(dtype);
+  if (static_cast<size_t>(info.itemsize) != DataTypeSize(dt)) {
+    throw InvalidArgument("array items are " + std::to_string(info.itemsize) + " bytes but dtype " + dtype +
+                          " needs " + std::to_string(DataTypeSize(dt)));
+  }
+  const size_t n = static_cast<size_t>(info.size);
+  std::string wire(codec.MaxWireSize(n, p), '\0');
+  size_t used;
+  {
+    py::gil_scoped_release release;
+    used = codec.Encode(info.ptr, dt, n, p, first_index, wire.data());
+  }
+  wire.resize(used);
+  return py::bytes(wire);
+}
+
+void Decode(py::bytes wire, py::buffer out, const std::string& codec_name, const std::string& dtype, bool accumulate,
+            int bits, size_t bucket_size, bool stochastic, uint64_t seed, uint64_t step, bool skip, double ratio,
+            double sample_ratio, const std::string& value_dtype) {
+  const Codec& codec = FindCodec(codec_name);
+  const CodecParams p = MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype);
+  py::buffer_info info = out.request(true);
+  const DataType dt = CodecDtypeFromName(dtype);
+  if (static_cast<size_t>(info.itemsize) != DataTypeSize(dt)) {
+    throw InvalidArgument("output items are " + std::to_string(info.itemsize) + " bytes but dtype " + dtype +
+                          " needs " + std::to_string(DataTypeSize(dt)));
+  }
+  const std::string_view bytes = wire;
+  const size_t n = static_cast<size_t>(info.size);
+  py::gil_scoped_release release;
+  if (accumulate) {
+    codec.DecodeAccumulate(bytes.data(), bytes.size(), n, p, dt, info.ptr);
+  } else {
+    codec.Decode(bytes.data(), bytes.size(), n, p, dt, info.ptr);
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp
+
+PYBIND11_MODULE(_core, m) {
+  using namespace gradcomp;
+  m.doc() = "gradcomp native core (codecs, settings; the runtime binds here too)";
+  static py::exception<Error> gradcomp_error(m, "GradcompError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const Error& e) {
+      gradcomp_error(e.what());
+    }
+  });
+
+  m.def("codecs", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const Codec* c : AllCodecs()) out.emplace_back(c->name(), c->description());
+    return out;
+  }, "(name, description) of every codec");
+  m.def("codec_encode", &Encode, py::arg("array"), py::arg("codec"), py::arg("dtype"), py::arg("first_index") = 0,
+        GC_CODEC_KWARGS, "Encodes a contiguous buffer as one segment; returns the wire bytes");
+  m.def("codec_decode", &Decode, py::arg("wire"), py::arg("out"), py::arg("codec"), py::arg("dtype"),
+        py::arg("accumulate") = false, GC_CODEC_KWARGS, "Decodes (or decode-accumulates) into `out`");
+  m.def("codec_wire_size", [](size_t n, const std::string& codec, int bits, size_t bucket_size, bool stochastic,
+                              uint64_t seed, uint64_t step, bool skip, double ratio, double sample_ratio,
+                              const std::string& value_dtype) {
+    return FindCodec(codec).MaxWireSize(
+        n, MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype));
+  }, py::arg("n"), py::arg("codec"), GC_CODEC_KWARGS, "Encoded bytes of n values (an upper bound for topk)");
+  m.def("settings_table", &SettingsMarkdownTable, "Every setting as a Markdown table");
+  m.def("describe_settings", [] {
+    std::vector<py::dict> out;
+    for (const SettingInfo& s : DescribeSettings()) {
+      py::dict d;
+      d["name"] = s.name;
+      d["alias"] = s.alias;
+      d["type"] = s.type;
+      d["default"] = s.default_value;
+      d["allowed"] = s.allowed;
+      d["help"] = s.help;
+      out.push_back(d);
+    }
+    return out;
+  }, "Every setting of the registry as a dict");
+}
