@@ -49,6 +49,9 @@ class Communicator {
                              DataType dtype, ReduceOp op) = 0;
   /// out = concatenation over ranks of their `in` (rank r contributes bytes[r] bytes).
   virtual void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
+  /// Root receives the concatenation over ranks of their `in` (rank r contributes bytes[r]
+  /// bytes; every rank passes the same `bytes`); `out` is used on the root only.
+  virtual void Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) = 0;
   /// Copies `bytes` bytes of root's `data` into every rank's `data`.
   virtual void Broadcast(void* data, size_t bytes, int root) = 0;
   /// Rank r sends send_bytes[p] bytes (consecutive in `in`) to each p and receives

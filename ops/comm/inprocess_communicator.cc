@@ -175,6 +175,19 @@ class InProcessCommunicator final : public Communicator {
     world_->Barrier();
   }
 
+  void Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) override {
+    CheckVector(bytes, "gather sizes");
+    CheckPeer(root, "gather root");
+    const std::vector<const void*> inputs = world_->Exchange(rank_, in);
+    if (rank_ == root) {
+      const std::vector<size_t> offsets = Offsets(bytes);
+      for (size_t r = 0; r < inputs.size(); ++r) {
+        if (bytes[r] > 0) std::memcpy(static_cast<char*>(out) + offsets[r], inputs[r], bytes[r]);
+      }
+    }
+    world_->Barrier();
+  }
+
   void Broadcast(void* data, size_t bytes, int root) override {
     CheckPeer(root, "broadcast root");
     const std::vector<const void*> ptrs = world_->Exchange(rank_, data);

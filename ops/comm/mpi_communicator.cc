@@ -56,7 +56,8 @@ int OpIndex(ReduceOp op) {
     case ReduceOp::kMin: return 1;
     case ReduceOp::kMax: return 2;
     case ReduceOp::kProduct: return 3;
-    case ReduceOp::kAverage: break;
+    case ReduceOp::kAverage:
+    case ReduceOp::kBitwiseAnd: break;
   }
   GC_ENFORCE(false, "Average must be lowered to Sum before reaching the communicator");
   return -1;
@@ -99,6 +100,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 MPI_Op MpiCommunicator::OpFor(DataType dtype, ReduceOp op) const {
+  if (op == ReduceOp::kBitwiseAnd) return MPI_BAND;
   const int index = OpIndex(op);
   if (dtype == DataType::kFloat16) return half_ops_[0][index];
   if (dtype == DataType::kBFloat16) return half_ops_[1][index];
@@ -158,6 +160,14 @@ void MpiCommunicator::Allgatherv(const void* in, void* out, const std::vector<si
   if (static_cast<const char*>(out) + displs[static_cast<size_t>(rank_)] == in) src = MPI_IN_PLACE;
   GC_MPI_CHECK(MPI_Allgatherv(src, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(),
                               displs.data(), MPI_BYTE, comm_));
+}
+
+void MpiCommunicator::Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) {
+  GC_ENFORCE(bytes.size() == static_cast<size_t>(size_), "gather needs one size per rank");
+  const std::vector<int> counts = ToInts(bytes, "gather size", rank_);
+  const std::vector<int> displs = ToInts(Offsets(bytes), "gather offset", rank_);
+  GC_MPI_CHECK(MPI_Gatherv(in, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(), displs.data(),
+                           MPI_BYTE, root, comm_));
 }
 
 void MpiCommunicator::Broadcast(void* data, size_t bytes, int root) {

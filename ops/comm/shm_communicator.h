@@ -40,6 +40,9 @@ class ShmCommunicator final : public Communicator {
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  void Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) override {
+    mpi_.Gatherv(in, out, bytes, root);
+  }
   void Broadcast(void* data, size_t bytes, int root) override;
   void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                  const std::vector<size_t>& recv_bytes) override {

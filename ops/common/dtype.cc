@@ -45,6 +45,7 @@ const char* ReduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProduct: return "product";
+    case ReduceOp::kBitwiseAnd: return "bitwise_and";
   }
   return "unknown";
 }

@@ -30,6 +30,8 @@ enum class ReduceOp : uint8_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  /// Bitwise AND of integers; internal to the runtime (negotiation bit vectors).
+  kBitwiseAnd = 5,
 };
 
 /// Size in bytes of one element of `dtype`.

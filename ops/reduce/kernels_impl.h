@@ -53,6 +53,11 @@ struct MaxOp {
   T operator()(T a, T b) const { return a < b ? b : a; }
 };
 
+template <typename T>
+struct AndOp {
+  T operator()(T a, T b) const { return static_cast<T>(a & b); }
+};
+
 template <typename T, typename Op>
 void Loop(T* __restrict dst, const T* __restrict src, size_t n, Op op) {
   for (size_t i = 0; i < n; ++i) dst[i] = op(dst[i], src[i]);
@@ -67,6 +72,9 @@ void ReduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
     case ReduceOp::kProduct: Loop(d, s, n, ProdOp<T>()); return;
     case ReduceOp::kMin: Loop(d, s, n, MinOp<T>()); return;
     case ReduceOp::kMax: Loop(d, s, n, MaxOp<T>()); return;
+    case ReduceOp::kBitwiseAnd:
+      if constexpr (std::is_integral_v<T>) Loop(d, s, n, AndOp<T>());
+      return;  // floats are rejected by the dispatcher in reduce.cc
     case ReduceOp::kAverage: return;  // lowered by the caller (reduce.cc), never reaches here
   }
 }
@@ -74,7 +82,7 @@ void ReduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
 void ReduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
   uint8_t* d = static_cast<uint8_t*>(dst);
   const uint8_t* s = static_cast<const uint8_t*>(src);
-  const bool is_or = (op == ReduceOp::kSum || op == ReduceOp::kMax);
+  const bool is_or = (op == ReduceOp::kSum || op == ReduceOp::kMax);  // AND for Product, Min, BitwiseAnd
   if (is_or) {
     for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>((d[i] | s[i]) != 0);
   } else {
@@ -92,7 +100,8 @@ inline __m256 ApplySimd(__m256 a, __m256 b, ReduceOp op) {
     case ReduceOp::kProduct: return _mm256_mul_ps(a, b);
     case ReduceOp::kMin: return _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ));
     case ReduceOp::kMax: return _mm256_blendv_ps(a, b, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
-    case ReduceOp::kAverage: break;
+    case ReduceOp::kAverage:
+    case ReduceOp::kBitwiseAnd: break;
   }
   return a;
 }
@@ -104,7 +113,8 @@ inline float ApplyScalar(float a, float b, ReduceOp op) {
     case ReduceOp::kProduct: return a * b;
     case ReduceOp::kMin: return b < a ? b : a;
     case ReduceOp::kMax: return a < b ? b : a;
-    case ReduceOp::kAverage: break;
+    case ReduceOp::kAverage:
+    case ReduceOp::kBitwiseAnd: break;
   }
   return a;
 }

@@ -137,6 +137,9 @@ std::vector<double> ExpectedReduction(const ReduceCase& c, int world, size_t beg
         case ReduceOp::kProduct: acc *= x; break;
         case ReduceOp::kMin: acc = std::min(acc, x); break;
         case ReduceOp::kMax: acc = std::max(acc, x); break;
+        case ReduceOp::kBitwiseAnd:
+          acc = static_cast<double>(static_cast<int64_t>(acc) & static_cast<int64_t>(x));
+          break;
       }
     }
     if (c.dtype == DataType::kBool) acc = acc != 0.0 ? 1.0 : 0.0;

@@ -1,0 +1,331 @@
+#include "core/controller.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/fusion.h"
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+namespace {
+
+constexpr uint64_t kNoShutdown = 1;   // flag bits of word 0, stored so that AND means "on every rank"
+constexpr uint64_t kNoUncached = 2;
+constexpr uint64_t kNoJoin = 4;
+constexpr uint64_t kIdle = 8;
+
+size_t Words(size_t bits) { return (bits + 63) / 64; }
+void SetBit(std::vector<uint64_t>& w, size_t offset, size_t bit) { w[offset + bit / 64] |= uint64_t{1} << (bit % 64); }
+void ClearBit(std::vector<uint64_t>& w, size_t offset, size_t bit) {
+  w[offset + bit / 64] &= ~(uint64_t{1} << (bit % 64));
+}
+bool TestBit(const std::vector<uint64_t>& w, size_t offset, size_t bit) {
+  return (w[offset + bit / 64] >> (bit % 64)) & 1;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+std::string Double(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+Controller::Controller(Communicator& world, const Settings& settings, spdlog::logger& log, Timeline& timeline)
+    : world_(world),
+      settings_(settings),
+      log_(log),
+      timeline_(timeline),
+      rank_(world.rank()),
+      size_(world.size()),
+      cache_(static_cast<size_t>(settings.cache_capacity)),
+      cache_stall_seconds_(settings.stall_check_time_seconds > 0 ? std::min(5.0, settings.stall_check_time_seconds / 2)
+                                                                  : 5.0),
+      stall_(settings.stall_check_time_seconds, settings.stall_shutdown_time_seconds, world.size()) {}
+
+Controller::CycleOutput Controller::RunCycle(CycleInput input) {
+  const Clock::time_point now = Clock::now();
+  const size_t cap = cache_.capacity();
+  const size_t nw = Words(cap);
+  // Words: [flags][ready bits][keep bits].
+  std::vector<uint64_t> words(1 + 2 * nw, 0);
+  std::fill(words.begin() + 1 + static_cast<long>(nw), words.end(), ~uint64_t{0});
+
+  for (Request& r : input.fresh) {
+    if (r.type == RequestType::kJoin) joined_ = true;
+    size_t pos = 0;
+    const bool cacheable = r.type != RequestType::kJoin && r.type != RequestType::kBarrier;
+    const auto found = cacheable ? cache_.Find(r, rank_, &pos) : ResponseCache::Lookup::kMiss;
+    if (found == ResponseCache::Lookup::kHit) {
+      const std::string name = r.name;  // (the right-hand side below is evaluated first)
+      cached_pending_[name] = Pending{std::move(r), pos, now};
+      continue;
+    }
+    if (found == ResponseCache::Lookup::kMismatch) ClearBit(words, 1 + nw, pos);
+    to_coordinator_.push_back(std::move(r));
+  }
+  for (const auto& [name, p] : cached_pending_) {
+    SetBit(words, 1, p.position);
+    if (std::chrono::duration<double>(now - p.since).count() > cache_stall_seconds_) ClearBit(words, 1 + nw, p.position);
+  }
+  const bool busy = !cached_pending_.empty() || !to_coordinator_.empty() || !outstanding_.empty() || joined_;
+  // The coordinator also asks for a slow path now and then while tensors wait in its table,
+  // so the stall inspector runs even when no new requests arrive.
+  bool want_slow = !to_coordinator_.empty();
+  if (rank_ == 0 && !table_.empty() && std::chrono::duration<double>(now - last_stall_check_).count() >= 0.1) {
+    want_slow = true;
+  }
+  words[0] = (input.shutdown ? 0 : kNoShutdown) | (want_slow ? 0 : kNoUncached) |
+             (joined_ ? 0 : kNoJoin) | (busy ? 0 : kIdle);
+
+  world_.Allreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
+  if (log_.should_log(spdlog::level::trace)) {
+    log_.trace("cycle: {} cached pending, {} for the coordinator, {} outstanding, flags {:#x}", cached_pending_.size(),
+               to_coordinator_.size(), outstanding_.size(), words[0]);
+  }
+
+  CycleOutput out;
+  out.busy = !(words[0] & kIdle);
+  if (!(words[0] & kNoShutdown)) {
+    out.shutdown = true;
+    return out;
+  }
+  const bool join_active = !(words[0] & kNoJoin);
+  bool erased_any = false;
+  for (size_t pos = 0; pos < cap; ++pos) {
+    if (TestBit(words, 1 + nw, pos)) continue;
+    erased_any = true;
+    for (auto it = cached_pending_.begin(); it != cached_pending_.end();) {
+      if (it->second.position == pos) {
+        to_coordinator_.push_back(std::move(it->second.request));
+        it = cached_pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    cache_.Erase(pos);
+  }
+  std::vector<Response> from_cache;
+  for (size_t pos = 0; pos < cap; ++pos) {
+    if (!TestBit(words, 1, pos) || !TestBit(words, 1 + nw, pos)) continue;
+    from_cache.push_back(cache_.Get(pos));
+    cached_pending_.erase(from_cache.back().names[0]);
+    ++cache_hits_;
+  }
+  if (join_active) {
+    // Joined ranks set no ready bits: cached tensors are matched by the coordinator instead.
+    for (auto& [name, p] : cached_pending_) to_coordinator_.push_back(std::move(p.request));
+    cached_pending_.clear();
+  }
+  const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
+  out.responses = FuseResponses(from_cache, threshold);
+  out.from_cache = out.responses.size();
+  if (!(words[0] & kNoUncached) || erased_any || join_active) {
+    std::vector<Request> mine;
+    mine.swap(to_coordinator_);
+    for (const Request& r : mine) outstanding_.insert(r.name);
+    std::vector<Response> coordinated = Coordinate(mine, &out.fatal);
+    out.responses.insert(out.responses.end(), coordinated.begin(), coordinated.end());
+    if (!out.fatal.empty()) out.shutdown = true;
+  }
+  return out;
+}
+
+void Controller::Executed(const Response& single, bool from_cache) {
+  outstanding_.erase(single.names[0]);
+  if (single.type == RequestType::kJoin) joined_ = false;
+  if (from_cache) {
+    size_t pos = 0;
+    if (cache_.PositionOf(single.names[0], &pos)) cache_.Touch(pos);
+    return;
+  }
+  if (!ResponseCache::Cacheable(single)) return;
+  const std::string evicted = cache_.Put(single);
+  if (evicted.empty()) return;
+  // A pending hit on the evicted position would now point at another tensor's response.
+  auto it = cached_pending_.find(evicted);
+  if (it != cached_pending_.end()) {
+    to_coordinator_.push_back(std::move(it->second.request));
+    cached_pending_.erase(it);
+  }
+}
+
+std::vector<Response> Controller::Coordinate(const std::vector<Request>& mine, std::string* fatal) {
+  const std::string payload = SerializeRequests(mine);
+  const uint64_t my_len = payload.size();
+  std::vector<uint64_t> lens(static_cast<size_t>(size_), 0);
+  world_.Gatherv(&my_len, lens.data(), std::vector<size_t>(static_cast<size_t>(size_), sizeof(uint64_t)), 0);
+  std::vector<size_t> bytes(static_cast<size_t>(size_), 0);
+  bytes[static_cast<size_t>(rank_)] = payload.size();
+  if (rank_ == 0) bytes.assign(lens.begin(), lens.end());
+  std::string all(rank_ == 0 ? Offsets(bytes).back() + bytes.back() : 0, '\0');
+  world_.Gatherv(payload.data(), all.data(), bytes, 0);
+
+  std::string reply;
+  uint64_t header[2] = {0, 0};  // response bytes, fatal message bytes
+  if (rank_ == 0) {
+    const Clock::time_point now = Clock::now();
+    const std::vector<size_t> offsets = Offsets(bytes);
+    for (int r = 0; r < size_; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      for (const Request& req : ParseRequests(all.substr(offsets[i], bytes[i]))) CoordinatorAdd(req, now);
+    }
+    std::vector<Response> ready = CoordinatorReady();
+    const std::set<int> joined(join_order_.begin(), join_order_.end());
+    StallInspector::Report report = stall_.Check(now, joined);
+    last_stall_check_ = now;
+    for (const std::string& w : report.warnings) log_.warn("{}", w);
+    const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
+    reply = SerializeResponses(FuseResponses(ready, threshold));
+    header[0] = reply.size();
+    header[1] = report.shutdown.size();
+    reply += report.shutdown;
+  }
+  world_.Broadcast(header, sizeof header, 0);
+  reply.resize(header[0] + header[1]);
+  world_.Broadcast(reply.data(), reply.size(), 0);
+  *fatal = reply.substr(header[0]);
+  std::vector<Response> responses = ParseResponses(reply.substr(0, header[0]));
+  for (const Response& r : responses) {
+    if (r.type != RequestType::kJoin) coordinator_responses_ += r.names.size();
+  }
+  return responses;
+}
+
+void Controller::CoordinatorAdd(const Request& r, Clock::time_point now) {
+  if (r.type == RequestType::kJoin) {
+    if (std::find(join_order_.begin(), join_order_.end(), r.rank) == join_order_.end()) join_order_.push_back(r.rank);
+    timeline_.Instant("join", "rank " + std::to_string(r.rank) + " joined");
+    return;
+  }
+  auto [it, fresh] = table_.try_emplace(r.name);
+  if (fresh) {
+    arrival_order_.push_back(r.name);
+    timeline_.Begin(r.name, "NEGOTIATE");
+  }
+  it->second.by_rank[r.rank] = r;
+  stall_.RecordArrival(r.name, RequestTypeName(r.type), r.rank, now);
+  timeline_.Instant(r.name, "rank " + std::to_string(r.rank) + " ready");
+}
+
+std::vector<Response> Controller::CoordinatorReady() {
+  const std::set<int> joined(join_order_.begin(), join_order_.end());
+  std::vector<Response> ready;
+  std::vector<std::string> still_waiting;
+  for (const std::string& name : arrival_order_) {
+    const TableEntry& entry = table_.at(name);
+    bool complete = true;
+    for (int r = 0; r < size_ && complete; ++r) complete = entry.by_rank.count(r) || joined.count(r);
+    if (!complete) {
+      still_waiting.push_back(name);
+      continue;
+    }
+    ready.push_back(BuildResponse(name, entry));
+    timeline_.End(name, "NEGOTIATE");
+    stall_.Remove(name);
+    table_.erase(name);
+  }
+  arrival_order_.swap(still_waiting);
+  if (!join_order_.empty() && static_cast<int>(join_order_.size()) == size_) {
+    Response join;
+    join.type = RequestType::kJoin;
+    join.names = {"__join__"};
+    join.last_joined = join_order_.back();
+    ready.push_back(join);
+    join_order_.clear();
+  }
+  return ready;
+}
+
+Response Controller::BuildResponse(const std::string& name, const TableEntry& entry) const {
+  const Request& ref = entry.by_rank.begin()->second;
+  Response resp;
+  resp.type = ref.type;
+  resp.names = {name};
+  resp.dtype = ref.dtype;
+  resp.op = ref.op;
+  resp.root = ref.root;
+  resp.prescale = ref.prescale;
+  resp.postscale = ref.postscale;
+  resp.compression = ref.compression;
+  resp.shapes = {ref.shape};
+  const std::string what = std::string(RequestTypeName(ref.type)) + " of tensor '" + name + "'";
+
+  // A field that differs between ranks fails the tensor on every rank, listing each value.
+  auto check = [&](const char* field, auto value_of) -> bool {
+    const std::string want = value_of(ref);
+    bool same = true;
+    for (const auto& [rank, req] : entry.by_rank) same = same && value_of(req) == want;
+    if (same) return true;
+    std::ostringstream os;
+    os << "mismatched " << field << " for " << what << ":";
+    bool first = true;
+    for (const auto& [rank, req] : entry.by_rank) {
+      os << (first ? " " : ", ") << "rank " << rank << " " << value_of(req);
+      first = false;
+    }
+    resp.error = os.str();
+    return false;
+  };
+  const bool ok =
+      check("operation", [](const Request& r) { return std::string(RequestTypeName(r.type)); }) &&
+      check("dtype", [](const Request& r) { return std::string(DataTypeName(r.dtype)); }) &&
+      check("rank of shape", [](const Request& r) { return std::to_string(r.shape.size()); });
+  if (!ok) return resp;
+  const bool first_dim_free = ref.type == RequestType::kAllgather || ref.type == RequestType::kAlltoall;
+  if (first_dim_free) {
+    if (!check("shape after the first dimension", [](const Request& r) {
+          return ShapeString(std::vector<int64_t>(r.shape.begin() + (r.shape.empty() ? 0 : 1), r.shape.end()));
+        })) {
+      return resp;
+    }
+  } else if (!check("shape", [](const Request& r) { return ShapeString(r.shape); })) {
+    return resp;
+  }
+  if (ref.type == RequestType::kAllreduce || ref.type == RequestType::kReducescatter) {
+    if (!check("op", [](const Request& r) { return std::string(ReduceOpName(r.op)); }) ||
+        !check("prescale factor", [](const Request& r) { return Double(r.prescale); }) ||
+        !check("postscale factor", [](const Request& r) { return Double(r.postscale); }) ||
+        !check("compression", [](const Request& r) { return r.compression.Describe(); })) {
+      return resp;
+    }
+  }
+  const std::set<int> joined(join_order_.begin(), join_order_.end());
+  if (ref.type == RequestType::kBroadcast) {
+    if (!check("root rank", [](const Request& r) { return std::to_string(r.root); })) return resp;
+    if (joined.count(ref.root)) {
+      resp.error = what + ": root rank " + std::to_string(ref.root) + " has already joined";
+      return resp;
+    }
+  }
+  if (ref.type == RequestType::kAllgather) {
+    int64_t total = 0;
+    resp.rank_dims.assign(static_cast<size_t>(size_), 0);
+    for (const auto& [rank, req] : entry.by_rank) {
+      resp.rank_dims[static_cast<size_t>(rank)] = req.shape[0];
+      total += req.shape[0];
+    }
+    resp.shapes[0][0] = total;
+  }
+  if (ref.type == RequestType::kAlltoall) {
+    if (!joined.empty()) {
+      resp.error = what + ": alltoall is not supported while ranks have joined";
+      return resp;
+    }
+    for (const auto& [rank, req] : entry.by_rank) {
+      resp.rank_dims.insert(resp.rank_dims.end(), req.splits.begin(), req.splits.end());
+    }
+  }
+  return resp;
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,125 @@
+// The controller: how ranks agree, cycle after cycle, on which tensors to reduce and in which
+// order, so every rank executes the same responses in the same order.
+//
+// Protocol of one cycle (every rank calls RunCycle once per cycle; all communication is on
+// the world communicator, from the background thread only):
+//
+//  1. Classify the requests enqueued since the last cycle. A request whose name is in the
+//     response cache with identical parameters is a *hit*: the rank sets the bit of its cache
+//     position in its ready vector and keeps the request pending. Same name with other
+//     parameters (a shape change, say) is a *mismatch*: the rank clears the position's bit in
+//     its keep vector and sends the request to the coordinator. Joins, barriers and unknown
+//     names go to the coordinator. A cached request pending longer than the cache stall time
+//     also clears its keep bit, so a tensor missing on some rank reaches the stall inspector.
+//  2. One bitwise-AND allreduce of [flags | ready bits | keep bits] (uint64 words). Flags are
+//     stored inverted so AND acts as OR where needed: "nobody shuts down", "nobody has
+//     requests for the coordinator", "nobody has joined", "nobody is busy".
+//  3. From the result, identically on every rank: positions whose keep bit is 0 are erased
+//     from every cache (a rank holding a pending request there sends it to the coordinator
+//     now); positions ready on every rank become responses, in position order. While some
+//     rank has joined, cached requests go to the coordinator (joined ranks set no bits).
+//  4. Slow path, only when some rank has requests for the coordinator (known from the flags
+//     and the erased positions, so every rank decides alike): each rank sends its serialized
+//     request list to rank 0 (gather). Rank 0 counts, per name, which ranks asked (joined
+//     ranks count as present), validates that type, dtype, shape, op, root, scale factors and
+//     compression agree once all ranks are in (a disagreement becomes an error response that
+//     names the tensor, the field and every rank's value), checks for stalled tensors, fuses
+//     the ready responses up to the fusion threshold and broadcasts the ordered list.
+//  5. The cycle's responses are the cached ones (fused locally with the same deterministic
+//     planner) followed by the coordinator's. The runtime executes them in that order on
+//     every rank and reports each executed tensor back (Executed), so all caches learn the
+//     same responses in the same order and stay identical.
+//
+// A shutdown on any rank (or a stall shutdown decided by rank 0) ends the loop on every rank.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "core/message.h"
+#include "core/response_cache.h"
+#include "core/settings.h"
+#include "core/stall_inspector.h"
+#include "core/timeline.h"
+#include "ops/comm/communicator.h"
+
+namespace gradcomp {
+
+class Controller {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Controller(Communicator& world, const Settings& settings, spdlog::logger& log, Timeline& timeline);
+
+  /// What this rank brings to a cycle.
+  struct CycleInput {
+    std::vector<Request> fresh;  ///< requests enqueued since the last cycle
+    bool shutdown = false;       ///< this rank wants to stop
+  };
+  /// What every rank does next.
+  struct CycleOutput {
+    std::vector<Response> responses;  ///< to execute, in this order
+    bool shutdown = false;            ///< stop the background loop
+    std::string fatal;                ///< why, when it is an error (stall shutdown)
+    bool busy = false;                ///< some rank has work pending: keep cycling briskly
+    size_t from_cache = 0;            ///< the first `from_cache` responses came from the cache
+  };
+  /// Collective over the world: one negotiation cycle (see the protocol above).
+  CycleOutput RunCycle(CycleInput input);
+
+  /// Reports a response executed on this rank (the unfused single-tensor responses), so the
+  /// cache learns it; `from_cache` marks responses that came from cache positions.
+  void Executed(const Response& single, bool from_cache);
+
+  /// Number of tensors answered from the cache / by the coordinator so far (for tests; the
+  /// counts are updated before the tensors execute).
+  uint64_t cache_hits() const { return cache_hits_; }
+  uint64_t coordinator_responses() const { return coordinator_responses_; }
+  const ResponseCache& cache() const { return cache_; }
+
+ private:
+  struct Pending {
+    Request request;
+    size_t position = 0;
+    Clock::time_point since;
+  };
+  // Rank 0's view of requests not yet answered.
+  struct TableEntry {
+    std::map<int, Request> by_rank;
+  };
+
+  std::vector<Response> Coordinate(const std::vector<Request>& mine, std::string* fatal);
+  void CoordinatorAdd(const Request& r, Clock::time_point now);
+  std::vector<Response> CoordinatorReady();
+  Response BuildResponse(const std::string& name, const TableEntry& entry) const;
+
+  Communicator& world_;
+  const Settings& settings_;
+  spdlog::logger& log_;
+  Timeline& timeline_;
+  const int rank_, size_;
+  ResponseCache cache_;
+  double cache_stall_seconds_;
+  std::unordered_map<std::string, Pending> cached_pending_;  // hits waiting for every rank
+  std::vector<Request> to_coordinator_;                      // sent in the next slow path
+  std::set<std::string> outstanding_;                        // sent, not answered yet
+  bool joined_ = false;                                      // this rank's join is pending
+  // Rank 0 only.
+  std::map<std::string, TableEntry> table_;
+  std::vector<std::string> arrival_order_;
+  std::vector<int> join_order_;
+  StallInspector stall_;
+  Clock::time_point last_stall_check_;
+  uint64_t cache_hits_ = 0;
+  uint64_t coordinator_responses_ = 0;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,267 @@
+#include "core/executor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "ops/collectives/allgather.h"
+#include "ops/collectives/allreduce.h"
+#include "ops/collectives/alltoall.h"
+#include "ops/collectives/broadcast.h"
+#include "ops/collectives/reducescatter.h"
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  return shape.empty() ? 1 : NumElements(std::vector<int64_t>(shape.begin() + 1, shape.end()));
+}
+
+std::string ShapeJson(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+// Args of a tensor's end event: dtype, shape, bytes in, bytes on the wire, ratio.
+std::string EndArgs(DataType dtype, const std::vector<int64_t>& shape, int64_t wire_bytes) {
+  const int64_t bytes = NumElements(shape) * static_cast<int64_t>(DataTypeSize(dtype));
+  std::ostringstream os;
+  os << "\"dtype\": \"" << DataTypeName(dtype) << "\", \"shape\": " << ShapeJson(shape) << ", \"bytes\": " << bytes
+     << ", \"wire_bytes\": " << wire_bytes << ", \"ratio\": " << (wire_bytes > 0 ? double(bytes) / wire_bytes : 1.0);
+  return os.str();
+}
+
+void CompleteAll(EntryList& entries) {
+  for (auto& e : entries) {
+    if (e) e->handle->Complete();
+  }
+}
+
+}  // namespace
+
+void Executor::Prepare(const Response& r, EntryList& entries) {
+  const size_t esize = DataTypeSize(r.dtype);
+  switch (r.type) {
+    case RequestType::kAllreduce: {
+      int64_t total = 0;
+      bool any_missing = false;
+      for (size_t i = 0; i < r.names.size(); ++i) {
+        total += NumElements(r.shapes[i]);
+        any_missing = any_missing || !entries[i];
+      }
+      const size_t bytes = static_cast<size_t>(total) * esize;
+      if (r.names.size() > 1 && fusion_.size() < bytes) fusion_.resize(bytes);
+      if (any_missing && scratch_.size() < bytes) scratch_.resize(bytes);
+      return;
+    }
+    case RequestType::kBroadcast:
+    case RequestType::kReducescatter: {
+      const size_t bytes = static_cast<size_t>(NumElements(r.shapes[0])) * esize;
+      if (!entries[0] && scratch_.size() < bytes) scratch_.resize(bytes);
+      return;
+    }
+    default: return;
+  }
+}
+
+void Executor::Run(const Response& r, EntryList& entries) {
+  switch (r.type) {
+    case RequestType::kAllreduce: return RunAllreduce(r, entries);
+    case RequestType::kAllgather: return RunAllgather(r, entries);
+    case RequestType::kBroadcast: return RunBroadcast(r, entries);
+    case RequestType::kAlltoall: return RunAlltoall(r, entries);
+    case RequestType::kReducescatter: return RunReducescatter(r, entries);
+    case RequestType::kBarrier:
+      topo_.world->Barrier();
+      return CompleteAll(entries);
+    case RequestType::kJoin:
+      for (auto& e : entries) {
+        if (!e) continue;
+        e->handle->mutable_aux() = {r.last_joined};
+        e->handle->Complete();
+      }
+      return;
+  }
+}
+
+void Executor::RunAllreduce(const Response& r, EntryList& entries) {
+  if (r.compression.codec != "none") {
+    throw InvalidArgument("compression '" + r.compression.Describe() + "' requested for allreduce of '" +
+                          r.names[0] + "', but the compressed allreduce is not part of this build yet");
+  }
+  const size_t esize = DataTypeSize(r.dtype);
+  const bool record = timeline_.active();
+  const size_t n = r.names.size();
+  int64_t total = 0;
+  std::vector<size_t> offsets(n);
+  for (size_t i = 0; i < n; ++i) {
+    offsets[i] = static_cast<size_t>(total) * esize;
+    total += NumElements(r.shapes[i]);
+  }
+  AllreduceOptions o;
+  o.count = static_cast<size_t>(total);
+  o.dtype = r.dtype;
+  o.op = r.op;
+  o.prescale = r.prescale;
+  o.postscale = r.postscale;
+  o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
+  if (n == 1) {
+    if (entries[0]) {
+      o.input = entries[0]->input;
+      o.output = entries[0]->output;
+    } else {  // joined: contribute zeros
+      std::memset(scratch_.data(), 0, o.count * esize);
+      o.input = o.output = scratch_.data();
+    }
+  } else {
+    if (record) {
+      for (const auto& name : r.names) timeline_.Begin(name, "FUSE");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t bytes = static_cast<size_t>(NumElements(r.shapes[i])) * esize;
+      if (entries[i]) {
+        if (bytes) std::memcpy(fusion_.data() + offsets[i], entries[i]->input, bytes);
+      } else {
+        std::memset(fusion_.data() + offsets[i], 0, bytes);
+      }
+    }
+    if (record) {
+      for (const auto& name : r.names) timeline_.End(name, "FUSE");
+    }
+    o.input = o.output = fusion_.data();
+  }
+  if (record) {
+    for (const auto& name : r.names) timeline_.Begin(name, "COMMUNICATE");
+  }
+  const bool hierarchical = settings_.hierarchical && topo_.homogeneous && topo_.local_size() > 1 &&
+                            topo_.cross_size() > 1;
+  if (hierarchical) {
+    HierarchicalAllreduce(topo_, o);
+  } else {
+    Allreduce(*topo_.world, o);
+  }
+  if (record) {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t bytes = NumElements(r.shapes[i]) * static_cast<int64_t>(esize);
+      timeline_.End(r.names[i], "COMMUNICATE", EndArgs(r.dtype, r.shapes[i], bytes));
+    }
+  }
+  if (n > 1) {
+    if (record) {
+      for (const auto& name : r.names) timeline_.Begin(name, "UNFUSE");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t bytes = static_cast<size_t>(NumElements(r.shapes[i])) * esize;
+      if (entries[i] && bytes) std::memcpy(entries[i]->output, fusion_.data() + offsets[i], bytes);
+    }
+    if (record) {
+      for (const auto& name : r.names) timeline_.End(name, "UNFUSE");
+    }
+  }
+  CompleteAll(entries);
+}
+
+void Executor::RunAllgather(const Response& r, EntryList& entries) {
+  const std::vector<int64_t>& shape = r.shapes[0];
+  const size_t row = static_cast<size_t>(RowElements(shape));
+  const size_t me = static_cast<size_t>(topo_.rank());
+  AllgatherOptions o;
+  o.dtype = r.dtype;
+  o.name = r.names[0];
+  for (int64_t d : r.rank_dims) o.counts.push_back(static_cast<size_t>(d) * row);
+  o.count = o.counts[me];
+  o.input = entries[0] ? entries[0]->input : nullptr;
+  std::vector<char> local;
+  std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
+  out.resize(static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype));
+  o.output = out.data();
+  if (timeline_.active()) timeline_.Begin(r.names[0], "COMMUNICATE");
+  Allgather(*topo_.world, o);
+  if (timeline_.active()) {
+    timeline_.End(r.names[0], "COMMUNICATE",
+                  EndArgs(r.dtype, shape, NumElements(shape) * static_cast<int64_t>(DataTypeSize(r.dtype))));
+  }
+  if (entries[0]) {
+    entries[0]->handle->mutable_output_shape() = shape;
+    entries[0]->handle->Complete();
+  }
+}
+
+void Executor::RunBroadcast(const Response& r, EntryList& entries) {
+  BroadcastOptions o;
+  o.count = static_cast<size_t>(NumElements(r.shapes[0]));
+  o.dtype = r.dtype;
+  o.root = r.root;
+  o.name = r.names[0];
+  o.buffer = entries[0] ? entries[0]->output : scratch_.data();
+  Broadcast(*topo_.world, o);
+  CompleteAll(entries);
+}
+
+void Executor::RunAlltoall(const Response& r, EntryList& entries) {
+  const std::vector<int64_t>& shape = r.shapes[0];
+  const size_t row = static_cast<size_t>(RowElements(shape));
+  const size_t n = static_cast<size_t>(topo_.size()), me = static_cast<size_t>(topo_.rank());
+  AlltoallOptions o;
+  o.dtype = r.dtype;
+  o.name = r.names[0];
+  std::vector<int64_t> recv_rows(n);
+  for (size_t p = 0; p < n; ++p) {
+    o.send_counts.push_back(static_cast<size_t>(r.rank_dims[me * n + p]) * row);
+    recv_rows[p] = r.rank_dims[p * n + me];
+    o.recv_counts.push_back(static_cast<size_t>(recv_rows[p]) * row);
+  }
+  int64_t total_rows = 0;
+  for (int64_t rows : recv_rows) total_rows += rows;
+  Handle& h = *entries[0]->handle;  // alltoall never runs with joined ranks
+  h.mutable_output().resize(static_cast<size_t>(total_rows) * row * DataTypeSize(r.dtype));
+  o.input = entries[0]->input;
+  o.output = h.mutable_output().data();
+  Alltoall(*topo_.world, o);
+  h.mutable_output_shape() = shape;
+  h.mutable_output_shape()[0] = total_rows;
+  h.mutable_aux() = recv_rows;
+  h.Complete();
+}
+
+void Executor::RunReducescatter(const Response& r, EntryList& entries) {
+  const std::vector<int64_t>& shape = r.shapes[0];
+  const size_t row = static_cast<size_t>(RowElements(shape));
+  const std::vector<size_t> rows = EvenSplit(static_cast<size_t>(shape[0]), topo_.size());
+  const size_t me = static_cast<size_t>(topo_.rank());
+  ReducescatterOptions o;
+  o.dtype = r.dtype;
+  o.op = r.op;
+  o.prescale = r.prescale;
+  o.postscale = r.postscale;
+  o.name = r.names[0];
+  for (size_t rr : rows) o.counts.push_back(rr * row);
+  if (entries[0]) {
+    o.input = entries[0]->input;
+  } else {
+    std::memset(scratch_.data(), 0, static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype));
+    o.input = scratch_.data();
+  }
+  std::vector<char> local;
+  std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
+  out.resize(o.counts[me] * DataTypeSize(r.dtype));
+  o.output = out.data();
+  Reducescatter(*topo_.world, o);
+  if (entries[0]) {
+    entries[0]->handle->mutable_output_shape() = shape;
+    entries[0]->handle->mutable_output_shape()[0] = static_cast<int64_t>(rows[me]);
+    entries[0]->handle->Complete();
+  }
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,61 @@
+// Handle to one enqueued operation, with c10d Work's contract: Poll() never blocks, Wait()
+// blocks on a condition variable (never spins) and rethrows the operation's error.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gradcomp {
+
+/// Completion state of one operation, shared between the caller and the background thread.
+class Handle {
+ public:
+  /// True once the operation finished (successfully or not). Never blocks.
+  bool Poll() const;
+  /// Blocks until the operation finished; rethrows its error (InvalidArgument or Error).
+  void Wait() const;
+  /// Like Wait, giving up after `seconds`; returns false on time-out.
+  bool WaitFor(double seconds) const;
+  /// The error message, or "" (valid once Poll() is true).
+  std::string ErrorMessage() const;
+
+  /// Output the runtime allocated (allgather, alltoall, reducescatter), valid after Wait().
+  const std::vector<char>& output() const { return output_; }
+  /// Shape of that output.
+  const std::vector<int64_t>& output_shape() const { return output_shape_; }
+  /// alltoall: rows received from each rank; join: {last rank to join}.
+  const std::vector<int64_t>& aux() const { return aux_; }
+
+  /// Runs `fn` once the operation completes (at once if it already has); from the
+  /// background thread otherwise. For adapters that signal a framework event.
+  void OnComplete(std::function<void()> fn);
+
+  // ---- background-thread side ------------------------------------------------------------
+  std::vector<char>& mutable_output() { return output_; }
+  std::vector<int64_t>& mutable_output_shape() { return output_shape_; }
+  std::vector<int64_t>& mutable_aux() { return aux_; }
+  /// Marks success and wakes waiters.
+  void Complete();
+  /// Marks failure with `message`; `invalid_argument` selects the exception Wait() throws.
+  void Fail(const std::string& message, bool invalid_argument = false);
+
+ private:
+  void Finish(std::unique_lock<std::mutex>& lock);
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  bool invalid_argument_ = false;
+  std::string error_;
+  std::vector<char> output_;
+  std::vector<int64_t> output_shape_;
+  std::vector<int64_t> aux_;
+  std::vector<std::function<void()>> callbacks_;
+};
+
+}  // namespace gradcomp

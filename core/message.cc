@@ -1,0 +1,227 @@
+#include "core/message.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+const char* RequestTypeName(RequestType type) {
+  switch (type) {
+    case RequestType::kAllreduce: return "allreduce";
+    case RequestType::kAllgather: return "allgather";
+    case RequestType::kBroadcast: return "broadcast";
+    case RequestType::kAlltoall: return "alltoall";
+    case RequestType::kReducescatter: return "reducescatter";
+    case RequestType::kBarrier: return "barrier";
+    case RequestType::kJoin: return "join";
+  }
+  return "unknown";
+}
+
+bool CompressionSpec::operator==(const CompressionSpec& o) const {
+  if (codec != o.codec || error_feedback != o.error_feedback) return false;
+  if (codec == "maxmin") {
+    return bits == o.bits && bucket_size == o.bucket_size && stochastic == o.stochastic &&
+           skip_incomplete_buckets == o.skip_incomplete_buckets;
+  }
+  if (codec == "topk") return topk_ratio == o.topk_ratio;
+  return true;
+}
+
+std::string CompressionSpec::Describe() const {
+  std::ostringstream os;
+  os << codec;
+  if (codec == "maxmin") {
+    os << "(bits=" << bits << ", bucket=" << bucket_size << (stochastic ? ", stochastic" : "")
+       << (skip_incomplete_buckets ? ", skip_incomplete" : "") << ")";
+  } else if (codec == "topk") {
+    os << "(ratio=" << topk_ratio << ")";
+  }
+  if (error_feedback) os << "+ef";
+  return os.str();
+}
+
+int64_t Request::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t Response::PayloadBytes() const {
+  int64_t total = 0;
+  for (const auto& shape : shapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    total += n * static_cast<int64_t>(DataTypeSize(dtype));
+  }
+  return total;
+}
+
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void Pod(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>, "Pod needs a trivially copyable type");
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  void Str(const std::string& s) {
+    Pod(static_cast<uint64_t>(s.size()));
+    out_.append(s);
+  }
+  void Ints(const std::vector<int64_t>& v) {
+    Pod(static_cast<uint64_t>(v.size()));
+    for (int64_t x : v) Pod(x);
+  }
+  void Spec(const CompressionSpec& c) {
+    Str(c.codec);
+    Pod(c.bits);
+    Pod(c.bucket_size);
+    Pod(static_cast<uint8_t>(c.stochastic));
+    Pod(static_cast<uint8_t>(c.skip_incomplete_buckets));
+    Pod(static_cast<uint8_t>(c.error_feedback));
+    Pod(c.topk_ratio);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& in) : in_(in) {}
+  template <typename T>
+  T Pod() {
+    Need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string Str() {
+    const uint64_t n = Pod<uint64_t>();
+    Need(n);
+    std::string s = in_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  std::vector<int64_t> Ints() {
+    const uint64_t n = Pod<uint64_t>();
+    Need(n * 8);
+    std::vector<int64_t> v(n);
+    for (auto& x : v) x = Pod<int64_t>();
+    return v;
+  }
+  CompressionSpec Spec() {
+    CompressionSpec c;
+    c.codec = Str();
+    c.bits = Pod<int32_t>();
+    c.bucket_size = Pod<int64_t>();
+    c.stochastic = Pod<uint8_t>() != 0;
+    c.skip_incomplete_buckets = Pod<uint8_t>() != 0;
+    c.error_feedback = Pod<uint8_t>() != 0;
+    c.topk_ratio = Pod<double>();
+    return c;
+  }
+  bool Done() const { return pos_ == in_.size(); }
+
+ private:
+  void Need(uint64_t n) const {
+    GC_ENFORCE(n <= in_.size() - pos_, "truncated negotiation message: need ", n, " bytes at ", pos_, " of ",
+               in_.size());
+  }
+  const std::string& in_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string SerializeRequests(const std::vector<Request>& requests) {
+  Writer w;
+  w.Pod(static_cast<uint64_t>(requests.size()));
+  for (const Request& r : requests) {
+    w.Pod(r.rank);
+    w.Pod(r.type);
+    w.Str(r.name);
+    w.Pod(r.dtype);
+    w.Ints(r.shape);
+    w.Pod(r.op);
+    w.Pod(r.root);
+    w.Pod(r.prescale);
+    w.Pod(r.postscale);
+    w.Spec(r.compression);
+    w.Ints(r.splits);
+  }
+  return w.Take();
+}
+
+std::vector<Request> ParseRequests(const std::string& bytes) {
+  Reader rd(bytes);
+  std::vector<Request> out(rd.Pod<uint64_t>());
+  for (Request& r : out) {
+    r.rank = rd.Pod<int32_t>();
+    r.type = rd.Pod<RequestType>();
+    r.name = rd.Str();
+    r.dtype = rd.Pod<DataType>();
+    r.shape = rd.Ints();
+    r.op = rd.Pod<ReduceOp>();
+    r.root = rd.Pod<int32_t>();
+    r.prescale = rd.Pod<double>();
+    r.postscale = rd.Pod<double>();
+    r.compression = rd.Spec();
+    r.splits = rd.Ints();
+  }
+  GC_ENFORCE(rd.Done(), "trailing bytes after the request list");
+  return out;
+}
+
+std::string SerializeResponses(const std::vector<Response>& responses) {
+  Writer w;
+  w.Pod(static_cast<uint64_t>(responses.size()));
+  for (const Response& r : responses) {
+    w.Pod(r.type);
+    w.Str(r.error);
+    w.Pod(static_cast<uint64_t>(r.names.size()));
+    for (const auto& n : r.names) w.Str(n);
+    w.Pod(r.dtype);
+    w.Pod(r.op);
+    w.Pod(r.root);
+    w.Pod(r.prescale);
+    w.Pod(r.postscale);
+    w.Spec(r.compression);
+    w.Pod(static_cast<uint64_t>(r.shapes.size()));
+    for (const auto& s : r.shapes) w.Ints(s);
+    w.Ints(r.rank_dims);
+    w.Pod(r.last_joined);
+  }
+  return w.Take();
+}
+
+std::vector<Response> ParseResponses(const std::string& bytes) {
+  Reader rd(bytes);
+  std::vector<Response> out(rd.Pod<uint64_t>());
+  for (Response& r : out) {
+    r.type = rd.Pod<RequestType>();
+    r.error = rd.Str();
+    r.names.resize(rd.Pod<uint64_t>());
+    for (auto& n : r.names) n = rd.Str();
+    r.dtype = rd.Pod<DataType>();
+    r.op = rd.Pod<ReduceOp>();
+    r.root = rd.Pod<int32_t>();
+    r.prescale = rd.Pod<double>();
+    r.postscale = rd.Pod<double>();
+    r.compression = rd.Spec();
+    r.shapes.resize(rd.Pod<uint64_t>());
+    for (auto& s : r.shapes) s = rd.Ints();
+    r.rank_dims = rd.Ints();
+    r.last_joined = rd.Pod<int32_t>();
+  }
+  GC_ENFORCE(rd.Done(), "trailing bytes after the response list");
+  return out;
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,93 @@
+// What ranks tell the coordinator (Request) and what it tells them back (Response), with
+// the compact binary encoding that travels in negotiation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/common/dtype.h"
+
+namespace gradcomp {
+
+/// The collective a request asks for.
+enum class RequestType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+  kJoin = 6,
+};
+/// "allreduce", "allgather", ...
+const char* RequestTypeName(RequestType type);
+
+/// How a float allreduce is compressed; part of a tensor's identity for validation,
+/// caching and fusion (only tensors with equal specs are fused).
+struct CompressionSpec {
+  std::string codec = "none";  ///< none, fp16, bf16, maxmin, topk
+  int32_t bits = 4;
+  int64_t bucket_size = 512;
+  bool stochastic = false;
+  bool skip_incomplete_buckets = false;
+  bool error_feedback = false;
+  double topk_ratio = 0.01;
+
+  bool operator==(const CompressionSpec& o) const;
+  bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
+  /// "maxmin(bits=4, bucket=512)", "none", ...
+  std::string Describe() const;
+};
+
+/// One rank's request for one named tensor.
+struct Request {
+  int32_t rank = 0;
+  RequestType type = RequestType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  CompressionSpec compression;
+  /// alltoall: rows sent to each rank (sums to shape[0]).
+  std::vector<int64_t> splits;
+
+  /// Product of the shape (1 for a scalar).
+  int64_t NumElements() const;
+};
+
+/// What every rank executes, in the same order. A response names one tensor, or several
+/// fused allreduce tensors sharing dtype, op, scale factors and compression.
+struct Response {
+  RequestType type = RequestType::kAllreduce;
+  /// Non-empty: the operation failed; every rank fails these tensors with this message.
+  std::string error;
+  std::vector<std::string> names;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  CompressionSpec compression;
+  /// Shape of every tensor (ranks that joined use it to contribute zeros).
+  std::vector<std::vector<int64_t>> shapes;
+  /// allgather: first dimension of every rank, per tensor (names.size() x size values).
+  /// alltoall: the size x size matrix of rows sent (row = sender).
+  std::vector<int64_t> rank_dims;
+  /// join: the last rank to join.
+  int32_t last_joined = -1;
+
+  /// Bytes of the named tensors' payload (for fusion decisions).
+  int64_t PayloadBytes() const;
+};
+
+/// Binary encoding of request and response lists (little-endian, length-prefixed).
+std::string SerializeRequests(const std::vector<Request>& requests);
+std::vector<Request> ParseRequests(const std::string& bytes);
+std::string SerializeResponses(const std::vector<Response>& responses);
+std::vector<Response> ParseResponses(const std::string& bytes);
+
+}  // namespace gradcomp

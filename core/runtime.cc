@@ -1,0 +1,424 @@
+#include "core/runtime.h"
+
+#include <pthread.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/logging.h"
+#include "ops/comm/mpi_environment.h"
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+namespace {
+
+// The longest an idle rank sleeps between heartbeat cycles: it bounds the wait of a rank
+// that gets work while its peers are idle, and keeps stall detection alive.
+constexpr double kMaxIdleWaitSeconds = 0.05;
+
+LocalTransport TransportFrom(const Settings& s) {
+  if (s.inner_communicator == "nccl") {
+    throw InvalidArgument(
+        "GRADCOMP_INNER_COMMUNICATOR=nccl (CGX_INNER_COMMUNICATOR_TYPE) needs GPU tensors and a build with "
+        "NCCL; use shm or mpi for CPU tensors");
+  }
+  return s.inner_communicator == "mpi" ? LocalTransport::kMessages : LocalTransport::kSharedMemory;
+}
+
+Topology MakeTopology(RuntimeOptions& options) {
+  std::unique_ptr<Communicator> world = options.world ? std::move(options.world) : CreateMpiWorld();
+  return BuildTopology(std::move(world), static_cast<int>(options.settings.local_size),
+                       TransportFrom(options.settings));
+}
+
+// The settings whose values must agree on every rank, as "NAME=value" lines.
+std::string AgreedSettings(const Settings& s) {
+  std::string out;
+  auto add = [&](const char* name, const std::string& value) { out += std::string(name) + "=" + value + "\n"; };
+  add("GRADCOMP_FUSION_THRESHOLD_MB", std::to_string(s.fusion_threshold_mb));
+  add("GRADCOMP_CACHE_CAPACITY", std::to_string(s.cache_capacity));
+  add("GRADCOMP_COMPRESSION", s.compression);
+  add("GRADCOMP_BITS", std::to_string(s.bits));
+  add("GRADCOMP_BUCKET_SIZE", std::to_string(s.bucket_size));
+  add("GRADCOMP_STOCHASTIC", std::to_string(s.stochastic));
+  add("GRADCOMP_SEED", std::to_string(s.seed));
+  add("GRADCOMP_SKIP_INCOMPLETE_BUCKETS", std::to_string(s.skip_incomplete_buckets));
+  add("GRADCOMP_MIN_SIZE", std::to_string(s.min_size));
+  add("GRADCOMP_TOPK_RATIO", std::to_string(s.topk_ratio));
+  add("GRADCOMP_ERROR_FEEDBACK", std::to_string(s.error_feedback));
+  add("GRADCOMP_HIERARCHICAL", std::to_string(s.hierarchical));
+  add("GRADCOMP_INTRA_BROADCAST", std::to_string(s.intra_broadcast));
+  return out;
+}
+
+}  // namespace
+
+Runtime::Runtime(RuntimeOptions options)
+    : settings_(options.settings),
+      topo_(MakeTopology(options)),
+      log_(MakeRankLogger(topo_.rank(), settings_.log_level, options.log_sink)),
+      controller_(*topo_.world, settings_, *log_, timeline_),
+      executor_(topo_, settings_, timeline_),
+      fault_injector_(std::move(options.fault_injector)) {
+  for (const std::string& note : settings_.notes) log_->warn("{}", note);
+  CheckSettingsAgree();
+  if (!settings_.timeline.empty() && topo_.rank() == 0) timeline_.Start(settings_.timeline, 0);
+  log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}", topo_.size(),
+             topo_.local_size(), topo_.cross_size(), settings_.fusion_threshold_mb, settings_.cache_capacity);
+  background_ = std::thread([this] { BackgroundLoop(); });
+}
+
+Runtime::~Runtime() {
+  try {
+    Shutdown();
+  } catch (const std::exception& e) {
+    log_->error("shutdown failed: {}", e.what());
+  }
+}
+
+void Runtime::CheckSettingsAgree() {
+  const std::string mine = AgreedSettings(settings_);
+  const size_t n = static_cast<size_t>(topo_.size());
+  std::vector<uint64_t> lens(n);
+  const uint64_t my_len = mine.size();
+  topo_.world->Allgatherv(&my_len, lens.data(), std::vector<size_t>(n, sizeof(uint64_t)));
+  std::vector<size_t> bytes(lens.begin(), lens.end());
+  std::string all(Offsets(bytes).back() + bytes.back(), '\0');
+  topo_.world->Allgatherv(mine.data(), all.data(), bytes);
+  const std::vector<size_t> offsets = Offsets(bytes);
+  const std::string first = all.substr(0, bytes[0]);
+  std::string differences;
+  for (size_t r = 1; r < n; ++r) {
+    const std::string theirs = all.substr(offsets[r], bytes[r]);
+    if (theirs == first) continue;
+    // Report line by line: which setting differs, with both values.
+    std::vector<std::string> a, b;
+    for (size_t p = 0, q; (q = first.find('\n', p)) != std::string::npos; p = q + 1) a.push_back(first.substr(p, q - p));
+    for (size_t p = 0, q; (q = theirs.find('\n', p)) != std::string::npos; p = q + 1) b.push_back(theirs.substr(p, q - p));
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      if (a[i] != b[i]) differences += " rank 0 has " + a[i] + " but rank " + std::to_string(r) + " has " + b[i] + ";";
+    }
+  }
+  if (!differences.empty()) {
+    throw InvalidArgument("gradcomp settings must be the same on every rank:" + differences);
+  }
+}
+
+void Runtime::CheckRunning() const {
+  if (running_.load()) return;
+  std::lock_guard<std::mutex> lock(state_mu_);
+  throw Error("gradcomp is not running: " + stopped_reason_);
+}
+
+Request Runtime::NewRequest(RequestType type, const std::string& name, DataType dtype,
+                            const std::vector<int64_t>& shape) {
+  CheckRunning();
+  if (name.empty()) throw InvalidArgument(std::string(RequestTypeName(type)) + " needs a tensor name");
+  (void)DataTypeSize(dtype);
+  for (int64_t d : shape) {
+    if (d < 0) throw InvalidArgument("tensor '" + name + "' has a negative dimension in its shape");
+  }
+  Request r;
+  r.rank = topo_.rank();
+  r.type = type;
+  r.name = name;
+  r.dtype = dtype;
+  r.shape = shape;
+  return r;
+}
+
+std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void* output) {
+  TensorEntry entry;
+  entry.request = std::move(request);
+  entry.input = input;
+  entry.output = output;
+  entry.handle = std::make_shared<Handle>();
+  entry.enqueued = std::chrono::steady_clock::now();
+  std::shared_ptr<Handle> handle = entry.handle;
+  queue_.Push(std::move(entry));
+  return handle;
+}
+
+std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                           const void* input, void* output, ReduceOp op, double prescale,
+                                           double postscale) {
+  Request r = NewRequest(RequestType::kAllreduce, name, dtype, shape);
+  if (op == ReduceOp::kBitwiseAnd) throw InvalidArgument("allreduce of '" + name + "': unsupported op");
+  if (dtype == DataType::kBool && op == ReduceOp::kAverage) {
+    throw InvalidArgument("allreduce of '" + name + "': op average is not defined for bool tensors");
+  }
+  r.op = op;
+  r.prescale = prescale;
+  r.postscale = postscale;
+  return Submit(std::move(r), input, output);
+}
+
+std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector<std::string>& names, DataType dtype,
+                                                               const std::vector<std::vector<int64_t>>& shapes,
+                                                               const std::vector<const void*>& inputs,
+                                                               const std::vector<void*>& outputs, ReduceOp op,
+                                                               double prescale, double postscale) {
+  if (shapes.size() != names.size() || inputs.size() != names.size() || outputs.size() != names.size()) {
+    throw InvalidArgument("grouped allreduce needs one shape, input and output per name");
+  }
+  std::vector<std::shared_ptr<Handle>> handles;
+  for (size_t i = 0; i < names.size(); ++i) {
+    handles.push_back(Allreduce(names[i], dtype, shapes[i], inputs[i], outputs[i], op, prescale, postscale));
+  }
+  return handles;
+}
+
+std::shared_ptr<Handle> Runtime::Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                           const void* input) {
+  Request r = NewRequest(RequestType::kAllgather, name, dtype, shape);
+  if (shape.empty()) throw InvalidArgument("allgather of '" + name + "' needs a tensor with at least one dimension");
+  return Submit(std::move(r), input, nullptr);
+}
+
+std::shared_ptr<Handle> Runtime::Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                           void* buffer, int root) {
+  Request r = NewRequest(RequestType::kBroadcast, name, dtype, shape);
+  if (root < 0 || root >= topo_.size()) {
+    throw InvalidArgument("broadcast of '" + name + "': root rank " + std::to_string(root) + " is outside 0.." +
+                          std::to_string(topo_.size() - 1));
+  }
+  r.root = root;
+  return Submit(std::move(r), buffer, buffer);
+}
+
+std::shared_ptr<Handle> Runtime::Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                          const void* input, const std::vector<int64_t>& splits) {
+  Request r = NewRequest(RequestType::kAlltoall, name, dtype, shape);
+  if (shape.empty()) throw InvalidArgument("alltoall of '" + name + "' needs a tensor with at least one dimension");
+  std::vector<int64_t> s = splits;
+  if (s.empty()) {  // Horovod's default: the first dimension split evenly
+    for (size_t rows : EvenSplit(static_cast<size_t>(shape[0]), topo_.size())) s.push_back(static_cast<int64_t>(rows));
+  }
+  if (s.size() != static_cast<size_t>(topo_.size())) {
+    throw InvalidArgument("alltoall of '" + name + "': " + std::to_string(s.size()) + " splits for " +
+                          std::to_string(topo_.size()) + " ranks");
+  }
+  int64_t sum = 0;
+  for (int64_t v : s) {
+    if (v < 0) throw InvalidArgument("alltoall of '" + name + "': negative split " + std::to_string(v));
+    sum += v;
+  }
+  if (sum != shape[0]) {
+    throw InvalidArgument("alltoall of '" + name + "': splits sum to " + std::to_string(sum) +
+                          " but the first dimension is " + std::to_string(shape[0]));
+  }
+  r.splits = s;
+  return Submit(std::move(r), input, nullptr);
+}
+
+std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType dtype,
+                                               const std::vector<int64_t>& shape, const void* input, ReduceOp op,
+                                               double prescale, double postscale) {
+  Request r = NewRequest(RequestType::kReducescatter, name, dtype, shape);
+  if (shape.empty()) throw InvalidArgument("reducescatter of '" + name + "' needs at least one dimension");
+  if (op == ReduceOp::kBitwiseAnd || (dtype == DataType::kBool && op == ReduceOp::kAverage)) {
+    throw InvalidArgument("reducescatter of '" + name + "': op " + ReduceOpName(op) + " is not supported for " +
+                          DataTypeName(dtype));
+  }
+  r.op = op;
+  r.prescale = prescale;
+  r.postscale = postscale;
+  return Submit(std::move(r), input, nullptr);
+}
+
+std::shared_ptr<Handle> Runtime::Barrier() {
+  Request r = NewRequest(RequestType::kBarrier, "__barrier." + std::to_string(barrier_count_++), DataType::kUInt8, {});
+  return Submit(std::move(r), nullptr, nullptr);
+}
+
+std::shared_ptr<Handle> Runtime::Join() {
+  Request r = NewRequest(RequestType::kJoin, "__join__", DataType::kUInt8, {});
+  return Submit(std::move(r), nullptr, nullptr);
+}
+
+void Runtime::StartTimeline(const std::string& path) {
+  CheckRunning();
+  if (topo_.rank() == 0) timeline_.Start(path, 0);
+}
+
+void Runtime::StopTimeline() { timeline_.Stop(); }
+
+RuntimeStats Runtime::stats() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  RuntimeStats s = stats_;
+  s.cache_hits = controller_.cache_hits();
+  s.coordinator_responses = controller_.coordinator_responses();
+  return s;
+}
+
+double Runtime::BackgroundCpuSeconds() const {
+  clockid_t cid;
+  timespec ts{};
+  if (!background_.joinable()) return 0.0;
+  if (pthread_getcpuclockid(const_cast<std::thread&>(background_).native_handle(), &cid) != 0) return 0.0;
+  if (clock_gettime(cid, &ts) != 0) return 0.0;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+void Runtime::Shutdown() {
+  stop_requested_.store(true);
+  queue_.Wake();
+  if (background_.joinable()) background_.join();
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (stopped_reason_.empty()) stopped_reason_ = "shutdown() was called";
+  }
+  running_.store(false);
+  timeline_.Stop();
+}
+
+void Runtime::BackgroundLoop() {
+  using namespace std::chrono;
+  const duration<double> cycle(settings_.cycle_time_ms / 1000.0);
+  int idle_cycles = 0;
+  std::string reason;
+  try {
+    while (true) {
+      const auto start = steady_clock::now();
+      Controller::CycleInput in;
+      in.fresh = queue_.TakeNewRequests();
+      in.shutdown = stop_requested_.load();
+      Controller::CycleOutput out = controller_.RunCycle(std::move(in));
+      {
+        std::lock_guard<std::mutex> lock(state_mu_);
+        ++stats_.cycles;
+      }
+      if (out.shutdown) {
+        reason = out.fatal.empty() ? "gradcomp was shut down (shutdown() was called on a rank)" : out.fatal;
+        if (!out.fatal.empty()) log_->error("{}", out.fatal);
+        break;
+      }
+      ExecuteAll(out.responses, out.from_cache);
+      // Pace the next cycle: briskly while any rank has work, backing off when all are idle.
+      if (out.busy || !out.responses.empty()) {
+        idle_cycles = 0;
+        const auto next = start + cycle;
+        if (steady_clock::now() < next) queue_.WaitForNew(next - steady_clock::now());
+        continue;
+      }
+      ++idle_cycles;
+      if (topo_.size() == 1) {
+        // Alone: nothing to coordinate, sleep until work arrives.
+        while (!stop_requested_.load() && !queue_.WaitForNew(duration<double>(3600))) {
+        }
+      } else {
+        const double wait = std::min(kMaxIdleWaitSeconds, cycle.count() * double(1 << std::min(idle_cycles, 16)));
+        if (!queue_.WaitForNew(duration<double>(wait))) continue;
+      }
+      // Work arrived after idleness: give the framework one cycle time to enqueue the rest
+      // of the step's tensors so they are negotiated (and fused) together.
+      std::this_thread::sleep_for(cycle);
+    }
+  } catch (const std::exception& e) {
+    reason = std::string("gradcomp's background thread failed: ") + e.what();
+    log_->error("{}", reason);
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    stopped_reason_ = reason;
+  }
+  running_.store(false);
+  queue_.FailAll(reason);
+}
+
+void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cache) {
+  struct Work {
+    const Response* response;
+    EntryList entries;
+    std::string failure;
+  };
+  std::vector<Work> work;
+  bool any_collective = false;
+  for (const Response& r : responses) {
+    Work w{&r, {}, {}};
+    for (const std::string& name : r.names) w.entries.push_back(queue_.Take(name));
+    if (r.error.empty()) {
+      any_collective = true;
+      try {
+        if (fault_injector_) {
+          for (const std::string& name : r.names) fault_injector_(name);
+        }
+        executor_.Prepare(r, w.entries);
+      } catch (const std::exception& e) {
+        w.failure = e.what();
+      }
+    }
+    work.push_back(std::move(w));
+  }
+  // Agree that every rank is ready to run its collectives; if a rank failed locally, every
+  // rank fails those tensors with that rank's message instead of waiting for it forever.
+  if (any_collective) {
+    int32_t ok = 1;
+    for (const Work& w : work) ok = ok && w.failure.empty();
+    topo_.world->Allreduce(&ok, &ok, 1, DataType::kInt32, ReduceOp::kMin);
+    if (!ok) {
+      std::string mine;
+      for (size_t i = 0; i < work.size(); ++i) {
+        if (!work[i].failure.empty()) mine += std::to_string(i) + "\t" + work[i].failure + "\n";
+      }
+      const size_t n = static_cast<size_t>(topo_.size());
+      std::vector<uint64_t> lens(n);
+      const uint64_t len = mine.size();
+      topo_.world->Allgatherv(&len, lens.data(), std::vector<size_t>(n, sizeof(uint64_t)));
+      std::vector<size_t> bytes(lens.begin(), lens.end());
+      std::string all(Offsets(bytes).back() + bytes.back(), '\0');
+      topo_.world->Allgatherv(mine.data(), all.data(), bytes);
+      std::vector<std::string> merged(work.size());
+      const std::vector<size_t> offsets = Offsets(bytes);
+      for (size_t r = 0; r < n; ++r) {
+        const std::string part = all.substr(offsets[r], bytes[r]);
+        for (size_t p = 0, q; (q = part.find('\n', p)) != std::string::npos; p = q + 1) {
+          const std::string line = part.substr(p, q - p);
+          const size_t tab = line.find('\t');
+          const size_t idx = std::stoul(line.substr(0, tab));
+          if (merged[idx].empty()) merged[idx] = "rank " + std::to_string(r) + ": " + line.substr(tab + 1);
+        }
+      }
+      for (size_t i = 0; i < work.size(); ++i) work[i].failure = merged[i];
+    }
+  }
+  for (size_t i = 0; i < work.size(); ++i) {
+    Work& w = work[i];
+    const Response& r = *w.response;
+    std::string failure = !r.error.empty() ? r.error : w.failure;
+    {
+      // Counted before the handles complete, so a caller that waited sees them.
+      std::lock_guard<std::mutex> lock(state_mu_);
+      ++stats_.executed_responses;
+      stats_.executed_tensors += r.names.size();
+    }
+    if (failure.empty()) {
+      try {
+        executor_.Run(r, w.entries);
+      } catch (const InvalidArgument& e) {
+        for (auto& e2 : w.entries) {
+          if (e2) e2->handle->Fail(e.what(), true);
+        }
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    if (!failure.empty()) {
+      for (auto& e : w.entries) {
+        if (e) e->handle->Fail(failure);
+      }
+    }
+    // Tell the controller about each tensor, unfused, in order (keeps caches identical).
+    for (size_t k = 0; k < r.names.size(); ++k) {
+      Response single = r;
+      single.names = {r.names[k]};
+      single.shapes = {r.shapes.empty() ? std::vector<int64_t>{} : r.shapes[k]};
+      if (!failure.empty() && single.error.empty()) single.error = failure;
+      controller_.Executed(single, i < from_cache);
+    }
+  }
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,140 @@
+// The Runtime: all of gradcomp's state for one process (or one thread rank in tests) —
+// no process globals. Framework adapters enqueue named tensors and get a Handle back at
+// once; a background thread negotiates them across ranks (controller.h) and executes them
+// (executor.h). Several Runtime objects can live in one process.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "core/controller.h"
+#include "core/executor.h"
+#include "core/handle.h"
+#include "core/message.h"
+#include "core/settings.h"
+#include "core/tensor_queue.h"
+#include "core/timeline.h"
+#include "ops/comm/topology.h"
+
+namespace gradcomp {
+
+/// How a Runtime is built. Defaults: settings from the environment, MPI's world.
+struct RuntimeOptions {
+  Settings settings = Settings::FromEnvironment();
+  /// The world to run on; nullptr initializes MPI and uses MPI_COMM_WORLD.
+  std::unique_ptr<Communicator> world;
+  /// Where log lines go (stderr when null).
+  spdlog::sink_ptr log_sink;
+  /// Test seam: called on the background thread before a tensor executes on this rank;
+  /// an exception it throws must reach every rank with its message.
+  std::function<void(const std::string& name)> fault_injector;
+};
+
+/// Counters for tests and diagnostics.
+struct RuntimeStats {
+  uint64_t cycles = 0;
+  uint64_t cache_hits = 0;
+  uint64_t coordinator_responses = 0;
+  uint64_t executed_responses = 0;  ///< fused responses count once
+  uint64_t executed_tensors = 0;
+};
+
+class Runtime {
+ public:
+  /// Collective over the world: builds the topology, checks that every rank uses the same
+  /// settings, starts the background thread.
+  explicit Runtime(RuntimeOptions options);
+  /// Shuts down (see Shutdown).
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  /// Stops the background thread; pending operations fail. Stops every rank's runtime (a
+  /// rank that shuts down ends the negotiation for all). Idempotent.
+  void Shutdown();
+  /// False after Shutdown, or once any rank shut down or a stall stopped gradcomp.
+  bool running() const { return running_.load(); }
+
+  int rank() const { return topo_.rank(); }
+  int size() const { return topo_.size(); }
+  int local_rank() const { return topo_.local_rank(); }
+  int local_size() const { return topo_.local_size(); }
+  int cross_rank() const { return topo_.cross_rank(); }
+  int cross_size() const { return topo_.cross_size(); }
+  const Settings& settings() const { return settings_; }
+
+  // ---- enqueue: each returns at once ---------------------------------------------------
+  // Buffers must stay valid (and inputs unchanged) until the handle completes. `name` must
+  // be the same on every rank and unique among this rank's pending operations.
+
+  /// output = op over ranks of input (output may equal input).
+  std::shared_ptr<Handle> Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                    const void* input, void* output, ReduceOp op, double prescale = 1.0,
+                                    double postscale = 1.0);
+  /// Several allreduces negotiated in the same cycle (and fused where they fit).
+  std::vector<std::shared_ptr<Handle>> GroupedAllreduce(const std::vector<std::string>& names, DataType dtype,
+                                                        const std::vector<std::vector<int64_t>>& shapes,
+                                                        const std::vector<const void*>& inputs,
+                                                        const std::vector<void*>& outputs, ReduceOp op,
+                                                        double prescale = 1.0, double postscale = 1.0);
+  /// Concatenation along the first dimension, which may differ per rank (output in the handle).
+  std::shared_ptr<Handle> Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                    const void* input);
+  /// root's buffer into every rank's buffer.
+  std::shared_ptr<Handle> Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                    void* buffer, int root);
+  /// Rows splits[p] of input go to rank p (output and received rows in the handle).
+  std::shared_ptr<Handle> Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                   const void* input, const std::vector<int64_t>& splits);
+  /// Reduction whose first dimension is split evenly across ranks (output in the handle).
+  std::shared_ptr<Handle> Reducescatter(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                        const void* input, ReduceOp op, double prescale = 1.0,
+                                        double postscale = 1.0);
+  /// Completes once every rank has reached it.
+  std::shared_ptr<Handle> Barrier();
+  /// This rank has no more data: it contributes zeros to other ranks' allreduces until every
+  /// rank has joined. The handle's aux() holds the last rank to join.
+  std::shared_ptr<Handle> Join();
+
+  /// Starts / stops the timeline (recorded by rank 0, as in Horovod).
+  void StartTimeline(const std::string& path);
+  void StopTimeline();
+
+  RuntimeStats stats() const;
+  /// CPU seconds the background thread has used.
+  double BackgroundCpuSeconds() const;
+
+ private:
+  std::shared_ptr<Handle> Submit(Request request, const void* input, void* output);
+  Request NewRequest(RequestType type, const std::string& name, DataType dtype, const std::vector<int64_t>& shape);
+  void CheckRunning() const;
+  void BackgroundLoop();
+  void ExecuteAll(const std::vector<Response>& responses, size_t from_cache);
+  void CheckSettingsAgree();
+
+  Settings settings_;
+  Topology topo_;
+  std::shared_ptr<spdlog::logger> log_;
+  Timeline timeline_;
+  TensorQueue queue_;
+  Controller controller_;
+  Executor executor_;
+  std::function<void(const std::string&)> fault_injector_;
+  std::atomic<bool> running_{true};
+  std::atomic<bool> stop_requested_{false};
+  mutable std::mutex state_mu_;
+  std::string stopped_reason_;
+  RuntimeStats stats_;
+  uint64_t barrier_count_ = 0;
+  std::thread background_;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,49 @@
+// Finds tensors that some ranks submitted and others did not: warns after the check time,
+// naming the missing ranks, and asks for a shutdown after the shutdown time. Runs on the
+// coordinator (rank 0), which sees every rank's requests.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace gradcomp {
+
+class StallInspector {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// 0 disables the warning or the shutdown.
+  StallInspector(double warn_seconds, double shutdown_seconds, int size)
+      : warn_seconds_(warn_seconds), shutdown_seconds_(shutdown_seconds), size_(size) {}
+
+  /// Rank `rank` submitted `name` (of collective `type`).
+  void RecordArrival(const std::string& name, const std::string& type, int rank, Clock::time_point now);
+  /// `name` was answered (ready on all ranks, or failed).
+  void Remove(const std::string& name);
+
+  struct Report {
+    std::vector<std::string> warnings;  ///< one per newly stalled tensor
+    std::string shutdown;               ///< non-empty: stop every rank with this message
+  };
+  /// Checks every waiting tensor; `joined` ranks count as present.
+  Report Check(Clock::time_point now, const std::set<int>& joined);
+
+ private:
+  struct Waiting {
+    std::string type;
+    std::set<int> ranks;
+    Clock::time_point since;
+    bool warned = false;
+  };
+  std::string Describe(const std::string& name, const Waiting& w, double seconds, const std::set<int>& joined) const;
+
+  double warn_seconds_;
+  double shutdown_seconds_;
+  int size_;
+  std::map<std::string, Waiting> waiting_;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,64 @@
+#include "core/tensor_queue.h"
+
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+void TensorQueue::Push(TensorEntry entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string name = entry.request.name;
+  if (entries_.count(name)) {
+    throw InvalidArgument("a " + std::string(RequestTypeName(entries_[name]->request.type)) + " of tensor '" +
+                          name + "' is already pending on rank " + std::to_string(entry.request.rank) +
+                          "; wait for it (synchronize) before submitting the same name again");
+  }
+  fresh_.push_back(entry.request);
+  entries_.emplace(name, std::make_unique<TensorEntry>(std::move(entry)));
+  cv_.notify_one();
+}
+
+std::vector<Request> TensorQueue::TakeNewRequests() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Request> out(fresh_.begin(), fresh_.end());
+  fresh_.clear();
+  return out;
+}
+
+std::unique_ptr<TensorEntry> TensorQueue::Take(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return nullptr;
+  std::unique_ptr<TensorEntry> entry = std::move(it->second);
+  entries_.erase(it);
+  return entry;
+}
+
+size_t TensorQueue::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+void TensorQueue::FailAll(const std::string& message) {
+  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries.swap(entries_);
+    fresh_.clear();
+  }
+  for (auto& kv : entries) kv.second->handle->Fail(message);
+}
+
+bool TensorQueue::WaitForNew(std::chrono::duration<double> timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !fresh_.empty() || woken_; });
+  woken_ = false;
+  return !fresh_.empty();
+}
+
+void TensorQueue::Wake() {
+  std::lock_guard<std::mutex> lock(mu_);
+  woken_ = true;
+  cv_.notify_one();
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,56 @@
+// Tensors enqueued by the framework threads and not yet executed, keyed by name.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/handle.h"
+#include "core/message.h"
+
+namespace gradcomp {
+
+/// One enqueued tensor: its request, the caller's buffers and the handle to complete.
+struct TensorEntry {
+  Request request;
+  const void* input = nullptr;
+  /// allreduce / broadcast destination (may equal input); other types allocate in the handle.
+  void* output = nullptr;
+  std::shared_ptr<Handle> handle;
+  std::chrono::steady_clock::time_point enqueued;
+};
+
+/// Thread-safe store of pending tensors. Framework threads Push; the background thread
+/// takes new requests each cycle and takes entries out when it executes them.
+class TensorQueue {
+ public:
+  /// Adds an entry; throws InvalidArgument when a tensor with the same name is pending.
+  void Push(TensorEntry entry);
+  /// Requests pushed since the previous call, in push order.
+  std::vector<Request> TakeNewRequests();
+  /// Removes and returns the entry of `name`; nullptr when this rank has none (joined).
+  std::unique_ptr<TensorEntry> Take(const std::string& name);
+  /// Number of pending entries.
+  size_t size() const;
+  /// Fails and removes every pending entry.
+  void FailAll(const std::string& message);
+  /// Blocks until a new request is pushed, Wake() is called, or `timeout` passes.
+  /// Returns true when there are new requests.
+  bool WaitForNew(std::chrono::duration<double> timeout);
+  /// Wakes WaitForNew (shutdown, timeline changes).
+  void Wake();
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
+  std::deque<Request> fresh_;
+  bool woken_ = false;
+};
+
+}  // namespace gradcomp

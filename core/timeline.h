@@ -1,0 +1,65 @@
+// Chrome-trace timeline (loads in Perfetto and chrome://tracing). Events are queued by the
+// runtime threads and written by one writer thread that owns the file, so recording stays
+// off the hot path. The file is valid JSON after every event: the closing bracket is
+// rewritten behind each one.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+namespace gradcomp {
+
+class Timeline {
+ public:
+  /// Events the queue holds before new ones are dropped (and counted).
+  static constexpr size_t kQueueCapacity = 1 << 16;
+
+  Timeline() = default;
+  ~Timeline() { Stop(); }
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  /// Starts writing to `path` (truncates it); throws naming the path if it cannot be opened.
+  /// `pid` is the process id shown in the trace (the rank).
+  void Start(const std::string& path, int pid);
+  /// Flushes the queue, finishes the file and stops the writer.
+  void Stop();
+  bool active() const;
+
+  /// Opens phase `phase` on the row of `tensor`.
+  void Begin(const std::string& tensor, const std::string& phase);
+  /// Closes phase `phase`; `args` is a JSON object body ("\"bytes\": 12") or empty.
+  void End(const std::string& tensor, const std::string& phase, const std::string& args = "");
+  /// A point event on the row of `tensor` (per-rank ready marks, cycle marks).
+  void Instant(const std::string& tensor, const std::string& what, const std::string& args = "");
+  /// Events dropped because the queue was full.
+  uint64_t dropped() const;
+
+ private:
+  void Record(const std::string& tensor, const std::string& phase, char ph, const std::string& args);
+  void WriterLoop();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool active_ = false;
+  bool stopping_ = false;
+  int pid_ = 0;
+  std::chrono::steady_clock::time_point start_;
+  std::deque<std::string> queue_;
+  std::unordered_map<std::string, int> rows_;  // tensor -> tid
+  uint64_t dropped_ = 0;
+  std::thread writer_;
+  std::fstream file_;
+};
+
+/// Escapes `s` for a JSON string literal (without the quotes).
+std::string JsonEscape(const std::string& s);
+
+}  // namespace gradcomp

@@ -1,0 +1,421 @@
+// The coordinator runtime over thread ranks: negotiation, cache hits / misses /
+// invalidation, fusion, ordering, join, barrier, every error path, idle CPU, re-init.
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "core/runtime.h"
+#include "ops/common/enforce.h"
+#include "test/support/harness.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+using Shape = std::vector<int64_t>;
+
+RuntimeOptions Options(Communicator& comm, Settings settings = Settings::FromMap({})) {
+  RuntimeOptions o;
+  o.settings = settings;
+  o.world = comm.Split(0, comm.rank());
+  return o;
+}
+
+std::vector<float> Iota(size_t n, float base) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i);
+  return v;
+}
+
+// Runs `fn(runtime)` on `world` thread ranks, each with its own Runtime.
+std::vector<std::string> WithRuntimes(int world, const std::function<std::string(Runtime&)>& fn,
+                                      Settings settings = Settings::FromMap({})) {
+  return RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, settings));
+    return fn(rt);
+  });
+}
+
+std::string ErrorOf(const std::shared_ptr<Handle>& h) {
+  try {
+    h->Wait();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class RuntimeWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(RuntimeWorld, AsyncAllreducesOfManyTensorsAcrossSteps) {
+  const int world = GetParam();
+  const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
+    for (int step = 0; step < 5; ++step) {
+      std::vector<std::vector<float>> bufs;
+      std::vector<std::shared_ptr<Handle>> handles;
+      for (int t = 0; t < 20; ++t) bufs.push_back(Iota(static_cast<size_t>(t * 37 + 1), float(rt.rank() + step)));
+      for (int t = 0; t < 20; ++t) {
+        handles.push_back(rt.Allreduce("grad." + std::to_string(t), DataType::kFloat32,
+                                       {static_cast<int64_t>(bufs[t].size())}, bufs[t].data(), bufs[t].data(),
+                                       ReduceOp::kAverage));
+      }
+      for (int t = 0; t < 20; ++t) {
+        handles[t]->Wait();
+        const float mean_rank = (world - 1) / 2.0f;
+        for (size_t i = 0; i < bufs[t].size(); ++i) {
+          if (bufs[t][i] != mean_rank + step + float(i)) return "wrong average in tensor " + std::to_string(t);
+        }
+      }
+    }
+    const RuntimeStats s = rt.stats();
+    // Step 0 is negotiated by the coordinator; steps 1-4 come from the response cache.
+    if (s.coordinator_responses != 20) return "coordinator answered " + std::to_string(s.coordinator_responses);
+    if (s.cache_hits != 80) return "cache hits " + std::to_string(s.cache_hits);
+    if (s.executed_tensors != 100) return "executed " + std::to_string(s.executed_tensors);
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST_P(RuntimeWorld, EveryCollective) {
+  const int world = GetParam();
+  const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
+    const int me = rt.rank();
+    // allgather: rank r contributes r + 1 rows of 3.
+    std::vector<int32_t> rows(static_cast<size_t>((me + 1) * 3), me);
+    auto g = rt.Allgather("gather", DataType::kInt32, {me + 1, 3}, rows.data());
+    // broadcast from the last rank.
+    std::vector<double> b(5, me);
+    auto bc = rt.Broadcast("bcast", DataType::kFloat64, {5}, b.data(), world - 1);
+    // alltoall: one row of 2 to every rank, valued sender * 100 + receiver.
+    std::vector<int64_t> a;
+    for (int p = 0; p < world; ++p) a.insert(a.end(), {me * 100 + p, me * 100 + p});
+    auto at = rt.Alltoall("a2a", DataType::kInt64, {world, 2}, a.data(), std::vector<int64_t>(world, 1));
+    // reducescatter of (2 * world + 1) x 2 ones.
+    std::vector<float> ones(static_cast<size_t>((2 * world + 1) * 2), 1.0f);
+    auto rs = rt.Reducescatter("rs", DataType::kFloat32, {2 * world + 1, 2}, ones.data(), ReduceOp::kSum);
+    auto bar = rt.Barrier();
+    g->Wait();
+    bc->Wait();
+    at->Wait();
+    rs->Wait();
+    bar->Wait();
+    const int64_t total_rows = int64_t(world) * (world + 1) / 2;
+    if (g->output_shape() != Shape{total_rows, 3}) return "allgather shape";
+    const auto* gv = reinterpret_cast<const int32_t*>(g->output().data());
+    size_t k = 0;
+    for (int r = 0; r < world; ++r) {
+      for (int i = 0; i < (r + 1) * 3; ++i, ++k) {
+        if (gv[k] != r) return "allgather value";
+      }
+    }
+    for (double v : b) {
+      if (v != world - 1) return "broadcast value";
+    }
+    const auto* av = reinterpret_cast<const int64_t*>(at->output().data());
+    for (int p = 0; p < world; ++p) {
+      if (av[2 * p] != p * 100 + me || at->aux()[static_cast<size_t>(p)] != 1) return "alltoall value";
+    }
+    const int64_t my_rows = 2 + (me == 0 ? 1 : 0);
+    if (rs->output_shape() != Shape{my_rows, 2}) return "reducescatter shape";
+    const auto* rv = reinterpret_cast<const float*>(rs->output().data());
+    for (int64_t i = 0; i < my_rows * 2; ++i) {
+      if (rv[i] != float(world)) return "reducescatter value";
+    }
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST_P(RuntimeWorld, RanksSubmittingInDifferentOrdersAgree) {
+  const int world = GetParam();
+  const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
+    std::vector<std::vector<int64_t>> bufs(10, std::vector<int64_t>(100, rt.rank() + 1));
+    std::vector<std::shared_ptr<Handle>> handles(10);
+    for (int k = 0; k < 10; ++k) {
+      const int t = rt.rank() % 2 ? 9 - k : k;  // odd ranks submit in reverse
+      handles[t] = rt.Allreduce("t" + std::to_string(t), DataType::kInt64, {100}, bufs[t].data(), bufs[t].data(),
+                                ReduceOp::kSum);
+      if (k == 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (int t = 0; t < 10; ++t) {
+      handles[t]->Wait();
+      if (bufs[t][0] != int64_t(world) * (world + 1) / 2) return "wrong sum";
+    }
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, RuntimeWorld, ::testing::Values(1, 2, 3, 4));
+
+TEST(Runtime, ShapeChangeInvalidatesTheCacheEntryOnEveryRank) {
+  const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
+    for (int step = 0; step < 6; ++step) {
+      const size_t n = step < 3 ? 10 : 20;  // the shape changes at step 3
+      std::vector<float> v(n, 1.0f);
+      rt.Allreduce("w", DataType::kFloat32, {static_cast<int64_t>(n)}, v.data(), v.data(), ReduceOp::kSum)->Wait();
+      if (v[n - 1] != 2.0f) return "wrong sum at step " + std::to_string(step) + ": " + std::to_string(v[n - 1]);
+    }
+    const RuntimeStats s = rt.stats();
+    // Steps 0 and 3 go through the coordinator, the others hit the cache.
+    if (s.coordinator_responses != 2 || s.cache_hits != 4) {
+      return "coordinator " + std::to_string(s.coordinator_responses) + " hits " + std::to_string(s.cache_hits);
+    }
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Runtime, SmallTensorsAreFusedAndIncompatibleOnesAreNot) {
+  const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
+    std::vector<std::vector<float>> f(40, std::vector<float>(256, 1.0f));
+    std::vector<std::vector<double>> d(10, std::vector<double>(256, 1.0));
+    std::vector<std::shared_ptr<Handle>> hs;
+    // Group them so both ranks negotiate all 50 in one cycle.
+    std::vector<std::string> fnames;
+    std::vector<Shape> fshapes;
+    std::vector<const void*> fin;
+    std::vector<void*> fout;
+    for (int i = 0; i < 40; ++i) {
+      fnames.push_back("f" + std::to_string(i));
+      fshapes.push_back({256});
+      fin.push_back(f[i].data());
+      fout.push_back(f[i].data());
+    }
+    hs = rt.GroupedAllreduce(fnames, DataType::kFloat32, fshapes, fin, fout, ReduceOp::kSum);
+    for (int i = 0; i < 10; ++i) {
+      hs.push_back(rt.Allreduce("d" + std::to_string(i), DataType::kFloat64, {256}, d[i].data(), d[i].data(),
+                                i % 2 ? ReduceOp::kMax : ReduceOp::kSum));
+    }
+    for (auto& h : hs) h->Wait();
+    for (auto& v : f) {
+      if (v[0] != 2.0f) return "float sum";
+    }
+    for (int i = 0; i < 10; ++i) {
+      if (d[i][0] != (i % 2 ? 1.0 : 2.0)) return "double result";
+    }
+    const RuntimeStats s = rt.stats();
+    // 50 tensors, at most: 1 float32 group, 1 float64 sum group, 1 float64 max group per cycle.
+    if (s.executed_tensors != 50) return "executed " + std::to_string(s.executed_tensors);
+    if (s.executed_responses > 12) return "not fused: " + std::to_string(s.executed_responses) + " responses";
+    if (s.executed_responses < 3) return "incompatible tensors were fused";
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Runtime, JoinedRanksContributeZerosAndJoinReturnsTheLastRank) {
+  const auto results = WithRuntimes(3, [&](Runtime& rt) -> std::string {
+    const int me = rt.rank();
+    // Rank r has r + 1 batches; ranks that run out join while the others continue.
+    for (int step = 0; step <= me; ++step) {
+      std::vector<float> g(8, 1.0f);
+      rt.Allreduce("grad", DataType::kFloat32, {8}, g.data(), g.data(), ReduceOp::kSum)->Wait();
+      const float expected = float(3 - step);  // ranks with more than `step` batches contribute
+      if (g[0] != expected) return "step " + std::to_string(step) + ": " + std::to_string(g[0]);
+    }
+    auto join = rt.Join();
+    join->Wait();
+    if (join->aux().size() != 1 || join->aux()[0] != 2) return "join returned wrong last rank";
+    // After everyone joined, normal operation resumes.
+    std::vector<float> g(4, 1.0f);
+    rt.Allreduce("after", DataType::kFloat32, {4}, g.data(), g.data(), ReduceOp::kSum)->Wait();
+    return g[0] == 3.0f ? "" : "after join";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(RuntimeErrors, MismatchesFailEveryRankNamingTensorFieldAndValues) {
+  const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
+    const int me = rt.rank();
+    std::vector<double> buf(6, 1.0);
+    auto dtype = rt.Allreduce("x", me == 0 ? DataType::kFloat32 : DataType::kFloat64, {2}, buf.data(), buf.data(),
+                              ReduceOp::kSum);
+    auto shape = rt.Allreduce("y", DataType::kFloat32, me == 0 ? Shape{2, 3} : Shape{3, 2}, buf.data(), buf.data(),
+                              ReduceOp::kSum);
+    auto op = rt.Allreduce("z", DataType::kFloat32, {2}, buf.data(), buf.data(),
+                           me == 0 ? ReduceOp::kSum : ReduceOp::kMax);
+    auto root = rt.Broadcast("r", DataType::kFloat32, {2}, buf.data(), me);
+    auto kind = me == 0 ? rt.Allreduce("k", DataType::kFloat32, {2}, buf.data(), buf.data(), ReduceOp::kSum)
+                        : rt.Allgather("k", DataType::kFloat32, {2}, buf.data());
+    const std::pair<std::shared_ptr<Handle>, std::string> want[] = {
+        {dtype, "mismatched dtype for allreduce of tensor 'x': rank 0 float32, rank 1 float64"},
+        {shape, "mismatched shape for allreduce of tensor 'y': rank 0 [2, 3], rank 1 [3, 2]"},
+        {op, "mismatched op for allreduce of tensor 'z': rank 0 sum, rank 1 max"},
+        {root, "mismatched root rank for broadcast of tensor 'r': rank 0 0, rank 1 1"},
+        {kind, "mismatched operation for allreduce of tensor 'k': rank 0 allreduce, rank 1 allgather"},
+    };
+    for (const auto& [h, text] : want) {
+      try {
+        h->Wait();
+        return "no error for: " + text;
+      } catch (const InvalidArgument& e) {
+        return std::string("mismatch raised InvalidArgument: ") + e.what();
+      } catch (const Error& e) {
+        if (std::string(e.what()) != text) return std::string("got: ") + e.what();
+      }
+    }
+    // The runtime keeps working after errors.
+    float ok = 1;
+    rt.Allreduce("ok", DataType::kFloat32, {1}, &ok, &ok, ReduceOp::kSum)->Wait();
+    return ok == 2.0f ? "" : "runtime broken after errors";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(RuntimeErrors, DuplicateNameBadArgumentsAndUseAfterShutdown) {
+  const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
+    float a = 1, b = 1;
+    auto first = rt.Allreduce("dup", DataType::kFloat32, {1}, &a, &a, ReduceOp::kSum);
+    try {
+      rt.Allreduce("dup", DataType::kFloat32, {1}, &b, &b, ReduceOp::kSum);
+      return "duplicate accepted";
+    } catch (const InvalidArgument& e) {
+      if (std::string(e.what()).find("a allreduce of tensor 'dup' is already pending on rank") == std::string::npos) {
+        return std::string("duplicate message: ") + e.what();
+      }
+    }
+    first->Wait();
+    const std::pair<std::function<void()>, std::string> bad[] = {
+        {[&] { rt.Broadcast("b", DataType::kFloat32, {1}, &a, 2); }, "root rank 2 is outside 0..1"},
+        {[&] { rt.Alltoall("s", DataType::kFloat32, {3}, &a, {1, 1}); }, "splits sum to 2 but the first dimension is 3"},
+        {[&] { rt.Allgather("g", DataType::kFloat32, {}, &a); }, "needs a tensor with at least one dimension"},
+        {[&] { rt.Allreduce("", DataType::kFloat32, {1}, &a, &a, ReduceOp::kSum); }, "needs a tensor name"},
+    };
+    for (const auto& [call, text] : bad) {
+      try {
+        call();
+        return "accepted: " + text;
+      } catch (const InvalidArgument& e) {
+        if (std::string(e.what()).find(text) == std::string::npos) return std::string("message: ") + e.what();
+      }
+    }
+    rt.Shutdown();
+    try {
+      rt.Allreduce("late", DataType::kFloat32, {1}, &a, &a, ReduceOp::kSum);
+      return "enqueue after shutdown accepted";
+    } catch (const InvalidArgument&) {
+      return "after shutdown: wrong type";
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("gradcomp is not running") == std::string::npos) return e.what();
+    }
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(RuntimeErrors, StalledTensorIsReportedThenStopsEveryRank) {
+  std::ostringstream logs;
+  std::mutex logs_mu;
+  Settings s = Settings::FromMap({{"GRADCOMP_STALL_CHECK_TIME_SECONDS", "0.3"},
+                                  {"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", "1"}});
+  const auto results = RunRanks(3, [&](Communicator& comm) -> std::string {
+    RuntimeOptions o = Options(comm, s);
+    if (comm.rank() == 0) o.log_sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(logs);
+    Runtime rt(std::move(o));
+    float x = 1;
+    std::shared_ptr<Handle> h;
+    if (rt.rank() != 2) h = rt.Allreduce("lonely", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (rt.running() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (rt.running()) return "still running after the stall shutdown time";
+    const std::string expect = "s for other ranks: submitted by ranks [0, 1], missing ranks [2]";
+    if (h) {
+      const std::string err = ErrorOf(h);
+      if (err.find("gradcomp stopped after GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS=1: tensor 'lonely' (allreduce) "
+                   "has waited 1.") == std::string::npos ||
+          err.find(expect) == std::string::npos) {
+        return "pending tensor error: " + err;
+      }
+    }
+    try {
+      rt.Allreduce("next", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum);
+      return "enqueue accepted after the stall shutdown";
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("missing ranks [2]") == std::string::npos) return e.what();
+    }
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+  std::lock_guard<std::mutex> lock(logs_mu);
+  EXPECT_NE(logs.str().find("[gradcomp rank 0] [warning] tensor 'lonely' (allreduce) has waited 0."), std::string::npos)
+      << logs.str();
+  EXPECT_NE(logs.str().find("s for other ranks: submitted by ranks [0, 1], missing ranks [2]"), std::string::npos)
+      << logs.str();
+}
+
+TEST(RuntimeErrors, AnExceptionOnOneRankReachesEveryRank) {
+  const auto results = RunRanks(3, [&](Communicator& comm) -> std::string {
+    RuntimeOptions o = Options(comm);
+    if (comm.rank() == 1) {
+      o.fault_injector = [](const std::string& name) {
+        if (name == "bad") throw std::runtime_error("simulated out-of-memory while staging 'bad'");
+      };
+    }
+    Runtime rt(std::move(o));
+    float x = 1, y = 1;
+    auto bad = rt.Allreduce("bad", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum);
+    const std::string err = ErrorOf(bad);
+    if (err != "rank 1: simulated out-of-memory while staging 'bad'") return "got: " + err;
+    rt.Allreduce("good", DataType::kFloat32, {1}, &y, &y, ReduceOp::kSum)->Wait();
+    return y == 3.0f ? "" : "later operation failed";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Runtime, IdleBackgroundThreadUsesAlmostNoCpu) {
+  const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
+    float x = 1;
+    rt.Allreduce("warm", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum)->Wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the heartbeat back off
+    const double before = rt.BackgroundCpuSeconds();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    const double used = rt.BackgroundCpuSeconds() - before;
+    std::printf("rank %d: background thread used %.4f CPU s in 2 s idle (%.3f%%)\n", rt.rank(), used, used / 2 * 100);
+    return used < 0.02 ? "" : "idle background thread used " + std::to_string(used) + " s of CPU in 2 s";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Runtime, ShutdownAndInitAgainInTheSameThreads) {
+  const auto results = RunRanks(2, [&](Communicator& comm) -> std::string {
+    for (int round = 0; round < 3; ++round) {
+      Runtime rt(Options(comm));
+      float x = float(round);
+      rt.Allreduce("x", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum)->Wait();
+      if (x != 2.0f * round) return "round " + std::to_string(round);
+      rt.Shutdown();
+      if (rt.running()) return "still running";
+    }
+    return "";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Runtime, SettingsMustAgreeAcrossRanks) {
+  try {
+    RunRanks(2, [&](Communicator& comm) -> std::string {
+      Settings s = Settings::FromMap({{"GRADCOMP_FUSION_THRESHOLD_MB", comm.rank() == 0 ? "64" : "32"}});
+      Runtime rt(Options(comm, s));
+      return "";
+    });
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 has GRADCOMP_FUSION_THRESHOLD_MB=64.000000 but rank 1 has "
+                                         "GRADCOMP_FUSION_THRESHOLD_MB=32.000000"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp

@@ -1,0 +1,149 @@
+// Pieces of the controller in isolation: message encoding, fusion planning, the response
+// cache (hits, mismatches, LRU eviction) and the stall inspector.
+#include <gtest/gtest.h>
+
+#include "core/fusion.h"
+#include "core/message.h"
+#include "core/response_cache.h"
+#include "core/stall_inspector.h"
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+namespace {
+
+Response Allreduce(const std::string& name, int64_t n, DataType dt = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
+  Response r;
+  r.type = RequestType::kAllreduce;
+  r.names = {name};
+  r.dtype = dt;
+  r.op = op;
+  r.shapes = {{n}};
+  return r;
+}
+
+Request RequestFor(const Response& r, int rank) {
+  Request q;
+  q.rank = rank;
+  q.type = r.type;
+  q.name = r.names[0];
+  q.dtype = r.dtype;
+  q.op = r.op;
+  q.shape = r.shapes[0];
+  return q;
+}
+
+TEST(Messages, RequestsAndResponsesRoundTrip) {
+  Request q;
+  q.rank = 3;
+  q.type = RequestType::kAlltoall;
+  q.name = "layer.0/weight";
+  q.dtype = DataType::kBFloat16;
+  q.shape = {4, 5, 6};
+  q.op = ReduceOp::kMax;
+  q.root = 2;
+  q.prescale = 0.5;
+  q.postscale = 3;
+  q.compression.codec = "maxmin";
+  q.compression.bits = 3;
+  q.splits = {1, 3};
+  const std::vector<Request> back = ParseRequests(SerializeRequests({q, Request()}));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].name, q.name);
+  EXPECT_EQ(back[0].shape, q.shape);
+  EXPECT_EQ(back[0].splits, q.splits);
+  EXPECT_EQ(back[0].compression, q.compression);
+  EXPECT_EQ(back[0].dtype, q.dtype);
+  EXPECT_EQ(back[0].postscale, 3.0);
+  Response r = Allreduce("a", 7);
+  r.error = "boom";
+  r.rank_dims = {1, 2, 3};
+  r.last_joined = 1;
+  const std::vector<Response> rb = ParseResponses(SerializeResponses({r}));
+  ASSERT_EQ(rb.size(), 1u);
+  EXPECT_EQ(rb[0].error, "boom");
+  EXPECT_EQ(rb[0].rank_dims, r.rank_dims);
+  EXPECT_EQ(rb[0].shapes, r.shapes);
+  EXPECT_THROW(ParseRequests(SerializeRequests({q}).substr(0, 20)), Error);
+}
+
+TEST(Fusion, FusesCompatibleTensorsUpToTheThreshold) {
+  std::vector<Response> in;
+  for (int i = 0; i < 10; ++i) in.push_back(Allreduce("f" + std::to_string(i), 256));  // 1 KB each
+  in.push_back(Allreduce("d", 256, DataType::kFloat64));
+  in.push_back(Allreduce("max", 256, DataType::kFloat32, ReduceOp::kMax));
+  Response scaled = Allreduce("scaled", 256);
+  scaled.postscale = 0.5;
+  in.push_back(scaled);
+  Response compressed = Allreduce("q", 256);
+  compressed.compression.codec = "maxmin";
+  in.push_back(compressed);
+  Response bcast = Allreduce("b", 256);
+  bcast.type = RequestType::kBroadcast;
+  in.push_back(bcast);
+
+  const std::vector<Response> out = FuseResponses(in, 4096);  // 4 float32 tensors per buffer
+  ASSERT_EQ(out.size(), 3u + 5u);
+  EXPECT_EQ(out[0].names, (std::vector<std::string>{"f0", "f1", "f2", "f3"}));
+  EXPECT_EQ(out[1].names, (std::vector<std::string>{"f4", "f5", "f6", "f7"}));
+  EXPECT_EQ(out[2].names, (std::vector<std::string>{"f8", "f9"}));
+  for (size_t i = 3; i < out.size(); ++i) EXPECT_EQ(out[i].names.size(), 1u) << out[i].names[0];
+  EXPECT_EQ(FuseResponses(in, 0).size(), in.size());  // 0 disables fusion
+  // A tensor larger than the threshold travels alone.
+  EXPECT_EQ(FuseResponses({Allreduce("big", 1 << 20), Allreduce("s", 1)}, 4096).size(), 2u);
+}
+
+TEST(ResponseCache, HitsMismatchesAndLeastRecentlyUsedEviction) {
+  ResponseCache cache(2);
+  const Response a = Allreduce("a", 4), b = Allreduce("b", 4), c = Allreduce("c", 4);
+  size_t pos = 99;
+  EXPECT_EQ(cache.Find(RequestFor(a, 0), 0, &pos), ResponseCache::Lookup::kMiss);
+  EXPECT_EQ(cache.Put(a), "");
+  EXPECT_EQ(cache.Put(b), "");
+  EXPECT_EQ(cache.Find(RequestFor(a, 0), 0, &pos), ResponseCache::Lookup::kHit);
+  cache.Touch(pos);  // b is now the least recently used
+  Request changed = RequestFor(a, 0);
+  changed.shape = {5};
+  EXPECT_EQ(cache.Find(changed, 0, &pos), ResponseCache::Lookup::kMismatch);
+  EXPECT_EQ(cache.Put(c), "b");
+  EXPECT_EQ(cache.Find(RequestFor(b, 0), 0, &pos), ResponseCache::Lookup::kMiss);
+  ASSERT_EQ(cache.Find(RequestFor(c, 0), 0, &pos), ResponseCache::Lookup::kHit);
+  cache.Erase(pos);
+  EXPECT_EQ(cache.size(), 1u);
+  Response err = Allreduce("e", 1);
+  err.error = "x";
+  EXPECT_FALSE(ResponseCache::Cacheable(err));
+  // Allgather: each rank's first dimension is part of the match.
+  Response g = Allreduce("g", 0);
+  g.type = RequestType::kAllgather;
+  g.shapes = {{5, 2}};
+  g.rank_dims = {2, 3};
+  cache.Put(g);
+  Request mine = RequestFor(g, 1);
+  mine.shape = {3, 2};
+  EXPECT_EQ(cache.Find(mine, 1, &pos), ResponseCache::Lookup::kHit);
+  mine.shape = {2, 2};
+  EXPECT_EQ(cache.Find(mine, 1, &pos), ResponseCache::Lookup::kMismatch);
+}
+
+TEST(StallInspector, WarnsOnceThenAsksForShutdown) {
+  StallInspector s(1.0, 3.0, 4);
+  const auto t0 = StallInspector::Clock::now();
+  s.RecordArrival("w", "allreduce", 0, t0);
+  s.RecordArrival("w", "allreduce", 2, t0);
+  EXPECT_TRUE(s.Check(t0 + std::chrono::milliseconds(500), {}).warnings.empty());
+  auto r = s.Check(t0 + std::chrono::milliseconds(1500), {3});
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("tensor 'w' (allreduce) has waited 1.5 s for other ranks: submitted by ranks [0, 2], "
+                               "missing ranks [1]"),
+            std::string::npos)
+      << r.warnings[0];
+  EXPECT_TRUE(r.shutdown.empty());
+  EXPECT_TRUE(s.Check(t0 + std::chrono::milliseconds(2000), {}).warnings.empty());  // once
+  r = s.Check(t0 + std::chrono::seconds(3), {});
+  EXPECT_NE(r.shutdown.find("GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS=3"), std::string::npos) << r.shutdown;
+  s.Remove("w");
+  EXPECT_TRUE(s.Check(t0 + std::chrono::seconds(9), {}).shutdown.empty());
+}
+
+}  // namespace
+}  // namespace gradcomp
