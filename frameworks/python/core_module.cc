@@ -17,6 +17,8 @@
 namespace py = pybind11;
 
 namespace gradcomp {
+void BindRuntime(py::module& m);  // runtime_bindings.cc
+
 namespace {
 
 DataType CodecDtypeFromName(const std::string& name) {
@@ -122,6 +124,7 @@ PYBIND11_MODULE(_core, m) {
     return FindCodec(codec).MaxWireSize(
         n, MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype));
   }, py::arg("n"), py::arg("codec"), GC_CODEC_KWARGS, "Encoded bytes of n values (an upper bound for topk)");
+  BindRuntime(m);
   m.def("settings_table", &SettingsMarkdownTable, "Every setting as a Markdown table");
   m.def("describe_settings", [] {
     std::vector<py::dict> out;

@@ -52,14 +52,15 @@ const char* ReduceOpName(ReduceOp op) {
 
 DataType DataTypeFromInt(int value) {
   if (value < 0 || value >= kNumDataTypes) {
-    GC_THROW("unknown data type code ", value, " (expected 0..", kNumDataTypes - 1, ")");
+    throw InvalidArgument(detail::StrCat("unknown data type code ", value, " (expected 0..", kNumDataTypes - 1, ")"));
   }
   return static_cast<DataType>(value);
 }
 
 ReduceOp ReduceOpFromInt(int value) {
   if (value < 0 || value > static_cast<int>(ReduceOp::kProduct)) {
-    GC_THROW("unknown reduce op code ", value, " (expected 0..4: sum, average, min, max, product)");
+    throw InvalidArgument(
+        detail::StrCat("unknown reduce op code ", value, " (expected 0..4: sum, average, min, max, product)"));
   }
   return static_cast<ReduceOp>(value);
 }

@@ -1,0 +1,173 @@
+"""What every gradcomp adapter shares: the one Runtime the bindings own, init/shutdown,
+topology queries, reduction ops, init() keyword settings, handle bookkeeping and names.
+
+Settings passed to ``init(**kwargs)`` use the registry's names without the ``GRADCOMP_``
+prefix, lower-case (``init(compression="maxmin", bits=4, fusion_threshold_mb=32)``); they
+override the environment. ``python3 -m gradcomp.settings`` lists them.
+"""
+import atexit
+import itertools
+import threading
+
+from gradcomp import _core
+from gradcomp._core import GradcompError
+
+# Reduction ops (values are the C++ ReduceOp codes).
+Sum = 0
+Average = 1
+Min = 2
+Max = 3
+Product = 4
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+
+_SETTING_NAMES = {s["name"][len("GRADCOMP_"):].lower(): s["name"] for s in _core.describe_settings()}
+
+
+class _State:
+    def __init__(self):
+        self.runtime = None
+        self.lock = threading.Lock()
+        self.handles = {}
+        self.next_handle = itertools.count()
+        self.name_counters = {}
+
+
+_state = _State()
+
+
+def _settings_from_kwargs(kwargs):
+    out = {}
+    for key, value in kwargs.items():
+        if key not in _SETTING_NAMES:
+            raise ValueError(f"init() got an unknown setting '{key}'; known: {', '.join(sorted(_SETTING_NAMES))}")
+        if isinstance(value, bool):
+            value = int(value)
+        out[_SETTING_NAMES[key]] = str(value)
+    return out
+
+
+def init(**settings):
+    """Starts gradcomp on every rank (collective). Keyword arguments override GRADCOMP_*
+    variables. Calling init() again after shutdown() starts a fresh runtime."""
+    overrides = _settings_from_kwargs(settings)
+    with _state.lock:
+        if _state.runtime is not None and _state.runtime.running:
+            return
+        _state.runtime = _core.Runtime(overrides)
+        _state.handles.clear()
+        _state.name_counters.clear()
+
+
+def shutdown():
+    """Stops gradcomp on this rank (and ends negotiation on every rank); pending operations fail."""
+    with _state.lock:
+        rt, _state.runtime = _state.runtime, None
+    if rt is not None:
+        rt.shutdown()
+
+
+def is_initialized():
+    return _state.runtime is not None and _state.runtime.running
+
+
+def _rt():
+    rt = _state.runtime
+    if rt is None:
+        raise ValueError("gradcomp has not been initialized; call gradcomp.init() first")
+    return rt
+
+
+def runtime():
+    """The native runtime object (for adapters)."""
+    return _rt()
+
+
+def rank():
+    return _rt().rank()
+
+
+def size():
+    return _rt().size()
+
+
+def local_rank():
+    return _rt().local_rank()
+
+
+def local_size():
+    return _rt().local_size()
+
+
+def cross_rank():
+    return _rt().cross_rank()
+
+
+def cross_size():
+    return _rt().cross_size()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts recording a Chrome-trace timeline into file_path (written by rank 0)."""
+    del mark_cycles  # cycle marks follow GRADCOMP_TIMELINE_MARK_CYCLES
+    _rt().start_timeline(str(file_path))
+
+
+def stop_timeline():
+    _rt().stop_timeline()
+
+
+def check_op(op, average=None):
+    """Resolves Horovod's `op=` and deprecated `average=` arguments to an op code."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass either op= or the deprecated average=, not both")
+        return Average if average else Sum
+    op = Average if op is None else op
+    if op not in _OP_NAMES:
+        raise ValueError(f"unknown reduction op {op!r}; use Sum, Average, Min, Max or Product")
+    return op
+
+
+def auto_name(kind, name):
+    """`name`, or a generated one that is the same on every rank for the same call order."""
+    if name is not None:
+        return str(name)
+    n = _state.name_counters.get(kind, 0)
+    _state.name_counters[kind] = n + 1
+    return f"{kind}.noname.{n}"
+
+
+def register(native_handle, finish):
+    """Records an enqueued operation; `finish()` turns its completion into the result."""
+    h = next(_state.next_handle)
+    _state.handles[h] = (native_handle, finish)
+    return h
+
+
+def poll(handle):
+    """True once the operation behind `handle` has finished; never blocks."""
+    if handle not in _state.handles:
+        raise ValueError(f"unknown handle {handle!r}")
+    return _state.handles[handle][0].poll()
+
+
+def synchronize(handle):
+    """Waits for the operation behind `handle` and returns its result (raising its error)."""
+    if handle not in _state.handles:
+        raise ValueError(f"unknown handle {handle!r}")
+    native, finish = _state.handles.pop(handle)
+    native.wait()
+    return finish()
+
+
+@atexit.register
+def _shutdown_at_exit():
+    try:
+        shutdown()
+    except Exception:  # noqa: BLE001 - never fail interpreter exit
+        pass
+
+
+__all__ = ["GradcompError", "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "cross_rank", "cross_size", "start_timeline", "stop_timeline", "poll", "synchronize",
+           "Sum", "Average", "Min", "Max", "Product"]

@@ -1,0 +1,169 @@
+// gradcomp._core.Runtime and Handle over numpy buffers: the native half of gradcomp.numpy
+// (gradcomp.torch reuses it with tensors' buffers). Buffers are kept alive by the Python
+// handle object until the operation completes; waiting releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/runtime.h"
+#include "ops/common/enforce.h"
+
+namespace py = pybind11;
+
+namespace gradcomp {
+namespace {
+
+DataType DtypeOf(const py::array& a, const std::string& what) {
+  const py::dtype dt = a.dtype();
+  if (dt.is(py::dtype::of<float>())) return DataType::kFloat32;
+  if (dt.is(py::dtype::of<double>())) return DataType::kFloat64;
+  if (dt.is(py::dtype::of<int32_t>())) return DataType::kInt32;
+  if (dt.is(py::dtype::of<int64_t>())) return DataType::kInt64;
+  if (dt.is(py::dtype::of<uint8_t>())) return DataType::kUInt8;
+  if (dt.is(py::dtype::of<int8_t>())) return DataType::kInt8;
+  if (dt.is(py::dtype::of<bool>())) return DataType::kBool;
+  if (dt.kind() == 'f' && dt.itemsize() == 2) return DataType::kFloat16;
+  throw InvalidArgument(what + ": dtype " + py::str(static_cast<const py::handle&>(dt)).cast<std::string>() +
+                        " is not supported (uint8, int8, int32, int64, float16, float32, float64, bool)");
+}
+
+std::vector<int64_t> ShapeOf(const py::array& a) {
+  return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+void RequireContiguous(const py::array& a, const std::string& what) {
+  if (!(a.flags() & py::array::c_style)) throw InvalidArgument(what + ": the array must be C-contiguous");
+}
+
+/// A native handle plus the Python objects its buffers belong to.
+struct PyHandle {
+  std::shared_ptr<Handle> handle;
+  std::vector<py::object> keep_alive;
+  py::dtype dtype;  // of the result
+  bool poll() const { return handle->Poll(); }
+  void wait() const {
+    py::gil_scoped_release release;
+    handle->Wait();
+  }
+  /// The runtime-allocated output (allgather, alltoall, reducescatter) as a new array.
+  py::array output() const {
+    wait();
+    const std::vector<int64_t>& shape = handle->output_shape();
+    py::array out(dtype, std::vector<py::ssize_t>(shape.begin(), shape.end()));
+    std::memcpy(out.mutable_data(), handle->output().data(), handle->output().size());
+    return out;
+  }
+  std::vector<int64_t> aux() const {
+    wait();
+    return handle->aux();
+  }
+};
+
+std::map<std::string, std::string> EnvironmentWith(const std::map<std::string, std::string>& overrides) {
+  std::map<std::string, std::string> vars;
+  for (char** env = environ; env && *env; ++env) {
+    const std::string kv = *env;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos && (kv.rfind("GRADCOMP_", 0) == 0 || kv.rfind("CGX_", 0) == 0)) {
+      vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  }
+  for (const auto& kv : overrides) vars[kv.first] = kv.second;
+  return vars;
+}
+
+std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& overrides) {
+  RuntimeOptions options;
+  options.settings = Settings::FromMap(EnvironmentWith(overrides));
+  py::gil_scoped_release release;  // construction is collective: let other Python threads run
+  return std::make_unique<Runtime>(std::move(options));
+}
+
+}  // namespace
+
+void BindRuntime(py::module& m) {
+  py::class_<PyHandle>(m, "Handle", "An enqueued operation: poll() never blocks, wait() rethrows its error")
+      .def("poll", &PyHandle::poll)
+      .def("wait", &PyHandle::wait)
+      .def("output", &PyHandle::output, "the result the runtime allocated (allgather, alltoall, reducescatter)")
+      .def("aux", &PyHandle::aux, "alltoall: rows received per rank; join: [last rank to join]");
+
+  py::class_<Runtime>(m, "Runtime", "gradcomp's runtime over MPI's world (one per process)")
+      .def(py::init(&MakeRuntime), py::arg("settings") = std::map<std::string, std::string>{},
+           "Collective: starts gradcomp with settings from the environment, overridden by `settings`")
+      .def("shutdown", [](Runtime& rt) {
+        py::gil_scoped_release release;
+        rt.Shutdown();
+      })
+      .def_property_readonly("running", &Runtime::running)
+      .def("rank", &Runtime::rank)
+      .def("size", &Runtime::size)
+      .def("local_rank", &Runtime::local_rank)
+      .def("local_size", &Runtime::local_size)
+      .def("cross_rank", &Runtime::cross_rank)
+      .def("cross_size", &Runtime::cross_size)
+      .def("allreduce_async",
+           [](Runtime& rt, py::array input, py::array output, const std::string& name, int op, double pre,
+              double post) {
+             RequireContiguous(input, "allreduce of '" + name + "'");
+             RequireContiguous(output, "allreduce of '" + name + "'");
+             const DataType dt = DtypeOf(input, "allreduce of '" + name + "'");
+             if (DtypeOf(output, name) != dt || output.size() != input.size()) {
+               throw InvalidArgument("allreduce of '" + name + "': output must match the input's dtype and size");
+             }
+             auto h = rt.Allreduce(name, dt, ShapeOf(input), input.data(), output.mutable_data(),
+                                   ReduceOpFromInt(op), pre, post);
+             return PyHandle{h, {input, output}, input.dtype()};
+           })
+      .def("allgather_async",
+           [](Runtime& rt, py::array input, const std::string& name) {
+             RequireContiguous(input, "allgather of '" + name + "'");
+             auto h = rt.Allgather(name, DtypeOf(input, "allgather of '" + name + "'"), ShapeOf(input), input.data());
+             return PyHandle{h, {input}, input.dtype()};
+           })
+      .def("broadcast_async",
+           [](Runtime& rt, py::array buffer, int root, const std::string& name) {
+             RequireContiguous(buffer, "broadcast of '" + name + "'");
+             auto h = rt.Broadcast(name, DtypeOf(buffer, "broadcast of '" + name + "'"), ShapeOf(buffer),
+                                   buffer.mutable_data(), root);
+             return PyHandle{h, {buffer}, buffer.dtype()};
+           })
+      .def("alltoall_async",
+           [](Runtime& rt, py::array input, std::vector<int64_t> splits, const std::string& name) {
+             RequireContiguous(input, "alltoall of '" + name + "'");
+             auto h = rt.Alltoall(name, DtypeOf(input, "alltoall of '" + name + "'"), ShapeOf(input), input.data(),
+                                  splits);
+             return PyHandle{h, {input}, input.dtype()};
+           })
+      .def("reducescatter_async",
+           [](Runtime& rt, py::array input, const std::string& name, int op, double pre, double post) {
+             RequireContiguous(input, "reducescatter of '" + name + "'");
+             auto h = rt.Reducescatter(name, DtypeOf(input, "reducescatter of '" + name + "'"), ShapeOf(input),
+                                       input.data(), ReduceOpFromInt(op), pre, post);
+             return PyHandle{h, {input}, input.dtype()};
+           })
+      .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), {}, py::dtype::of<uint8_t>()}; })
+      .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), {}, py::dtype::of<uint8_t>()}; })
+      .def("start_timeline", &Runtime::StartTimeline)
+      .def("stop_timeline", &Runtime::StopTimeline)
+      .def("stats", [](const Runtime& rt) {
+        const RuntimeStats s = rt.stats();
+        py::dict d;
+        d["cycles"] = s.cycles;
+        d["cache_hits"] = s.cache_hits;
+        d["coordinator_responses"] = s.coordinator_responses;
+        d["executed_responses"] = s.executed_responses;
+        d["executed_tensors"] = s.executed_tensors;
+        d["background_cpu_seconds"] = rt.BackgroundCpuSeconds();
+        return d;
+      });
+}
+
+}  // namespace gradcomp

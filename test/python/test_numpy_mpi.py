@@ -1,0 +1,197 @@
+"""gradcomp.numpy under mpirun (-np 2 and 3): every collective, every dtype, async handles,
+errors on every rank, join, barrier and the timeline.
+
+Run by ctest as: mpirun -np N python3 -m pytest test/python/test_numpy_mpi.py
+Every rank runs the same tests in the same order (they are collective)."""
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import gradcomp.numpy as gc
+
+DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime():
+    gc.init()
+    yield
+    gc.shutdown()
+
+
+def rank_data(dtype, shape, rank):
+    """Small values so sums over 3 ranks never overflow int8/uint8."""
+    n = int(np.prod(shape))
+    return ((np.arange(n) * 7 + rank * 3) % 11).astype(dtype).reshape(shape)
+
+
+def test_topology():
+    assert gc.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert gc.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert gc.local_size() * gc.cross_size() == gc.size()
+    assert 0 <= gc.local_rank() < gc.local_size()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(17,), (3, 5), (2, 3, 4)])
+def test_allreduce_every_dtype_op_and_shape(dtype, shape):
+    n, me = gc.size(), gc.rank()
+    inputs = [rank_data(dtype, shape, r).astype(np.float64) for r in range(n)]
+    expected = {gc.Sum: sum(inputs), gc.Min: np.minimum.reduce(inputs), gc.Max: np.maximum.reduce(inputs),
+                gc.Product: np.prod(inputs, axis=0)}
+    for op, want in expected.items():
+        x = rank_data(dtype, shape, me)
+        if op == gc.Product and dtype in (np.int8, np.uint8):
+            x = np.ones(shape, dtype)
+            want = np.ones(shape)
+        got = gc.allreduce(x, op=op, name=f"ar.{np.dtype(dtype).name}.{shape}.{op}")
+        assert got.dtype == np.dtype(dtype) and got.shape == shape
+        tol = 1e-2 * np.abs(want).max() if dtype == np.float16 else 1e-6
+        np.testing.assert_allclose(got.astype(np.float64), want, atol=tol)
+    avg = gc.allreduce(rank_data(dtype, shape, me), name=f"avg.{np.dtype(dtype).name}.{shape}")
+    want = sum(inputs) / n
+    if np.issubdtype(dtype, np.integer):
+        want = np.trunc(want)
+    np.testing.assert_allclose(avg.astype(np.float64), want, atol=2e-2 * max(1, np.abs(want).max()))
+
+
+def test_bool_allreduce_is_logical():
+    x = np.array([gc.rank() == 0, True, False])
+    np.testing.assert_array_equal(gc.allreduce(x, op=gc.Max, name="bool.or"), [True, True, False])
+    np.testing.assert_array_equal(gc.allreduce(x, op=gc.Min, name="bool.and"), [gc.size() == 1, True, False])
+
+
+def test_async_poll_in_place_scaling_and_deprecated_average():
+    x = np.full(1 << 20, float(gc.rank() + 1), dtype=np.float32)
+    h = gc.allreduce_async_(x, op=gc.Sum, name="big", prescale_factor=2.0, postscale_factor=0.5)
+    assert gc.poll(h) in (False, True)
+    assert gc.synchronize(h) is x
+    assert gc.poll is not None and np.all(x == sum(range(1, gc.size() + 1)))
+    np.testing.assert_allclose(gc.allreduce(np.ones(3), average=False, name="dep"), np.full(3, gc.size()))
+    with pytest.raises(ValueError, match="either op= or the deprecated average="):
+        gc.allreduce(np.ones(3), op=gc.Sum, average=True)
+
+
+def test_grouped_allreduce():
+    arrays = [np.full(i + 1, float(gc.rank()), dtype=np.float64) for i in range(10)]
+    out = gc.grouped_allreduce(arrays, op=gc.Sum, name="group")
+    for i, o in enumerate(out):
+        np.testing.assert_array_equal(o, np.full(i + 1, float(sum(range(gc.size())))))
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [np.bool_])
+def test_allgather_with_different_first_dimensions(dtype):
+    me = gc.rank()
+    x = np.full((me + 1, 2, 3), me % 2, dtype=dtype)
+    got = gc.allgather(x, name=f"ag.{np.dtype(dtype).name}")
+    want = np.concatenate([np.full((r + 1, 2, 3), r % 2, dtype=dtype) for r in range(gc.size())])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_broadcast_from_every_root_and_in_place():
+    for root in range(gc.size()):
+        x = np.arange(6, dtype=np.float32).reshape(2, 3) + gc.rank()
+        np.testing.assert_array_equal(gc.broadcast(x, root, name=f"bc.{root}"),
+                                      np.arange(6, dtype=np.float32).reshape(2, 3) + root)
+        y = np.full(4, gc.rank(), dtype=np.int64)
+        assert gc.broadcast_(y, root, name=f"bc_.{root}") is y
+        np.testing.assert_array_equal(y, np.full(4, root))
+
+
+def test_alltoall_with_splits():
+    n, me = gc.size(), gc.rank()
+    splits = [p + 1 for p in range(n)]  # rank me sends p + 1 rows to rank p
+    x = np.concatenate([np.full((p + 1, 2), me * 10 + p, dtype=np.int32) for p in range(n)])
+    out, received = gc.alltoall(x, splits=splits, name="a2a")
+    np.testing.assert_array_equal(received, np.full(n, me + 1))
+    want = np.concatenate([np.full((me + 1, 2), s * 10 + me, dtype=np.int32) for s in range(n)])
+    np.testing.assert_array_equal(out, want)
+
+
+def test_reducescatter_even_split():
+    n, me = gc.size(), gc.rank()
+    x = np.arange((2 * n + 1) * 3, dtype=np.float64).reshape(2 * n + 1, 3) * (me + 1)
+    got = gc.reducescatter(x, op=gc.Sum, name="rs")
+    total = np.arange((2 * n + 1) * 3, dtype=np.float64).reshape(2 * n + 1, 3) * sum(range(1, n + 1))
+    rows = [3 if r == 0 else 2 for r in range(n)]
+    start = sum(rows[:me])
+    np.testing.assert_array_equal(got, total[start:start + rows[me]])
+
+
+def test_join_with_uneven_batches_and_barrier():
+    me, n = gc.rank(), gc.size()
+    for step in range(me + 1):  # rank r has r + 1 batches
+        g = gc.allreduce(np.ones(5, np.float32), op=gc.Sum, name="uneven")
+        np.testing.assert_array_equal(g, np.full(5, float(n - step)))
+    assert gc.join() == n - 1
+    gc.barrier()
+    np.testing.assert_array_equal(gc.allreduce(np.ones(2), op=gc.Sum, name="after.join"), np.full(2, n))
+
+
+def test_errors_reach_every_rank_with_the_values():
+    me = gc.rank()
+    with pytest.raises(gc.GradcompError, match=r"mismatched dtype for allreduce of tensor 'mixed': rank 0 float32"):
+        gc.allreduce(np.ones(3, np.float32 if me == 0 else np.float64), name="mixed")
+    with pytest.raises(gc.GradcompError, match=r"mismatched shape for allreduce of tensor 'shapes': rank 0 \[2\], rank 1 \[3\]"):
+        gc.allreduce(np.ones(2 + me), name="shapes")
+    with pytest.raises(ValueError, match=r"root rank 99 is outside 0\.\."):
+        gc.broadcast(np.ones(2), 99, name="badroot")
+    # Rank 0's 'dup' stays pending until the others submit theirs, after the barrier.
+    x = np.ones(4)
+    if me == 0:
+        h = gc.allreduce_async_(x, name="dup")
+        with pytest.raises(ValueError, match="a allreduce of tensor 'dup' is already pending on rank 0"):
+            gc.allreduce_async_(np.ones(4), name="dup")
+        gc.barrier()
+    else:
+        gc.barrier()
+        h = gc.allreduce_async_(x, name="dup")
+    gc.synchronize(h)
+    with pytest.raises(ValueError, match="not supported"):
+        gc.allreduce(np.ones(2, dtype=np.complex64), name="complex")
+    with pytest.raises(ValueError, match="init\\(\\) got an unknown setting 'bitz'"):
+        gc.init(bitz=3)
+
+
+def test_timeline_records_phases_and_per_rank_ready_marks():
+    path = os.path.join(os.environ.get("GRADCOMP_TEST_TMP", "/tmp"), f"gradcomp_timeline_{os.getppid()}.json")
+    gc.start_timeline(path)
+    gc.barrier()  # rank 0 records from here on: every rank's requests are seen
+    for step in range(3):
+        handles = [gc.allreduce_async(np.ones(1000, np.float32), name=f"tl.{i}") for i in range(5)]
+        for h in handles:
+            gc.synchronize(h)
+        if gc.rank() == 0 and step == 1:
+            with open(path) as f:
+                json.load(f)  # valid JSON while recording
+    gc.allgather(np.ones((gc.rank() + 1, 2)), name="tl.gather")
+    gc.stop_timeline()
+    gc.barrier()
+    if gc.rank() != 0:
+        return
+    with open(path) as f:
+        events = json.load(f)
+    os.unlink(path)
+    rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"tl.0", "tl.4", "tl.gather"} <= set(rows.values())
+    by_tensor = {}
+    for e in events:
+        if e["ph"] != "M":
+            by_tensor.setdefault(rows[e["tid"]], []).append(e)
+    phases = {e["name"] for e in by_tensor["tl.0"]}
+    assert {"NEGOTIATE", "COMMUNICATE"} <= phases
+    marks = {e["name"] for e in by_tensor["tl.0"] if e["ph"] == "i"}
+    assert marks == {f"rank {r} ready" for r in range(gc.size())}
+    ends = [e for e in by_tensor["tl.0"] if e["ph"] == "E" and e["name"] == "COMMUNICATE"]
+    assert ends and ends[0]["args"]["dtype"] == "float32" and ends[0]["args"]["shape"] == [1000]
+    assert ends[0]["args"]["bytes"] == 4000 and ends[0]["args"]["ratio"] == 1
+    # Begin/end pairs balance per tensor and phase; timestamps never go backwards per row.
+    for tensor, evs in by_tensor.items():
+        for phase in {e["name"] for e in evs if e["ph"] in "BE"}:
+            b = sum(1 for e in evs if e["name"] == phase and e["ph"] == "B")
+            assert b == sum(1 for e in evs if e["name"] == phase and e["ph"] == "E"), (tensor, phase)
+        ts = [e["ts"] for e in evs]
+        assert ts == sorted(ts)
