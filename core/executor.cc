@@ -9,6 +9,7 @@
 #include "ops/collectives/broadcast.h"
 #include "ops/collectives/reducescatter.h"
 #include "ops/common/enforce.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 
@@ -42,9 +43,11 @@ std::string EndArgs(DataType dtype, const std::vector<int64_t>& shape, int64_t w
 }
 
 void CompleteAll(EntryList& entries) {
+  std::vector<Handle*> handles;
   for (auto& e : entries) {
-    if (e) e->handle->Complete();
+    if (e) handles.push_back(e->handle.get());
   }
+  Handle::CompleteAll(handles);
 }
 
 }  // namespace
@@ -115,6 +118,13 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   o.prescale = r.prescale;
   o.postscale = r.postscale;
   o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
+  // A fused buffer is unfused and scaled in the same pass: the collective only sums.
+  const bool fold_scaling = n > 1 && IsFloatingPoint(r.dtype) && (r.op == ReduceOp::kAverage || r.postscale != 1.0);
+  const double unfuse_factor = r.op == ReduceOp::kAverage ? r.postscale / topo_.size() : r.postscale;
+  if (fold_scaling) {
+    o.op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
+    o.postscale = 1.0;
+  }
   if (n == 1) {
     if (entries[0]) {
       o.input = entries[0]->input;
@@ -161,8 +171,9 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
       for (const auto& name : r.names) timeline_.Begin(name, "UNFUSE");
     }
     for (size_t i = 0; i < n; ++i) {
-      const size_t bytes = static_cast<size_t>(NumElements(r.shapes[i])) * esize;
-      if (entries[i] && bytes) std::memcpy(entries[i]->output, fusion_.data() + offsets[i], bytes);
+      if (!entries[i]) continue;
+      const size_t count = static_cast<size_t>(NumElements(r.shapes[i]));
+      ScaleCopy(entries[i]->output, fusion_.data() + offsets[i], count, r.dtype, fold_scaling ? unfuse_factor : 1.0);
     }
     if (record) {
       for (const auto& name : r.names) timeline_.End(name, "UNFUSE");

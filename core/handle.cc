@@ -47,6 +47,29 @@ void Handle::Complete() {
   Finish(lock);
 }
 
+bool Handle::MarkDone(std::vector<std::function<void()>>* callbacks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) return false;
+  done_ = true;
+  *callbacks = std::move(callbacks_);
+  return true;
+}
+
+void Handle::CompleteAll(const std::vector<Handle*>& handles) {
+  std::vector<std::vector<std::function<void()>>> callbacks(handles.size());
+  std::vector<bool> marked(handles.size());
+  for (size_t i = 0; i < handles.size(); ++i) marked[i] = handles[i]->MarkDone(&callbacks[i]);
+  for (size_t i = 0; i < handles.size(); ++i) {
+    if (!marked[i]) continue;
+    {
+      // Waiters check `done_` under the mutex: taking it orders the notify after their check.
+      std::lock_guard<std::mutex> lock(handles[i]->mu_);
+    }
+    handles[i]->cv_.notify_all();
+    for (auto& fn : callbacks[i]) fn();
+  }
+}
+
 void Handle::Fail(const std::string& message, bool invalid_argument) {
   std::unique_lock<std::mutex> lock(mu_);
   if (done_) return;  // an operation fails at most once

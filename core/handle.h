@@ -41,11 +41,16 @@ class Handle {
   std::vector<int64_t>& mutable_aux() { return aux_; }
   /// Marks success and wakes waiters.
   void Complete();
+  /// Marks every handle successful before waking any waiter, so a caller waiting on them
+  /// one after another wakes once instead of once per handle.
+  static void CompleteAll(const std::vector<Handle*>& handles);
   /// Marks failure with `message`; `invalid_argument` selects the exception Wait() throws.
   void Fail(const std::string& message, bool invalid_argument = false);
 
  private:
   void Finish(std::unique_lock<std::mutex>& lock);
+  /// Marks done without waking; returns the callbacks to run (nothing if already done).
+  bool MarkDone(std::vector<std::function<void()>>* callbacks);
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -59,6 +59,23 @@ int64_t Response::PayloadBytes() const {
   return total;
 }
 
+Response Response::Single(size_t k) const {
+  Response s;
+  s.type = type;
+  s.error = error;
+  s.names = {names[k]};
+  s.dtype = dtype;
+  s.op = op;
+  s.root = root;
+  s.prescale = prescale;
+  s.postscale = postscale;
+  s.compression = compression;
+  if (k < shapes.size()) s.shapes = {shapes[k]};
+  s.rank_dims = rank_dims;  // only unfused types carry rank_dims
+  s.last_joined = last_joined;
+  return s;
+}
+
 namespace {
 
 class Writer {

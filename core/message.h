@@ -82,6 +82,8 @@ struct Response {
 
   /// Bytes of the named tensors' payload (for fusion decisions).
   int64_t PayloadBytes() const;
+  /// The response of tensor k alone (a fused response unfused), without copying the others.
+  Response Single(size_t k) const;
 };
 
 /// Binary encoding of request and response lists (little-endian, length-prefixed).

@@ -296,25 +296,21 @@ void Runtime::BackgroundLoop() {
         break;
       }
       ExecuteAll(out.responses, out.from_cache);
-      // Pace the next cycle: briskly while any rank has work, backing off when all are idle.
       if (out.busy || !out.responses.empty()) {
+        // Some rank has work: cycle again at once if tensors are already waiting, else as
+        // soon as this rank gets one.
         idle_cycles = 0;
-        const auto next = start + cycle;
-        if (steady_clock::now() < next) queue_.WaitForNew(next - steady_clock::now());
-        continue;
-      }
-      ++idle_cycles;
-      if (topo_.size() == 1) {
-        // Alone: nothing to coordinate, sleep until work arrives.
-        while (!stop_requested_.load() && !queue_.WaitForNew(duration<double>(3600))) {
-        }
+        const duration<double> left = (start + cycle) - steady_clock::now();
+        if (!queue_.WaitForNew(std::max(left, duration<double>(0)))) continue;
       } else {
-        const double wait = std::min(kMaxIdleWaitSeconds, cycle.count() * double(1 << std::min(idle_cycles, 16)));
+        // Every rank is idle: back off (alone, sleep until work arrives).
+        ++idle_cycles;
+        const double wait = topo_.size() == 1 ? 3600.0
+                                              : std::min(kMaxIdleWaitSeconds,
+                                                         cycle.count() * double(1 << std::min(idle_cycles, 16)));
         if (!queue_.WaitForNew(duration<double>(wait))) continue;
       }
-      // Work arrived after idleness: give the framework one cycle time to enqueue the rest
-      // of the step's tensors so they are negotiated (and fused) together.
-      std::this_thread::sleep_for(cycle);
+      GatherBurst(cycle);
     }
   } catch (const std::exception& e) {
     reason = std::string("gradcomp's background thread failed: ") + e.what();
@@ -326,6 +322,22 @@ void Runtime::BackgroundLoop() {
   }
   running_.store(false);
   queue_.FailAll(reason);
+}
+
+void Runtime::GatherBurst(std::chrono::duration<double> cycle) {
+  // Tensors arrive in bursts (a backward pass, a loop of enqueues). Negotiate once the burst
+  // has gone quiet for a fraction of the cycle time, but never later than one cycle time, so
+  // the tensors of a step are negotiated, and fused, together.
+  const auto deadline = std::chrono::steady_clock::now() + cycle;
+  const std::chrono::duration<double> quiet = std::min(cycle / 10, std::chrono::duration<double>(5e-5));
+  uint64_t seen = queue_.pushes();
+  while (!stop_requested_.load()) {
+    const std::chrono::duration<double> left = deadline - std::chrono::steady_clock::now();
+    if (left <= left.zero() || !queue_.WaitForPushAfter(seen, std::min(quiet, left))) {
+      return;
+    }
+    seen = queue_.pushes();
+  }
 }
 
 void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cache) {
@@ -412,9 +424,7 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
     }
     // Tell the controller about each tensor, unfused, in order (keeps caches identical).
     for (size_t k = 0; k < r.names.size(); ++k) {
-      Response single = r;
-      single.names = {r.names[k]};
-      single.shapes = {r.shapes.empty() ? std::vector<int64_t>{} : r.shapes[k]};
+      Response single = r.Single(k);
       if (!failure.empty() && single.error.empty()) single.error = failure;
       controller_.Executed(single, i < from_cache);
     }

@@ -117,6 +117,7 @@ class Runtime {
   Request NewRequest(RequestType type, const std::string& name, DataType dtype, const std::vector<int64_t>& shape);
   void CheckRunning() const;
   void BackgroundLoop();
+  void GatherBurst(std::chrono::duration<double> cycle);
   void ExecuteAll(const std::vector<Response>& responses, size_t from_cache);
   void CheckSettingsAgree();
 

@@ -14,7 +14,18 @@ void TensorQueue::Push(TensorEntry entry) {
   }
   fresh_.push_back(entry.request);
   entries_.emplace(name, std::make_unique<TensorEntry>(std::move(entry)));
+  ++pushes_;
   cv_.notify_one();
+}
+
+uint64_t TensorQueue::pushes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pushes_;
+}
+
+bool TensorQueue::WaitForPushAfter(uint64_t seen, std::chrono::duration<double> timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return pushes_ > seen || woken_; }) && pushes_ > seen;
 }
 
 std::vector<Request> TensorQueue::TakeNewRequests() {

@@ -44,6 +44,10 @@ class TensorQueue {
   bool WaitForNew(std::chrono::duration<double> timeout);
   /// Wakes WaitForNew (shutdown, timeline changes).
   void Wake();
+  /// Number of pushes so far (a monotonic counter).
+  uint64_t pushes() const;
+  /// Blocks until the push counter exceeds `seen` or `timeout` passes; true on a new push.
+  bool WaitForPushAfter(uint64_t seen, std::chrono::duration<double> timeout);
 
  private:
   mutable std::mutex mu_;
@@ -51,6 +55,7 @@ class TensorQueue {
   std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
   std::deque<Request> fresh_;
   bool woken_ = false;
+  uint64_t pushes_ = 0;
 };
 
 }  // namespace gradcomp

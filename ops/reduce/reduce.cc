@@ -67,6 +67,24 @@ void DivideIntegersInPlace(void* buf, size_t n, DataType dtype, int64_t divisor)
   }
 }
 
+void ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor) {
+  if (dtype == DataType::kFloat32 && factor != 1.0) {
+    float* d = static_cast<float*>(dst);
+    const float* s = static_cast<const float*>(src);
+    const float f = static_cast<float>(factor);
+    for (size_t i = 0; i < n; ++i) d[i] = s[i] * f;
+    return;
+  }
+  if (dtype == DataType::kFloat64 && factor != 1.0) {
+    double* d = static_cast<double*>(dst);
+    const double* s = static_cast<const double*>(src);
+    for (size_t i = 0; i < n; ++i) d[i] = s[i] * factor;
+    return;
+  }
+  if (n > 0 && dst != src) std::memcpy(dst, src, n * DataTypeSize(dtype));
+  ScaleInPlace(dst, n, dtype, factor);
+}
+
 void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int num_ranks) {
   if (op == ReduceOp::kAverage) {
     if (IsFloatingPoint(dtype)) {

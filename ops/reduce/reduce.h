@@ -32,6 +32,10 @@ void DivideIntegersInPlace(void* buf, size_t n, DataType dtype, int64_t divisor)
 /// scale), then applies `postscale`.
 void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int num_ranks);
 
+/// dst[i] = src[i] * factor (one pass for float32 and float64; a copy and ScaleInPlace for
+/// the other types). Used to unfuse and scale in the same pass.
+void ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor);
+
 /// buf[i] *= factor. Floating types multiply in their compute precision (float32 for
 /// 16-bit floats, float64 for float64); integers multiply in float64 and truncate toward
 /// zero; bool is left unchanged unless factor is 0.
