@@ -1,6 +1,11 @@
 #include "core/timeline.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "ops/common/enforce.h"
@@ -31,10 +36,14 @@ std::string JsonEscape(const std::string& s) {
 void Timeline::Start(const std::string& path, int pid) {
   Stop();
   std::lock_guard<std::mutex> lock(mu_);
-  file_.open(path, std::ios::out | std::ios::trunc);
-  if (!file_) throw InvalidArgument("cannot open timeline file '" + path + "' for writing (GRADCOMP_TIMELINE)");
-  file_ << "[\n]\n";
-  file_.flush();
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0 || ::pwrite(fd_, "[\n]\n", 4, 0) != 4) {
+    const std::string why = std::strerror(errno);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    throw InvalidArgument("cannot open timeline file '" + path + "' for writing (GRADCOMP_TIMELINE): " + why);
+  }
+  end_ = 4;
   pid_ = pid;
   start_ = std::chrono::steady_clock::now();
   rows_.clear();
@@ -53,7 +62,8 @@ void Timeline::Stop() {
   }
   cv_.notify_all();
   writer_.join();
-  file_.close();
+  ::close(fd_);
+  fd_ = -1;
 }
 
 bool Timeline::active() const {
@@ -112,13 +122,19 @@ void Timeline::WriterLoop() {
     batch.swap(queue_);
     const bool stop = stopping_;
     lock.unlock();
-    for (const std::string& event : batch) {
-      // Overwrite the closing "]\n" with ",\n<event>\n]\n": the file stays valid JSON.
-      file_.seekp(-2, std::ios::end);
-      file_ << (first ? "" : ",\n") << event << "\n]\n";
-      first = false;
+    if (!batch.empty()) {
+      // Replace the closing "]\n" with ",\n<events>\n]\n" in one write: the file is valid JSON
+      // before and after it.
+      std::string chunk;
+      for (const std::string& event : batch) {
+        chunk += first ? "" : ",\n";
+        chunk += event;
+        first = false;
+      }
+      chunk += "\n]\n";
+      const ssize_t written = ::pwrite(fd_, chunk.data(), chunk.size(), end_ - 2);
+      if (written == static_cast<ssize_t>(chunk.size())) end_ += static_cast<int64_t>(chunk.size()) - 2;
     }
-    file_.flush();
     if (stop) return;
     lock.lock();
   }

@@ -1,14 +1,13 @@
 // Chrome-trace timeline (loads in Perfetto and chrome://tracing). Events are queued by the
 // runtime threads and written by one writer thread that owns the file, so recording stays
-// off the hot path. The file is valid JSON after every event: the closing bracket is
-// rewritten behind each one.
+// off the hot path. The file is valid JSON after every write: each batch of events replaces
+// the closing bracket and writes a new one behind it, in a single pwrite.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -56,7 +55,8 @@ class Timeline {
   std::unordered_map<std::string, int> rows_;  // tensor -> tid
   uint64_t dropped_ = 0;
   std::thread writer_;
-  std::fstream file_;
+  int fd_ = -1;
+  int64_t end_ = 0;  // file size: the closing "]\n" occupies its last two bytes
 };
 
 /// Escapes `s` for a JSON string literal (without the quotes).

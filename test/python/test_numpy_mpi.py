@@ -165,8 +165,16 @@ def test_timeline_records_phases_and_per_rank_ready_marks():
         for h in handles:
             gc.synchronize(h)
         if gc.rank() == 0 and step == 1:
-            with open(path) as f:
-                json.load(f)  # valid JSON while recording
+            # Valid JSON while recording (a read can still race a write in progress: retry).
+            for attempt in range(50):
+                try:
+                    with open(path) as f:
+                        json.load(f)
+                    break
+                except json.JSONDecodeError:
+                    time.sleep(0.01)
+            else:
+                pytest.fail("timeline file never parsed as JSON while recording")
     gc.allgather(np.ones((gc.rank() + 1, 2)), name="tl.gather")
     gc.stop_timeline()
     gc.barrier()
