@@ -5,22 +5,23 @@
 
 namespace gradcomp {
 
-namespace {
-void CastWith(Isa isa, const void* in, DataType in_dt, size_t n, void* out, DataType out_dt, bool acc) {
+void CastBuffer(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate, Isa isa) {
+  CheckCodecDataType(in_dtype, "cast", "input");
+  CheckCodecDataType(out_dtype, "cast", "output");
   if (isa == Isa::kAvx2) {
-    codec_kernels::avx2::Cast(in, in_dt, n, out, out_dt, acc);
+    codec_kernels::avx2::Cast(in, in_dtype, n, out, out_dtype, accumulate);
   } else {
-    codec_kernels::scalar::Cast(in, in_dt, n, out, out_dt, acc);
+    codec_kernels::scalar::Cast(in, in_dtype, n, out, out_dtype, accumulate);
   }
 }
-}  // namespace
+
 
 size_t CastCodec::MaxWireSize(size_t n, const CodecParams&) const { return n * DataTypeSize(wire_dtype_); }
 
 size_t CastCodec::Encode(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t,
                          void* out) const {
   CheckCodecDataType(dtype, name_, "input");
-  CastWith(p.isa, in, dtype, n, out, wire_dtype_, false);
+  CastBuffer(in, dtype, n, out, wire_dtype_, false, p.isa);
   return n * DataTypeSize(wire_dtype_);
 }
 
@@ -41,7 +42,7 @@ void CastCodec::Run(const void* wire, size_t wire_bytes, size_t n, const CodecPa
     throw InvalidArgument(std::string(name_) + ": " + std::to_string(n) + " values take " +
                           std::to_string(n * DataTypeSize(wire_dtype_)) + " bytes, got " + std::to_string(wire_bytes));
   }
-  CastWith(p.isa, wire, wire_dtype_, n, out, out_dtype, accumulate);
+  CastBuffer(wire, wire_dtype_, n, out, out_dtype, accumulate, p.isa);
 }
 
 }  // namespace gradcomp

@@ -1,0 +1,80 @@
+// Compressed allreduce algorithms (DESIGN.md "Compressed allreduce").
+//
+// SRA (scatter-reduce-allgather, as CGX and Bagua): the buffer is cut into one chunk per
+// rank; every rank encodes each peer's chunk and the chunks are exchanged (all-to-all); the
+// owner decodes and sums the contributions in float32 (its own chunk in full precision),
+// applies Average/postscale, encodes its reduced chunk once, decodes it into its own output
+// too, and the encoded chunks are allgathered; every rank decodes every chunk. All ranks end
+// with bit-identical results, and the error does not grow with the number of ranks.
+//
+// Error bound (nearest rounding; stochastic: twice each term, strict). For element i owned by
+// rank o, with u_r(i) the unit of the bucket rank r used for i in the first exchange (range
+// of that bucket / (2^bits - 1)) and s the output scale (postscale, divided by the number of
+// ranks for Average), the first stage adds at most E1(i) = s * sum_{r != o} u_r(i) / 2; the
+// second quantizes the reduced bucket B, whose range is at most R(B) + 2 max_{j in B} E1(j)
+// with R(B) the range of the exact scaled sums in B, adding at most half its unit. So
+//   |out(i) - exact(i)| <= E1(i) + (R(B) + 2 max_B E1) / (2 (2^bits - 1)).
+// With error feedback the errors of both stages are carried into the next call, so the
+// average of the outputs over many calls converges to the exact average.
+//
+// Sparse (topk): each rank encodes its whole buffer (values and indices), the variable-size
+// encodings are allgathered and every rank scatter-adds all of them in rank order.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "ops/comm/communicator.h"
+#include "ops/comm/topology.h"
+#include "ops/compression/codec.h"
+
+namespace gradcomp {
+
+/// Arguments of a compressed allreduce. Buffers are float32, float16 or bfloat16; the op is
+/// Sum or Average. `output` may equal `input`.
+struct CompressedAllreduceOptions {
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  const Codec* codec = nullptr;
+  CodecParams params;
+  /// Element counts of the tensors packed in the buffer (summing to count); quantization
+  /// buckets restart at each tensor and at each chunk boundary. Empty: one tensor.
+  std::vector<size_t> segments;
+  /// Error feedback of this rank's own compression (count floats, in buffer order), or null.
+  float* residual = nullptr;
+  /// Error feedback of the reduced chunk this rank owns (count floats, in buffer order), or null.
+  float* reduced_residual = nullptr;
+  /// topk: receives the indices (in buffer order) this rank sent, for DGC's momentum masking.
+  std::vector<uint32_t>* sent_indices = nullptr;
+  std::string name;
+};
+
+/// What a compressed allreduce moved and spent.
+struct CompressedAllreduceStats {
+  size_t bytes_sent = 0;  ///< bytes this rank sent in total
+  double compress_seconds = 0;
+  double decompress_seconds = 0;
+  double communicate_seconds = 0;
+};
+
+/// SRA over `comm` (maxmin, fp16, bf16; none works too, as a float32 reference).
+CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const CompressedAllreduceOptions& opts);
+
+/// Hierarchical: node-local reduce-scatter (uncompressed, through the shared-memory window
+/// when the local communicator is shm), SRA of each shard among the ranks with the same local
+/// rank, node-local allgather. With `leader_only` (CGX_INTRA_BROADCAST) the node reduces to
+/// its local rank 0, only those leaders run SRA across nodes, and the result is broadcast in
+/// the node.
+CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, const CompressedAllreduceOptions& opts,
+                                                         bool leader_only);
+
+/// Sparse allreduce for topk: allgather of every rank's (values, indices), scatter-add.
+CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAllreduceOptions& opts);
+
+}  // namespace gradcomp

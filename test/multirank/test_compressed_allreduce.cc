@@ -1,0 +1,377 @@
+// Compressed allreduce over thread ranks: SRA, hierarchical, leader-only and sparse (topk),
+// against float64 and the analytic error bound, with bit-identical results on every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "ops/collectives/allreduce.h"
+#include "ops/collectives/compressed_allreduce.h"
+#include "ops/common/enforce.h"
+#include "ops/compression/codec.h"
+#include "test/support/harness.h"
+#include "test/support/sra_reference.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+
+CompressedAllreduceOptions Maxmin(const std::vector<float>& in, std::vector<float>& out, int bits, size_t bucket) {
+  CompressedAllreduceOptions o;
+  o.input = in.data();
+  o.output = out.data();
+  o.count = in.size();
+  o.op = ReduceOp::kAverage;
+  o.codec = &FindCodec("maxmin");
+  o.params.bits = bits;
+  o.params.bucket_size = bucket;
+  o.name = "grad";
+  return o;
+}
+
+// Runs `run` on every rank with rank r's input Gradient(count, r, noise); returns all outputs.
+std::vector<std::vector<float>> RunAll(int world, size_t count, double noise,
+                                       const std::function<void(Communicator&, const std::vector<float>&,
+                                                                std::vector<float>&)>& run) {
+  std::vector<std::vector<float>> outs(static_cast<size_t>(world));
+  RunRanks(world, [&](Communicator& comm) {
+    const std::vector<float> in = Gradient(count, comm.rank(), noise);
+    std::vector<float> out(count, -1.0f);
+    run(comm, in, out);
+    outs[static_cast<size_t>(comm.rank())] = std::move(out);
+    return std::string();
+  });
+  return outs;
+}
+
+std::vector<std::vector<float>> Inputs(int world, size_t count, double noise) {
+  std::vector<std::vector<float>> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(Gradient(count, r, noise));
+  return parts;
+}
+
+// "" when every rank's output has the same bytes as rank 0's.
+std::string BitIdentical(const std::vector<std::vector<float>>& outs) {
+  for (size_t r = 1; r < outs.size(); ++r) {
+    if (std::memcmp(outs[r].data(), outs[0].data(), outs[0].size() * sizeof(float)) != 0) {
+      return "rank " + std::to_string(r) + " differs from rank 0";
+    }
+  }
+  return "";
+}
+
+std::string WithinBound(const std::vector<float>& got, const std::vector<double>& exact,
+                        const std::vector<double>& bound) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - exact[i]) <= bound[i])) {
+      return "element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs exact " +
+             std::to_string(exact[i]) + ", bound " + std::to_string(bound[i]);
+    }
+  }
+  return "";
+}
+
+double RelativeL2(const std::vector<float>& got, const std::vector<double>& exact) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - exact[i]) * (got[i] - exact[i]);
+    den += exact[i] * exact[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class SraSweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(SraSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
+  const int world = GetParam();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{4097}, size_t{1} << 20}) {
+    const auto parts = Inputs(world, count, 1e4);
+    const std::vector<double> exact = ExactSum(parts, 1.0 / world);
+    for (int bits : {1, 2, 4, 8}) {
+      for (size_t bucket : {size_t{64}, size_t{512}}) {
+        const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+          CompressedAllreduce(comm, Maxmin(in, out, bits, bucket));
+        });
+        const std::string where = " world " + std::to_string(world) + " count " + std::to_string(count) + " bits " +
+                                  std::to_string(bits) + " bucket " + std::to_string(bucket);
+        ASSERT_EQ(BitIdentical(outs), "") << where;
+        ASSERT_EQ(WithinBound(outs[0], exact, SraBound(parts, 1.0 / world, bits, bucket, false)), "") << where;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SraSweep, ::testing::Range(1, 9));
+
+TEST(Sra, StochasticRoundingStaysWithinItsBound) {
+  for (int world : {2, 5}) {
+    const auto parts = Inputs(world, 30001, 1e4);
+    const auto outs = RunAll(world, 30001, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+      CompressedAllreduceOptions o = Maxmin(in, out, 3, 128);
+      o.params.stochastic = true;
+      o.params.seed = 11;
+      o.params.step = 4;
+      CompressedAllreduce(comm, o);
+    });
+    EXPECT_EQ(BitIdentical(outs), "");
+    EXPECT_EQ(WithinBound(outs[0], ExactSum(parts, 1.0 / world), SraBound(parts, 1.0 / world, 3, 128, true)), "");
+  }
+}
+
+TEST(Sra, FourBitGaussianErrorIsSmallAndDoesNotGrowWithWorldSize) {
+  const size_t count = 1 << 18;
+  std::vector<double> independent, correlated;
+  for (int world : {2, 4, 8}) {
+    for (double noise : {1e4, 0.5}) {
+      const auto outs = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
+        CompressedAllreduce(comm, Maxmin(in, out, 4, 512));
+      });
+      const double e = RelativeL2(outs[0], ExactSum(Inputs(world, count, noise), 1.0 / world));
+      std::printf("4-bit SRA, world %d, %s inputs: relative L2 error %.4f\n", world,
+                  noise > 1 ? "independent" : "correlated", e);
+      EXPECT_LE(e, 0.2);
+      (noise > 1 ? independent : correlated).push_back(e);
+    }
+  }
+  // Correlated gradients (a shared signal plus noise, as in training): flat in world size.
+  EXPECT_LE(correlated[2], correlated[0] * 1.1);
+  // Independent inputs: the first stage's share tends to sqrt((n-1)/n), so at most sqrt(2)
+  // over world 2, never a growth per hop as a re-quantizing ring has.
+  EXPECT_LE(independent[2], independent[0] * 1.42);
+}
+
+TEST(Sra, CountsSmallerThanRanksAndTensorBoundariesInsideTheBuffer) {
+  // 3 values on 6 ranks: most chunks are empty. Segments restart buckets at tensor boundaries.
+  const auto outs = RunAll(6, 3, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+    CompressedAllreduce(comm, Maxmin(in, out, 2, 64));
+  });
+  EXPECT_EQ(BitIdentical(outs), "");
+  const auto parts = Inputs(6, 3, 1e4);
+  EXPECT_EQ(WithinBound(outs[0], ExactSum(parts, 1.0 / 6), SraBound(parts, 1.0 / 6, 2, 64, false)), "");
+  // A constant tensor next to a noisy one stays exact only if buckets restart at the boundary.
+  const auto fused = RunAll(2, 200, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+    std::vector<float> x = in;
+    std::fill(x.begin(), x.begin() + 50, 0.25f);  // tensor A: constant
+    CompressedAllreduceOptions o = Maxmin(x, out, 2, 512);
+    o.segments = {50, 150};
+    CompressedAllreduce(comm, o);
+  });
+  for (size_t i = 0; i < 50; ++i) ASSERT_EQ(fused[0][i], 0.25f) << i;
+}
+
+TEST(Sra, Float16AndBFloat16TensorsAndFp16Codec) {
+  for (DataType dt : {DataType::kFloat16, DataType::kBFloat16}) {
+    for (const char* codec : {"maxmin", "fp16", "bf16"}) {
+      const int world = 3;
+      std::vector<std::vector<uint16_t>> outs(world);
+      RunRanks(world, [&](Communicator& comm) {
+        const std::vector<float> g = Gradient(1000, comm.rank(), 1e4);
+        std::vector<uint16_t> in(g.size()), out(g.size());
+        CastBuffer(g.data(), DataType::kFloat32, g.size(), in.data(), dt, false);
+        CompressedAllreduceOptions o;
+        o.input = in.data();
+        o.output = out.data();
+        o.count = in.size();
+        o.dtype = dt;
+        o.op = ReduceOp::kSum;
+        o.codec = &FindCodec(codec);
+        o.params.bits = 8;
+        CompressedAllreduce(comm, o);
+        outs[static_cast<size_t>(comm.rank())] = out;
+        return std::string();
+      });
+      EXPECT_EQ(outs[1], outs[0]) << codec;
+      EXPECT_EQ(outs[2], outs[0]) << codec;
+      std::vector<float> got(1000);
+      CastBuffer(outs[0].data(), dt, 1000, got.data(), DataType::kFloat32, false);
+      const double e = RelativeL2(got, ExactSum(Inputs(world, 1000, 1e4), 1.0));
+      EXPECT_LE(e, 0.02) << DataTypeName(dt) << " " << codec;
+    }
+  }
+}
+
+TEST(Sra, ErrorFeedbackMakesTheAverageOverStepsConverge) {
+  const int world = 4, steps = 100;
+  const size_t count = 20000;
+  for (bool feedback : {false, true}) {
+    std::vector<std::vector<double>> sums(world, std::vector<double>(count, 0.0));
+    RunRanks(world, [&](Communicator& comm) {
+      const std::vector<float> in = Gradient(count, comm.rank(), 0.3);
+      std::vector<float> out(count), residual(count, 0.0f), reduced(count, 0.0f);
+      for (int s = 0; s < steps; ++s) {
+        CompressedAllreduceOptions o = Maxmin(in, out, 2, 512);
+        o.params.step = static_cast<uint64_t>(s);
+        if (feedback) {
+          o.residual = residual.data();
+          o.reduced_residual = reduced.data();
+        }
+        CompressedAllreduce(comm, o);
+        for (size_t i = 0; i < count; ++i) sums[static_cast<size_t>(comm.rank())][i] += out[i];
+      }
+      return std::string();
+    });
+    std::vector<float> mean(count);
+    for (size_t i = 0; i < count; ++i) mean[i] = static_cast<float>(sums[0][i] / steps);
+    const double e = RelativeL2(mean, ExactSum(Inputs(world, count, 0.3), 1.0 / world));
+    std::printf("2-bit SRA, mean over %d steps of a fixed input, error feedback %s: relative L2 error %.5f\n", steps,
+                feedback ? "on" : "off", e);
+    if (feedback) {
+      EXPECT_LT(e, 0.01);
+    } else {
+      EXPECT_GT(e, 0.05);  // without it the quantization bias stays
+    }
+  }
+}
+
+TEST(SparseAllreduce, RatioOneEqualsTheUncompressedAllreduce) {
+  for (int world : {1, 2, 3, 5}) {
+    const auto sparse = RunAll(world, 3001, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+      CompressedAllreduceOptions o;
+      o.input = in.data();
+      o.output = out.data();
+      o.count = in.size();
+      o.op = ReduceOp::kAverage;
+      o.codec = &FindCodec("topk");
+      o.params.topk_ratio = 1.0;
+      o.segments = {1000, 2001};
+      SparseAllreduce(comm, o);
+    });
+    const auto dense = RunAll(world, 3001, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+      AllreduceOptions o;
+      o.input = in.data();
+      o.output = out.data();
+      o.count = in.size();
+      o.op = ReduceOp::kAverage;
+      Allreduce(comm, o);
+    });
+    EXPECT_EQ(BitIdentical(sparse), "");
+    EXPECT_EQ(sparse[0], dense[0]) << "world " << world;
+  }
+}
+
+TEST(SparseAllreduce, KeepsTheLargestValuesAndFeedsBackTheRest) {
+  const int world = 3;
+  const size_t count = 10000;
+  std::vector<std::vector<float>> residuals(world);
+  std::vector<std::vector<uint32_t>> sent(world);
+  const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+    std::vector<float> residual(count, 0.0f);
+    std::vector<uint32_t> indices;
+    CompressedAllreduceOptions o;
+    o.input = in.data();
+    o.output = out.data();
+    o.count = count;
+    o.op = ReduceOp::kSum;
+    o.codec = &FindCodec("topk");
+    o.params.topk_ratio = 0.01;
+    o.residual = residual.data();
+    o.sent_indices = &indices;
+    SparseAllreduce(comm, o);
+    residuals[static_cast<size_t>(comm.rank())] = residual;
+    sent[static_cast<size_t>(comm.rank())] = indices;
+  });
+  EXPECT_EQ(BitIdentical(outs), "");
+  const auto parts = Inputs(world, count, 1e4);
+  std::vector<double> expect(count, 0.0);
+  for (int r = 0; r < world; ++r) {
+    const size_t ri = static_cast<size_t>(r);
+    EXPECT_GE(sent[ri].size(), 80u);
+    EXPECT_LE(sent[ri].size(), 130u);
+    std::vector<bool> was_sent(count, false);
+    for (uint32_t i : sent[ri]) {
+      was_sent[i] = true;
+      expect[i] += parts[ri][i];
+    }
+    for (size_t i = 0; i < count; ++i) {
+      // Residual holds exactly what was not sent.
+      ASSERT_EQ(residuals[ri][i], was_sent[i] ? 0.0f : parts[ri][i]) << "rank " << r << " element " << i;
+    }
+  }
+  for (size_t i = 0; i < count; ++i) ASSERT_NEAR(outs[0][i], expect[i], 1e-5) << i;
+}
+
+struct Shape2 {
+  int world, local;
+  bool leader_only;
+};
+
+class HierarchicalCompressed : public ::testing::TestWithParam<Shape2> {};
+
+TEST_P(HierarchicalCompressed, WithinTheCrossNodeBoundAndBitIdentical) {
+  const auto [world, local, leader_only] = GetParam();
+  const size_t count = 50001;
+  const int nodes = world / local;
+  const auto parts = Inputs(world, count, 1e4);
+  std::vector<std::vector<float>> outs(static_cast<size_t>(world));
+  RunTopology(world, local, [&](Topology& topo) {
+    const std::vector<float> in = Gradient(count, topo.rank(), 1e4);
+    std::vector<float> out(count);
+    HierarchicalCompressedAllreduce(topo, Maxmin(in, out, 4, 512), leader_only);
+    outs[static_cast<size_t>(topo.rank())] = out;
+    return std::string();
+  });
+  ASSERT_EQ(BitIdentical(outs), "");
+  // The cross-node SRA sees node sums: per node shard (or the whole buffer, leader only).
+  std::vector<std::vector<float>> node_sums(static_cast<size_t>(nodes), std::vector<float>(count, 0.0f));
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < count; ++i) node_sums[static_cast<size_t>(r / local)][i] += parts[static_cast<size_t>(r)][i];
+  }
+  std::vector<double> bound(count);
+  const std::vector<size_t> shards = leader_only ? std::vector<size_t>{count} : EvenSplit(count, local);
+  const std::vector<size_t> soff = Offsets(shards);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::vector<std::vector<float>> shard_parts;
+    for (const auto& ns : node_sums) {
+      shard_parts.emplace_back(ns.begin() + static_cast<long>(soff[s]), ns.begin() + static_cast<long>(soff[s] + shards[s]));
+    }
+    const std::vector<double> b = SraBound(shard_parts, 1.0 / world, 4, 512, false);
+    for (size_t i = 0; i < shards[s]; ++i) bound[soff[s] + i] = b[i] + 1e-5;  // + float32 node sums
+  }
+  EXPECT_EQ(WithinBound(outs[0], ExactSum(parts, 1.0 / world), bound), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HierarchicalCompressed,
+                         ::testing::Values(Shape2{4, 2, false}, Shape2{8, 2, false}, Shape2{8, 4, false},
+                                           Shape2{6, 3, false}, Shape2{4, 2, true}, Shape2{8, 4, true}),
+                         [](const ::testing::TestParamInfo<Shape2>& s) {
+                           return "world" + std::to_string(s.param.world) + "_local" + std::to_string(s.param.local) +
+                                  (s.param.leader_only ? "_leader" : "");
+                         });
+
+TEST(CompressedAllreduceErrors, NameWhatIsWrong) {
+  std::vector<float> x(10), y(10);
+  const auto err = [&](const std::function<void(Communicator&)>& fn) -> std::string {
+    try {
+      RunRanks(2, [&](Communicator& c) {
+        fn(c);
+        return std::string();
+      });
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(err([&](Communicator& c) {
+              CompressedAllreduceOptions o = Maxmin(x, y, 4, 512);
+              o.op = ReduceOp::kMax;
+              CompressedAllreduce(c, o);
+            }).find("supports sum and average, not max [compressed allreduce of tensor 'grad']"),
+            std::string::npos);
+  EXPECT_NE(err([&](Communicator& c) {
+              CompressedAllreduceOptions o = Maxmin(x, y, 4, 512);
+              o.segments = {3, 3};
+              CompressedAllreduce(c, o);
+            }).find("segments sum to 6, not 10"),
+            std::string::npos);
+  EXPECT_NE(err([&](Communicator& c) {
+              CompressedAllreduceOptions o = Maxmin(x, y, 4, 512);
+              o.codec = &FindCodec("topk");
+              CompressedAllreduce(c, o);
+            }).find("codec topk needs the sparse allreduce"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gradcomp

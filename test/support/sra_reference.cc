@@ -1,0 +1,66 @@
+#include "test/support/sra_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "ops/comm/communicator.h"
+
+namespace gradcomp::testing {
+
+std::vector<double> ExactSum(const std::vector<std::vector<float>>& parts, double scale) {
+  std::vector<double> out(parts.empty() ? 0 : parts[0].size(), 0.0);
+  for (const auto& p : parts) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] += p[i];
+  }
+  for (double& v : out) v *= scale;
+  return out;
+}
+
+std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
+                             bool stochastic) {
+  const int n = static_cast<int>(parts.size());
+  const size_t count = parts.empty() ? 0 : parts[0].size();
+  std::vector<double> bound(count, 0.0);
+  if (n <= 1) return bound;  // a single participant is exact
+  const double levels = std::ldexp(1.0, bits) - 1;
+  const double k = stochastic ? 2.0 : 1.0;  // stochastic: strictly below twice the nearest bound
+  const std::vector<double> exact = ExactSum(parts, scale);
+  const std::vector<size_t> chunks = EvenSplit(count, n), coff = Offsets(chunks);
+  for (int o = 0; o < n; ++o) {
+    const size_t c0 = coff[static_cast<size_t>(o)], clen = chunks[static_cast<size_t>(o)];
+    for (size_t b0 = 0; b0 < clen; b0 += bucket) {
+      const size_t lo = c0 + b0, hi = c0 + std::min(clen, b0 + bucket);
+      // Stage 1: every other participant's bucket unit over [lo, hi).
+      double e1 = 0, mag = 0;
+      for (int r = 0; r < n; ++r) {
+        const auto mm = std::minmax_element(parts[static_cast<size_t>(r)].begin() + static_cast<long>(lo),
+                                            parts[static_cast<size_t>(r)].begin() + static_cast<long>(hi));
+        mag += std::max(std::fabs(*mm.first), std::fabs(*mm.second)) * scale;
+        if (r != o) e1 += k * scale * (double(*mm.second) - double(*mm.first)) / levels / 2;
+      }
+      // Stage 2: the reduced bucket's range, widened by stage 1's error.
+      const auto mm = std::minmax_element(exact.begin() + static_cast<long>(lo), exact.begin() + static_cast<long>(hi));
+      const double e2 = k * (*mm.second - *mm.first + 2 * e1) / levels / 2;
+      // float32 arithmetic of encode, decode and the float32 sums: a few ulps per term.
+      const double slack = 1e-6 * (mag + e1 * levels) * n;
+      for (size_t i = lo; i < hi; ++i) bound[i] = e1 + e2 + slack;
+    }
+  }
+  return bound;
+}
+
+std::vector<float> Gradient(size_t count, int rank, double noise, unsigned seed) {
+  std::mt19937 shared(seed), own(seed * 7919u + static_cast<unsigned>(rank) * 104729u + 1);
+  // One distribution per engine: normal_distribution caches the second value of each pair.
+  std::normal_distribution<float> g_shared(0.0f, 1.0f), g_own(0.0f, 1.0f);
+  std::vector<float> v(count);
+  const bool independent = noise >= 1e3;
+  for (size_t i = 0; i < count; ++i) {
+    const float s = g_shared(shared), e = g_own(own);
+    v[i] = independent ? e : s + static_cast<float>(noise) * e;
+  }
+  return v;
+}
+
+}  // namespace gradcomp::testing

@@ -1,0 +1,23 @@
+// The analytic error bound of the SRA compressed allreduce (see
+// ops/collectives/compressed_allreduce.h), computed from the participants' inputs.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace gradcomp::testing {
+
+/// Per-element bound of |SRA output - exact| for participants' float32 inputs `parts`
+/// (equal lengths), output scale `scale`, max-min with `bits` and buckets of `bucket`, one
+/// tensor, chunks EvenSplit(count, parts.size()). Stochastic rounding doubles each term.
+std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
+                             bool stochastic);
+
+/// Exact scale * sum of the parts, in float64.
+std::vector<double> ExactSum(const std::vector<std::vector<float>>& parts, double scale);
+
+/// Deterministic test gradients: rank r of `ranks`, `count` values: a shared signal plus
+/// `noise` times rank-specific Gaussian noise (noise >= 1e3 means independent inputs).
+std::vector<float> Gradient(size_t count, int rank, double noise, unsigned seed = 1);
+
+}  // namespace gradcomp::testing
