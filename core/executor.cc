@@ -1,5 +1,6 @@
 #include "core/executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -7,6 +8,7 @@
 #include "ops/collectives/allreduce.h"
 #include "ops/collectives/alltoall.h"
 #include "ops/collectives/broadcast.h"
+#include "ops/collectives/compressed_allreduce.h"
 #include "ops/collectives/reducescatter.h"
 #include "ops/common/enforce.h"
 #include "ops/reduce/reduce.h"
@@ -63,7 +65,8 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
         any_missing = any_missing || !entries[i];
       }
       const size_t bytes = static_cast<size_t>(total) * esize;
-      if (r.names.size() > 1 && fusion_.size() < bytes) fusion_.resize(bytes);
+      const bool compressed = r.compression.codec != "none";
+      if ((r.names.size() > 1 || (compressed && any_missing)) && fusion_.size() < bytes) fusion_.resize(bytes);
       if (any_missing && scratch_.size() < bytes) scratch_.resize(bytes);
       return;
     }
@@ -98,10 +101,6 @@ void Executor::Run(const Response& r, EntryList& entries) {
 }
 
 void Executor::RunAllreduce(const Response& r, EntryList& entries) {
-  if (r.compression.codec != "none") {
-    throw InvalidArgument("compression '" + r.compression.Describe() + "' requested for allreduce of '" +
-                          r.names[0] + "', but the compressed allreduce is not part of this build yet");
-  }
   const size_t esize = DataTypeSize(r.dtype);
   const bool record = timeline_.active();
   const size_t n = r.names.size();
@@ -111,6 +110,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     offsets[i] = static_cast<size_t>(total) * esize;
     total += NumElements(r.shapes[i]);
   }
+  if (r.compression.codec != "none") return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
   AllreduceOptions o;
   o.count = static_cast<size_t>(total);
   o.dtype = r.dtype;
@@ -177,6 +177,143 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     }
     if (record) {
       for (const auto& name : r.names) timeline_.End(name, "UNFUSE");
+    }
+  }
+  CompleteAll(entries);
+}
+
+void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total) {
+  const size_t n = r.names.size();
+  const size_t esize = DataTypeSize(r.dtype);
+  const CompressionSpec& spec = r.compression;
+  const bool topk = spec.codec == "topk";
+  const bool dgc = topk && settings_.topk_momentum > 0;
+  const bool record = timeline_.active();
+  if (record) {
+    for (const auto& name : r.names) timeline_.Begin(name, "ALLREDUCE");
+  }
+  // The buffer: the tensors one after another (zeros for a joined rank); DGC replaces each
+  // gradient by its momentum-corrected velocity (float32) before sparsification.
+  DataType dtype = r.dtype;
+  std::vector<char> staged;
+  char* buffer = n == 1 && entries[0] && !dgc ? nullptr : fusion_.data();
+  if (dgc) {
+    dtype = DataType::kFloat32;
+    staged.resize(total * sizeof(float));
+    buffer = staged.data();
+  }
+  std::vector<size_t> segments(n);
+  size_t start = 0;
+  for (size_t i = 0; i < n; ++i) {
+    segments[i] = static_cast<size_t>(NumElements(r.shapes[i]));
+    if (buffer != nullptr) {
+      char* dst = buffer + start * DataTypeSize(dtype);
+      if (!entries[i]) {
+        std::memset(dst, 0, segments[i] * DataTypeSize(dtype));
+      } else if (dgc) {
+        CastBuffer(entries[i]->input, r.dtype, segments[i], dst, DataType::kFloat32, false);
+        dgc_.Compensate(r.names[i], reinterpret_cast<float*>(dst), segments[i]);
+      } else {
+        std::memcpy(dst, entries[i]->input, segments[i] * esize);
+      }
+    }
+    start += segments[i];
+  }
+  const void* input = buffer != nullptr ? buffer : entries[0]->input;
+  void* output = buffer != nullptr ? static_cast<void*>(buffer) : entries[0]->output;
+
+  CompressedAllreduceOptions o;
+  o.input = input;
+  o.output = output;
+  o.count = total;
+  o.dtype = dtype;
+  o.op = r.op;
+  o.prescale = r.prescale;
+  o.postscale = r.postscale;
+  o.codec = &FindCodec(spec.codec);
+  o.params.bits = spec.bits;
+  o.params.bucket_size = static_cast<size_t>(spec.bucket_size);
+  o.params.stochastic = spec.stochastic;
+  o.params.skip_incomplete_buckets = spec.skip_incomplete_buckets;
+  o.params.topk_ratio = spec.topk_ratio;
+  o.params.seed = static_cast<uint64_t>(settings_.seed);
+  o.params.step = ++compressed_steps_;
+  o.segments = segments;
+  o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
+  // Error feedback state, assembled in buffer order from each tensor's own.
+  std::vector<float> residual, reduced;
+  const bool feedback = spec.error_feedback && !dgc;
+  if (feedback) {
+    residual.resize(total);
+    reduced.resize(total);
+    for (size_t i = 0, at = 0; i < n; at += segments[i], ++i) {
+      const std::vector<float>& a = residuals_.Slot(r.names[i], segments[i]);
+      const std::vector<float>& b = reduced_residuals_.Slot(r.names[i], segments[i]);
+      std::copy(a.begin(), a.end(), residual.begin() + static_cast<long>(at));
+      std::copy(b.begin(), b.end(), reduced.begin() + static_cast<long>(at));
+    }
+    o.residual = residual.data();
+    o.reduced_residual = topk ? nullptr : reduced.data();
+  }
+  std::vector<uint32_t> sent;
+  if (dgc) o.sent_indices = &sent;
+  if (record) {
+    o.on_phase = [&](const char* phase, bool begin) {
+      for (const auto& name : r.names) begin ? timeline_.Begin(name, phase) : timeline_.End(name, phase);
+    };
+  }
+  const bool hierarchical = (settings_.hierarchical || settings_.intra_broadcast) && topo_.homogeneous &&
+                            topo_.local_size() > 1 && topo_.cross_size() > 1;
+  CompressedAllreduceStats st;
+  if (topk) {
+    st = SparseAllreduce(*topo_.world, o);
+  } else if (hierarchical) {
+    st = HierarchicalCompressedAllreduce(topo_, o, settings_.intra_broadcast);
+  } else {
+    st = CompressedAllreduce(*topo_.world, o);
+  }
+  if (feedback) {
+    for (size_t i = 0, at = 0; i < n; at += segments[i], ++i) {
+      std::vector<float>& a = residuals_.Slot(r.names[i], segments[i]);
+      std::vector<float>& b = reduced_residuals_.Slot(r.names[i], segments[i]);
+      std::copy(residual.begin() + static_cast<long>(at), residual.begin() + static_cast<long>(at + segments[i]), a.begin());
+      std::copy(reduced.begin() + static_cast<long>(at), reduced.begin() + static_cast<long>(at + segments[i]), b.begin());
+    }
+  }
+  if (dgc) {
+    // Momentum factor masking of what was sent, per tensor.
+    std::vector<std::vector<uint32_t>> per_tensor(n);
+    std::vector<size_t> bounds{0};
+    for (size_t seg : segments) bounds.push_back(bounds.back() + seg);
+    for (uint32_t idx : sent) {
+      const size_t t = static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end(), idx) - bounds.begin()) - 1;
+      per_tensor[t].push_back(idx - static_cast<uint32_t>(bounds[t]));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (entries[i]) dgc_.Update(r.names[i], per_tensor[i].data(), per_tensor[i].size());
+    }
+  }
+  // Copy the results out (converting DGC's float32 buffer back).
+  if (buffer != nullptr) {
+    for (size_t i = 0, at = 0; i < n; at += segments[i], ++i) {
+      if (!entries[i]) continue;
+      const char* src = buffer + at * DataTypeSize(dtype);
+      if (dgc) {
+        CastBuffer(src, DataType::kFloat32, segments[i], entries[i]->output, r.dtype, false);
+      } else {
+        std::memcpy(entries[i]->output, src, segments[i] * esize);
+      }
+    }
+  }
+  bytes_in_ += total * esize;
+  bytes_on_wire_ += st.bytes_sent;
+  if (record) {
+    // Each tensor's share of the bytes this rank sent, in proportion to its size.
+    for (size_t i = 0; i < n; ++i) {
+      const auto wire = static_cast<int64_t>(static_cast<double>(st.bytes_sent) * static_cast<double>(segments[i]) /
+                                             static_cast<double>(total));
+      timeline_.End(r.names[i], "ALLREDUCE",
+                    EndArgs(r.dtype, r.shapes[i], wire) + ", \"codec\": \"" + JsonEscape(spec.Describe()) + "\"");
     }
   }
   CompleteAll(entries);

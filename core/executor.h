@@ -3,6 +3,7 @@
 // the handles. Every rank executes the same responses in the same order.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "core/tensor_queue.h"
 #include "core/timeline.h"
 #include "ops/comm/topology.h"
+#include "ops/compression/memory.h"
 
 namespace gradcomp {
 
@@ -30,6 +32,7 @@ class Executor {
 
  private:
   void RunAllreduce(const Response& r, EntryList& entries);
+  void RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total);
   void RunAllgather(const Response& r, EntryList& entries);
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
@@ -40,6 +43,17 @@ class Executor {
   Timeline& timeline_;
   std::vector<char> fusion_;   // fusion buffer, grown as needed
   std::vector<char> scratch_;  // zeros / receive space of joined ranks
+  // Compression state kept per tensor name across steps.
+  ErrorFeedback residuals_;          // of this rank's own compression
+  ErrorFeedback reduced_residuals_;  // of the reduced chunks this rank owns
+  DgcMemory dgc_{static_cast<float>(settings_.topk_momentum), settings_.topk_nesterov};
+  uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
+  std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
+
+ public:
+  /// Payload bytes of compressed allreduces and the bytes this rank sent for them.
+  uint64_t compressed_bytes_in() const { return bytes_in_; }
+  uint64_t compressed_bytes_on_wire() const { return bytes_on_wire_; }
 };
 
 /// Number of elements of a shape.

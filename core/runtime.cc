@@ -8,6 +8,7 @@
 
 #include "core/logging.h"
 #include "ops/comm/mpi_environment.h"
+#include "ops/compression/codec.h"
 #include "ops/common/enforce.h"
 
 namespace gradcomp {
@@ -23,6 +24,11 @@ LocalTransport TransportFrom(const Settings& s) {
     throw InvalidArgument(
         "GRADCOMP_INNER_COMMUNICATOR=nccl (CGX_INNER_COMMUNICATOR_TYPE) needs GPU tensors and a build with "
         "NCCL; use shm or mpi for CPU tensors");
+  }
+  if (s.cross_communicator == "nccl") {
+    throw InvalidArgument(
+        "GRADCOMP_CROSS_COMMUNICATOR=nccl (CGX_CROSS_COMMUNICATOR_TYPE) needs GPU tensors and a build with NCCL; "
+        "use mpi for CPU tensors");
   }
   return s.inner_communicator == "mpi" ? LocalTransport::kMessages : LocalTransport::kSharedMemory;
 }
@@ -47,6 +53,8 @@ std::string AgreedSettings(const Settings& s) {
   add("GRADCOMP_SKIP_INCOMPLETE_BUCKETS", std::to_string(s.skip_incomplete_buckets));
   add("GRADCOMP_MIN_SIZE", std::to_string(s.min_size));
   add("GRADCOMP_TOPK_RATIO", std::to_string(s.topk_ratio));
+  add("GRADCOMP_TOPK_MOMENTUM", std::to_string(s.topk_momentum));
+  add("GRADCOMP_TOPK_NESTEROV", std::to_string(s.topk_nesterov));
   add("GRADCOMP_ERROR_FEEDBACK", std::to_string(s.error_feedback));
   add("GRADCOMP_HIERARCHICAL", std::to_string(s.hierarchical));
   add("GRADCOMP_INTRA_BROADCAST", std::to_string(s.intra_broadcast));
@@ -141,9 +149,24 @@ std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void
   return handle;
 }
 
+CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const {
+  CompressionSpec spec;
+  const bool compressible = IsCodecDataType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
+  if (settings_.compression == "none" || !compressible) return spec;
+  if (shape.size() <= 1 || NumElements(shape) < settings_.min_size) return spec;  // the layer filter
+  spec.codec = settings_.compression;
+  spec.bits = static_cast<int32_t>(settings_.bits);
+  spec.bucket_size = settings_.bucket_size;
+  spec.stochastic = settings_.stochastic;
+  spec.skip_incomplete_buckets = settings_.skip_incomplete_buckets;
+  spec.error_feedback = settings_.error_feedback;
+  spec.topk_ratio = settings_.topk_ratio;
+  return spec;
+}
+
 std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                            const void* input, void* output, ReduceOp op, double prescale,
-                                           double postscale) {
+                                           double postscale, const CompressionSpec* compression) {
   Request r = NewRequest(RequestType::kAllreduce, name, dtype, shape);
   if (op == ReduceOp::kBitwiseAnd) throw InvalidArgument("allreduce of '" + name + "': unsupported op");
   if (dtype == DataType::kBool && op == ReduceOp::kAverage) {
@@ -152,6 +175,23 @@ std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dty
   r.op = op;
   r.prescale = prescale;
   r.postscale = postscale;
+  r.compression = compression ? *compression : CompressionFor(dtype, shape, op);
+  if (compression != nullptr && compression->codec != "none") {
+    // An explicit choice must make sense for this tensor.
+    const std::string what = "allreduce of '" + name + "' with compression " + compression->Describe();
+    (void)FindCodec(compression->codec);
+    if (!IsCodecDataType(dtype)) {
+      throw InvalidArgument(what + ": dtype " + DataTypeName(dtype) + " cannot be compressed (float32, float16, bfloat16)");
+    }
+    if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
+      throw InvalidArgument(what + ": op " + std::string(ReduceOpName(op)) + " cannot be compressed (sum, average)");
+    }
+    CodecParams p;
+    p.bits = compression->bits;
+    p.bucket_size = static_cast<size_t>(std::max<int64_t>(compression->bucket_size, 0));
+    p.topk_ratio = compression->topk_ratio;
+    ValidateCodecParams(compression->codec, p);
+  }
   return Submit(std::move(r), input, output);
 }
 
@@ -159,13 +199,15 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
                                                                const std::vector<std::vector<int64_t>>& shapes,
                                                                const std::vector<const void*>& inputs,
                                                                const std::vector<void*>& outputs, ReduceOp op,
-                                                               double prescale, double postscale) {
+                                                               double prescale, double postscale,
+                                                               const CompressionSpec* compression) {
   if (shapes.size() != names.size() || inputs.size() != names.size() || outputs.size() != names.size()) {
     throw InvalidArgument("grouped allreduce needs one shape, input and output per name");
   }
   std::vector<std::shared_ptr<Handle>> handles;
   for (size_t i = 0; i < names.size(); ++i) {
-    handles.push_back(Allreduce(names[i], dtype, shapes[i], inputs[i], outputs[i], op, prescale, postscale));
+    handles.push_back(
+        Allreduce(names[i], dtype, shapes[i], inputs[i], outputs[i], op, prescale, postscale, compression));
   }
   return handles;
 }
@@ -249,6 +291,8 @@ RuntimeStats Runtime::stats() const {
   std::lock_guard<std::mutex> lock(state_mu_);
   RuntimeStats s = stats_;
   s.cache_hits = controller_.cache_hits();
+  s.compressed_bytes_in = executor_.compressed_bytes_in();
+  s.compressed_bytes_on_wire = executor_.compressed_bytes_on_wire();
   s.coordinator_responses = controller_.coordinator_responses();
   return s;
 }

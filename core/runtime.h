@@ -45,6 +45,8 @@ struct RuntimeStats {
   uint64_t coordinator_responses = 0;
   uint64_t executed_responses = 0;  ///< fused responses count once
   uint64_t executed_tensors = 0;
+  uint64_t compressed_bytes_in = 0;       ///< payload of compressed allreduces on this rank
+  uint64_t compressed_bytes_on_wire = 0;  ///< bytes this rank sent for them
 };
 
 class Runtime {
@@ -75,16 +77,22 @@ class Runtime {
   // Buffers must stay valid (and inputs unchanged) until the handle completes. `name` must
   // be the same on every rank and unique among this rank's pending operations.
 
-  /// output = op over ranks of input (output may equal input).
+  /// output = op over ranks of input (output may equal input). Compression follows the
+  /// settings and the layer filter (CompressionFor) unless `compression` overrides it.
   std::shared_ptr<Handle> Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     const void* input, void* output, ReduceOp op, double prescale = 1.0,
-                                    double postscale = 1.0);
+                                    double postscale = 1.0, const CompressionSpec* compression = nullptr);
   /// Several allreduces negotiated in the same cycle (and fused where they fit).
   std::vector<std::shared_ptr<Handle>> GroupedAllreduce(const std::vector<std::string>& names, DataType dtype,
                                                         const std::vector<std::vector<int64_t>>& shapes,
                                                         const std::vector<const void*>& inputs,
                                                         const std::vector<void*>& outputs, ReduceOp op,
-                                                        double prescale = 1.0, double postscale = 1.0);
+                                                        double prescale = 1.0, double postscale = 1.0,
+                                                        const CompressionSpec* compression = nullptr);
+  /// The compression an allreduce of this tensor gets from the settings: none for non-float
+  /// dtypes, ops other than sum/average, tensors with fewer than GRADCOMP_MIN_SIZE elements
+  /// and one-dimensional tensors (biases, norms); the configured codec otherwise.
+  CompressionSpec CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const;
   /// Concatenation along the first dimension, which may differ per rank (output in the handle).
   std::shared_ptr<Handle> Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     const void* input);

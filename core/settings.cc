@@ -70,6 +70,12 @@ const std::vector<Entry>& Registry() {
        9.2e18},
       {"GRADCOMP_TOPK_RATIO", nullptr, Kind::kFloat, &Settings::topk_ratio, "0.01",
        "fraction of values topk (DGC) keeps per tensor", 0, 1, true},
+      {"GRADCOMP_TOPK_MOMENTUM", nullptr, Kind::kFloat, &Settings::topk_momentum, "0",
+       "DGC momentum correction for topk: momentum kept per tensor and masked where values were sent (0: off; "
+       "run the optimizer without momentum then)",
+       0, 0.999999},
+      {"GRADCOMP_TOPK_NESTEROV", nullptr, Kind::kBool, &Settings::topk_nesterov, "0",
+       "Nesterov variant of DGC's momentum correction"},
       {"GRADCOMP_ERROR_FEEDBACK", nullptr, Kind::kBool, &Settings::error_feedback, "0",
        "carry each tensor's compression error into its next step (error feedback)"},
       {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, &Settings::hierarchical, "0",

@@ -25,6 +25,8 @@ struct Settings {
   bool skip_incomplete_buckets = false;
   int64_t min_size = 0;
   double topk_ratio = 0;
+  double topk_momentum = 0;
+  bool topk_nesterov = false;
   bool error_feedback = false;
   bool hierarchical = false;
   int64_t local_size = 0;

@@ -15,6 +15,27 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Times one phase into `seconds` and reports its begin and end to the options' hook.
+class Phase {
+ public:
+  Phase(const CompressedAllreduceOptions& o, const char* name, double* seconds)
+      : hook_(o.on_phase), name_(name), seconds_(seconds), start_(Clock::now()) {
+    if (hook_) hook_(name_, true);
+  }
+  ~Phase() {
+    *seconds_ += Since(start_);
+    if (hook_) hook_(name_, false);
+  }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  const std::function<void(const char*, bool)>& hook_;
+  const char* name_;
+  double* seconds_;
+  Clock::time_point start_;
+};
+
 /// A run of values inside one chunk and one tensor: an encoded segment of its own.
 struct Piece {
   size_t start;  // in buffer coordinates
@@ -140,7 +161,6 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
   const size_t mine = static_cast<size_t>(me);
 
   // 1. Encode every peer's chunk and exchange.
-  auto t = Clock::now();
   const CodecParams p1 = StreamFor(o.params, static_cast<uint32_t>(me));
   std::vector<size_t> send_bytes(static_cast<size_t>(n), 0), recv_bytes(static_cast<size_t>(n), 0);
   for (size_t p = 0; p < send_bytes.size(); ++p) {
@@ -151,13 +171,15 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
   std::vector<uint8_t> send(Offsets(send_bytes).back() + send_bytes.back());
   std::vector<uint8_t> recv(Offsets(recv_bytes).back() + recv_bytes.back());
   const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
-  for (size_t p = 0; p < send_bytes.size(); ++p) {
-    if (p != mine) EncodePieces(codec, p1, x.data(), 0, pieces[p], send.data() + soff[p]);
+  {
+    Phase phase(o, "COMPRESS", &st->compress_seconds);
+    for (size_t p = 0; p < send_bytes.size(); ++p) {
+      if (p != mine) EncodePieces(codec, p1, x.data(), 0, pieces[p], send.data() + soff[p]);
+    }
   }
-  st->compress_seconds += Since(t);
   if (o.residual) {
     // Error feedback: what this rank's encoding lost, per element (nothing for its own chunk).
-    t = Clock::now();
+    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     for (size_t p = 0; p < send_bytes.size(); ++p) {
       float* r = o.residual + coff[p];
       if (p == mine) {
@@ -167,49 +189,55 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
       DecodePieces(codec, p1, send.data() + soff[p], pieces[p], coff[p], DataType::kFloat32, r, false);
       for (size_t k = 0; k < chunks[p]; ++k) r[k] = x[coff[p] + k] - r[k];
     }
-    st->decompress_seconds += Since(t);
   }
-  t = Clock::now();
-  comm.Alltoallv(send.data(), send_bytes, recv.data(), recv_bytes);
-  st->communicate_seconds += Since(t);
+  {
+    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+    comm.Alltoallv(send.data(), send_bytes, recv.data(), recv_bytes);
+  }
 
   // 2. Sum the contributions to this rank's chunk in float32, in rank order.
-  t = Clock::now();
-  std::vector<float> acc(x.begin() + static_cast<long>(coff[mine]), x.begin() + static_cast<long>(coff[mine] + chunks[mine]));
-  for (size_t p = 0; p < recv_bytes.size(); ++p) {
-    if (p != mine) DecodePieces(codec, p1, recv.data() + roff[p], pieces[mine], coff[mine], DataType::kFloat32, acc.data(), true);
+  std::vector<float> acc(x.begin() + static_cast<long>(coff[mine]),
+                         x.begin() + static_cast<long>(coff[mine] + chunks[mine]));
+  {
+    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
+    for (size_t p = 0; p < recv_bytes.size(); ++p) {
+      if (p != mine) {
+        DecodePieces(codec, p1, recv.data() + roff[p], pieces[mine], coff[mine], DataType::kFloat32, acc.data(), true);
+      }
+    }
   }
-  st->decompress_seconds += Since(t);
 
   // 3. Scale, compensate, encode the reduced chunk once.
-  t = Clock::now();
-  ScaleInPlace(acc.data(), acc.size(), DataType::kFloat32, scale);
   float* rr = o.reduced_residual ? o.reduced_residual + coff[mine] : nullptr;
-  if (rr) ReduceInto(acc.data(), rr, acc.size(), DataType::kFloat32, ReduceOp::kSum);
   const CodecParams p2 = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(me));
   std::vector<uint8_t> own(bytes[mine]);
-  EncodePieces(codec, p2, acc.data(), coff[mine], pieces[mine], own.data());
-  st->compress_seconds += Since(t);
+  {
+    Phase phase(o, "COMPRESS", &st->compress_seconds);
+    ScaleInPlace(acc.data(), acc.size(), DataType::kFloat32, scale);
+    if (rr) ReduceInto(acc.data(), rr, acc.size(), DataType::kFloat32, ReduceOp::kSum);
+    EncodePieces(codec, p2, acc.data(), coff[mine], pieces[mine], own.data());
+  }
   if (rr) {
-    t = Clock::now();
+    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     std::vector<float> dec(acc.size());
     DecodePieces(codec, p2, own.data(), pieces[mine], coff[mine], DataType::kFloat32, dec.data(), false);
     for (size_t k = 0; k < acc.size(); ++k) rr[k] = acc[k] - dec[k];
-    st->decompress_seconds += Since(t);
   }
 
   // 4. Allgather the encoded chunks; 5. every rank decodes every chunk (its own too).
-  t = Clock::now();
   std::vector<uint8_t> all(Offsets(bytes).back() + bytes.back());
-  comm.Allgatherv(own.data(), all.data(), bytes);
-  st->communicate_seconds += Since(t);
-  t = Clock::now();
-  const std::vector<size_t> aoff = Offsets(bytes);
-  for (size_t c = 0; c < bytes.size(); ++c) {
-    const CodecParams pc = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(c));
-    DecodePieces(codec, pc, all.data() + aoff[c], pieces[c], 0, DataType::kFloat32, out, false);
+  {
+    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+    comm.Allgatherv(own.data(), all.data(), bytes);
   }
-  st->decompress_seconds += Since(t);
+  {
+    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
+    const std::vector<size_t> aoff = Offsets(bytes);
+    for (size_t c = 0; c < bytes.size(); ++c) {
+      const CodecParams pc = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(c));
+      DecodePieces(codec, pc, all.data() + aoff[c], pieces[c], 0, DataType::kFloat32, out, false);
+    }
+  }
   size_t sent = 0;
   for (size_t b : send_bytes) sent += b;
   st->bytes_sent += sent + static_cast<size_t>(n - 1) * bytes[mine];
@@ -248,22 +276,24 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
     const double scale = OutputScale(o, topo.size());
     std::vector<float> x = WorkingCopy(o);
     std::vector<float> result(o.count);
-    auto t = Clock::now();
     if (leader_only) {
       // The node's sum on its leader; leaders compress across nodes; the node gets the result.
-      local.Allreduce(x.data(), x.data(), o.count, DataType::kFloat32, ReduceOp::kSum);
-      st.communicate_seconds += Since(t);
+      {
+        Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
+        local.Allreduce(x.data(), x.data(), o.count, DataType::kFloat32, ReduceOp::kSum);
+      }
       if (local.rank() == 0) Sra(*topo.cross, o, x, scale, result.data(), &st);  // residuals: on node sums
-      t = Clock::now();
+      Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
       local.Broadcast(result.data(), o.count * sizeof(float), 0);
-      st.communicate_seconds += Since(t);
     } else {
       // Shard of the node sum; SRA of the shard across nodes; the node gathers the shards.
       const std::vector<size_t> shards = EvenSplit(o.count, local.size());
       const size_t me = static_cast<size_t>(local.rank()), s0 = Offsets(shards)[me], len = shards[me];
       std::vector<float> shard(len);
-      local.ReduceScatter(x.data(), shard.data(), shards, DataType::kFloat32, ReduceOp::kSum);
-      st.communicate_seconds += Since(t);
+      {
+        Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
+        local.ReduceScatter(x.data(), shard.data(), shards, DataType::kFloat32, ReduceOp::kSum);
+      }
       CompressedAllreduceOptions sub = o;
       sub.count = len;
       sub.segments.clear();
@@ -272,11 +302,10 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       sub.reduced_residual = o.reduced_residual ? o.reduced_residual + s0 : nullptr;
       std::vector<float> shard_out(len);
       Sra(*topo.cross, sub, shard, scale, shard_out.data(), &st);
-      t = Clock::now();
       std::vector<size_t> bytes(shards.size());
       for (size_t i = 0; i < shards.size(); ++i) bytes[i] = shards[i] * sizeof(float);
+      Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
       local.Allgatherv(shard_out.data(), result.data(), bytes);
-      st.communicate_seconds += Since(t);
     }
     StoreOutput(o, result.data());
   });
@@ -296,24 +325,28 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     const std::vector<Piece> segments = PiecesIn(0, o.count, bounds);
     const CodecParams p = StreamFor(o.params, static_cast<uint32_t>(comm.rank()));
     // Encode every tensor of the buffer.
-    auto t = Clock::now();
     size_t max_bytes = 0;
     for (const Piece& pc : segments) max_bytes += codec.MaxWireSize(pc.len, p);
     std::vector<uint8_t> mine(max_bytes);
-    mine.resize(EncodePieces(codec, p, x.data(), 0, segments, mine.data()));
-    st.compress_seconds += Since(t);
+    {
+      Phase phase(o, "COMPRESS", &st.compress_seconds);
+      mine.resize(EncodePieces(codec, p, x.data(), 0, segments, mine.data()));
+    }
     // Allgather the variable-size encodings.
-    t = Clock::now();
     const size_t ranks = static_cast<size_t>(n);
-    std::vector<uint64_t> lens(ranks);
-    const uint64_t my_len = mine.size();
-    comm.Allgatherv(&my_len, lens.data(), std::vector<size_t>(ranks, sizeof(uint64_t)));
-    std::vector<size_t> bytes(lens.begin(), lens.end());
-    std::vector<uint8_t> all(Offsets(bytes).back() + bytes.back());
-    comm.Allgatherv(mine.data(), all.data(), bytes);
-    st.communicate_seconds += Since(t);
+    std::vector<size_t> bytes(ranks);
+    std::vector<uint8_t> all;
+    {
+      Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
+      std::vector<uint64_t> lens(ranks);
+      const uint64_t my_len = mine.size();
+      comm.Allgatherv(&my_len, lens.data(), std::vector<size_t>(ranks, sizeof(uint64_t)));
+      bytes.assign(lens.begin(), lens.end());
+      all.resize(Offsets(bytes).back() + bytes.back());
+      comm.Allgatherv(mine.data(), all.data(), bytes);
+    }
     // Scatter-add every rank's values in rank order (the same float operations everywhere).
-    t = Clock::now();
+    Phase phase(o, "DECOMPRESS", &st.decompress_seconds);
     const size_t vsize = DataTypeSize(o.params.topk_value_dtype);
     std::vector<float> acc(o.count, 0.0f);
     const std::vector<size_t> offsets = Offsets(bytes);
@@ -345,7 +378,6 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     }
     if (o.residual) std::memcpy(o.residual, x.data(), o.count * sizeof(float));
     ScaleInPlace(acc.data(), o.count, DataType::kFloat32, OutputScale(o, n));
-    st.decompress_seconds += Since(t);
     st.bytes_sent = mine.size() * (ranks - 1);
     StoreOutput(o, acc.data());
   });

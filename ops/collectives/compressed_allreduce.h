@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,8 @@ struct CompressedAllreduceOptions {
   float* reduced_residual = nullptr;
   /// topk: receives the indices (in buffer order) this rank sent, for DGC's momentum masking.
   std::vector<uint32_t>* sent_indices = nullptr;
+  /// Called as each phase ("COMPRESS", "COMMUNICATE", "DECOMPRESS") begins and ends (timeline).
+  std::function<void(const char* phase, bool begin)> on_phase;
   std::string name;
 };
 

@@ -23,9 +23,10 @@ class ErrorFeedback {
   const std::vector<float>& Residual(const std::string& name) const;
   /// Forgets every residual.
   void Clear() { residuals_.clear(); }
+  /// The residual buffer of `name`, (re)sized to n zeros if its length differs.
+  std::vector<float>& Slot(const std::string& name, size_t n);
 
  private:
-  std::vector<float>& Slot(const std::string& name, size_t n);
   std::unordered_map<std::string, std::vector<float>> residuals_;
 };
 

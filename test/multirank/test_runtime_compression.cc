@@ -1,0 +1,189 @@
+// Compression through the runtime: the per-tensor policy (settings, layer filter, per-call
+// override), fusion by spec, error feedback and DGC memories kept per tensor name,
+// hierarchical selection, and the bytes that travel.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/runtime.h"
+#include "ops/common/enforce.h"
+#include "test/support/harness.h"
+#include "test/support/sra_reference.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+
+RuntimeOptions Options(Communicator& comm, const std::map<std::string, std::string>& vars) {
+  RuntimeOptions o;
+  o.settings = Settings::FromMap(vars);
+  o.world = comm.Split(0, comm.rank());
+  return o;
+}
+
+double RelErr(const std::vector<float>& got, const std::vector<double>& exact) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - exact[i]) * (got[i] - exact[i]);
+    den += exact[i] * exact[i];
+  }
+  return std::sqrt(num / den);
+}
+
+std::vector<double> ExactAverage(int world, size_t n, double noise) {
+  std::vector<std::vector<float>> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(Gradient(n, r, noise));
+  return ExactSum(parts, 1.0 / world);
+}
+
+TEST(RuntimeCompression, PolicyFilterAndOverride) {
+  const int world = 3;
+  std::vector<std::vector<float>> weight(world), bias(world), small(world), forced(world), kept(world);
+  RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "4"}}));
+    const size_t r = static_cast<size_t>(rt.rank());
+    weight[r] = Gradient(64 * 64, rt.rank(), 1e4);
+    bias[r] = Gradient(4096, rt.rank(), 1e4);
+    small[r] = Gradient(12, rt.rank(), 1e4);
+    forced[r] = Gradient(4096, rt.rank(), 1e4);
+    kept[r] = Gradient(64 * 64, rt.rank(), 1e4);
+    CompressionSpec maxmin2;
+    maxmin2.codec = "maxmin";
+    maxmin2.bits = 2;
+    CompressionSpec none;
+    std::vector<std::shared_ptr<Handle>> hs = {
+        rt.Allreduce("w", DataType::kFloat32, {64, 64}, weight[r].data(), weight[r].data(), ReduceOp::kAverage),
+        rt.Allreduce("b", DataType::kFloat32, {4096}, bias[r].data(), bias[r].data(), ReduceOp::kAverage),
+        rt.Allreduce("s", DataType::kFloat32, {3, 4}, small[r].data(), small[r].data(), ReduceOp::kAverage),
+        rt.Allreduce("f", DataType::kFloat32, {4096}, forced[r].data(), forced[r].data(), ReduceOp::kAverage, 1, 1,
+                     &maxmin2),
+        rt.Allreduce("k", DataType::kFloat32, {64, 64}, kept[r].data(), kept[r].data(), ReduceOp::kAverage, 1, 1,
+                     &none)};
+    for (auto& h : hs) h->Wait();
+    if (rt.CompressionFor(DataType::kInt32, {64, 64}, ReduceOp::kSum).codec != "none") return std::string("int");
+    if (rt.CompressionFor(DataType::kFloat32, {64, 64}, ReduceOp::kMax).codec != "none") return std::string("max");
+    const RuntimeStats s = rt.stats();
+    if (s.compressed_bytes_in != (64 * 64 + 4096) * 4) return "compressed bytes in " + std::to_string(s.compressed_bytes_in);
+    return std::string();
+  });
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(weight[r], weight[0]) << "compressed results differ between ranks";
+    EXPECT_EQ(forced[r], forced[0]);
+  }
+  const double e_weight = RelErr(weight[0], ExactAverage(world, 64 * 64, 1e4));
+  EXPECT_GT(e_weight, 1e-3) << "the 2-D weight was not compressed";
+  EXPECT_LT(e_weight, 0.2);
+  EXPECT_LT(RelErr(bias[0], ExactAverage(world, 4096, 1e4)), 1e-6) << "1-D tensors stay exact";
+  EXPECT_LT(RelErr(small[0], ExactAverage(world, 12, 1e4)), 1e-6) << "tensors under the minimum size stay exact";
+  EXPECT_LT(RelErr(kept[0], ExactAverage(world, 64 * 64, 1e4)), 1e-6) << "an explicit none is exact";
+  const double e_forced = RelErr(forced[0], ExactAverage(world, 4096, 1e4));
+  EXPECT_GT(e_forced, e_weight) << "2-bit override of a 1-D tensor";
+}
+
+TEST(RuntimeCompression, OverridesThatCannotApplyAreRejected) {
+  RunRanks(1, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {}));
+    CompressionSpec bad;
+    bad.codec = "maxmin";
+    bad.bits = 12;
+    int32_t x[4] = {1, 2, 3, 4};
+    float f[4] = {1, 2, 3, 4};
+    try {
+      rt.Allreduce("i", DataType::kInt32, {2, 2}, x, x, ReduceOp::kSum, 1, 1, &bad);
+      return std::string("int accepted");
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("dtype int32 cannot be compressed"), std::string::npos) << e.what();
+    }
+    try {
+      rt.Allreduce("f", DataType::kFloat32, {2, 2}, f, f, ReduceOp::kSum, 1, 1, &bad);
+      return std::string("bits 12 accepted");
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("maxmin: bits=12 is outside 1..8"), std::string::npos) << e.what();
+    }
+    return std::string();
+  });
+}
+
+TEST(RuntimeCompression, ErrorFeedbackPerTensorAcrossSteps) {
+  const int world = 4, steps = 100;
+  const size_t n = 128 * 64;
+  std::vector<double> mean(n, 0.0);
+  RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "2"},
+                              {"GRADCOMP_ERROR_FEEDBACK", "1"}}));
+    const std::vector<float> g = Gradient(n, rt.rank(), 0.3);
+    std::vector<float> out(n);
+    for (int s = 0; s < steps; ++s) {
+      rt.Allreduce("w", DataType::kFloat32, {128, 64}, g.data(), out.data(), ReduceOp::kAverage)->Wait();
+      if (rt.rank() == 0) {
+        for (size_t i = 0; i < n; ++i) mean[i] += out[i] / steps;
+      }
+    }
+    return std::string();
+  });
+  std::vector<float> m(mean.begin(), mean.end());
+  EXPECT_LT(RelErr(m, ExactAverage(world, n, 0.3)), 0.01);
+}
+
+TEST(RuntimeCompression, TopkWithDgcMomentumAndFusionBySpec) {
+  const int world = 2;
+  RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "topk"}, {"GRADCOMP_TOPK_RATIO", "0.01"},
+                              {"GRADCOMP_TOPK_MOMENTUM", "0.9"}}));
+    std::vector<float> a = Gradient(100 * 100, rt.rank(), 1e4), b = Gradient(50 * 50, rt.rank() + 7, 1e4);
+    std::vector<float> c(50 * 50, 1.0f);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> oa(a.size()), ob(b.size()), oc(c.size());
+      auto ha = rt.Allreduce("a", DataType::kFloat32, {100, 100}, a.data(), oa.data(), ReduceOp::kSum);
+      auto hb = rt.Allreduce("b", DataType::kFloat32, {50, 50}, b.data(), ob.data(), ReduceOp::kSum);
+      CompressionSpec none;
+      auto hc = rt.Allreduce("c", DataType::kFloat32, {50, 50}, c.data(), oc.data(), ReduceOp::kSum, 1, 1, &none);
+      ha->Wait();
+      hb->Wait();
+      hc->Wait();
+      size_t nonzero = 0;
+      for (float v : oa) nonzero += v != 0.0f;
+      if (nonzero < 100 || nonzero > 2 * 130) return "step " + std::to_string(step) + ": " + std::to_string(nonzero) + " values";
+      if (oc[0] != 2.0f) return std::string("uncompressed tensor fused with compressed ones");
+    }
+    return std::string();
+  });
+}
+
+TEST(RuntimeCompression, HierarchicalAndLeaderOnlyAreBitIdenticalAcrossRanks) {
+  for (const char* leader : {"0", "1"}) {
+    const int world = 4;
+    std::vector<std::vector<float>> outs(world);
+    RunRanks(world, [&](Communicator& comm) {
+      Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_HIERARCHICAL", "1"},
+                                {"GRADCOMP_LOCAL_SIZE", "2"}, {"GRADCOMP_INTRA_BROADCAST", leader}}));
+      if (rt.local_size() != 2 || rt.cross_size() != 2) return std::string("topology");
+      std::vector<float> g = Gradient(256 * 16, rt.rank(), 1e4);
+      rt.Allreduce("w", DataType::kFloat32, {256, 16}, g.data(), g.data(), ReduceOp::kAverage)->Wait();
+      outs[static_cast<size_t>(rt.rank())] = g;
+      return std::string();
+    });
+    for (int r = 1; r < world; ++r) EXPECT_EQ(outs[r], outs[0]) << "intra broadcast " << leader;
+    const double e = RelErr(outs[0], ExactAverage(world, 256 * 16, 1e4));
+    EXPECT_GT(e, 1e-4);
+    EXPECT_LT(e, 0.2);
+  }
+}
+
+TEST(RuntimeCompression, FourBitSendsAboutAnEighthOfTheBytes) {
+  RunRanks(2, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"CGX_COMPRESSION_QUANTIZATION_BITS", "4"}}));
+    std::vector<float> g = Gradient(1 << 16, rt.rank(), 1e4);
+    rt.Allreduce("w", DataType::kFloat32, {256, 256}, g.data(), g.data(), ReduceOp::kAverage)->Wait();
+    const RuntimeStats s = rt.stats();
+    const double ratio = double(s.compressed_bytes_in) / double(s.compressed_bytes_on_wire);
+    // 2 ranks: each sends half the tensor encoded, then its encoded half: 2 * (1/2) / 7.76.
+    EXPECT_NEAR(ratio, 7.76, 0.05) << s.compressed_bytes_in << " in, " << s.compressed_bytes_on_wire << " on the wire";
+    return std::string();
+  });
+}
+
+}  // namespace
+}  // namespace gradcomp
