@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,36 @@ struct PyHandle {
   }
 };
 
+// None: the settings' policy; otherwise a dict with "codec" and optional bits, bucket_size,
+// stochastic, skip_incomplete_buckets, error_feedback, ratio.
+std::optional<CompressionSpec> SpecFrom(const py::object& obj) {
+  if (obj.is_none()) return std::nullopt;
+  const py::dict d = obj.cast<py::dict>();
+  CompressionSpec spec;
+  for (auto item : d) {
+    const std::string key = item.first.cast<std::string>();
+    if (key == "codec") {
+      spec.codec = item.second.cast<std::string>();
+    } else if (key == "bits") {
+      spec.bits = item.second.cast<int32_t>();
+    } else if (key == "bucket_size") {
+      spec.bucket_size = item.second.cast<int64_t>();
+    } else if (key == "stochastic") {
+      spec.stochastic = item.second.cast<bool>();
+    } else if (key == "skip_incomplete_buckets") {
+      spec.skip_incomplete_buckets = item.second.cast<bool>();
+    } else if (key == "error_feedback") {
+      spec.error_feedback = item.second.cast<bool>();
+    } else if (key == "ratio") {
+      spec.topk_ratio = item.second.cast<double>();
+    } else {
+      throw InvalidArgument("unknown compression field '" + key +
+                            "' (codec, bits, bucket_size, stochastic, skip_incomplete_buckets, error_feedback, ratio)");
+    }
+  }
+  return spec;
+}
+
 std::map<std::string, std::string> EnvironmentWith(const std::map<std::string, std::string>& overrides) {
   std::map<std::string, std::string> vars;
   for (char** env = environ; env && *env; ++env) {
@@ -111,17 +142,20 @@ void BindRuntime(py::module& m) {
       .def("cross_size", &Runtime::cross_size)
       .def("allreduce_async",
            [](Runtime& rt, py::array input, py::array output, const std::string& name, int op, double pre,
-              double post) {
+              double post, const py::object& compression) {
              RequireContiguous(input, "allreduce of '" + name + "'");
              RequireContiguous(output, "allreduce of '" + name + "'");
              const DataType dt = DtypeOf(input, "allreduce of '" + name + "'");
              if (DtypeOf(output, name) != dt || output.size() != input.size()) {
                throw InvalidArgument("allreduce of '" + name + "': output must match the input's dtype and size");
              }
+             const std::optional<CompressionSpec> spec = SpecFrom(compression);
              auto h = rt.Allreduce(name, dt, ShapeOf(input), input.data(), output.mutable_data(),
-                                   ReduceOpFromInt(op), pre, post);
+                                   ReduceOpFromInt(op), pre, post, spec ? &*spec : nullptr);
              return PyHandle{h, {input, output}, input.dtype()};
-           })
+           },
+           py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale"),
+           py::arg("postscale"), py::arg("compression") = py::none())
       .def("allgather_async",
            [](Runtime& rt, py::array input, const std::string& name) {
              RequireContiguous(input, "allgather of '" + name + "'");
@@ -161,6 +195,8 @@ void BindRuntime(py::module& m) {
         d["coordinator_responses"] = s.coordinator_responses;
         d["executed_responses"] = s.executed_responses;
         d["executed_tensors"] = s.executed_tensors;
+        d["compressed_bytes_in"] = s.compressed_bytes_in;
+        d["compressed_bytes_on_wire"] = s.compressed_bytes_on_wire;
         d["background_cpu_seconds"] = rt.BackgroundCpuSeconds();
         return d;
       });

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -13,10 +14,12 @@
 #include "ops/collectives/allreduce.h"
 #include "ops/collectives/alltoall.h"
 #include "ops/collectives/broadcast.h"
+#include "ops/collectives/compressed_allreduce.h"
 #include "ops/collectives/reducescatter.h"
 #include "ops/comm/mpi_environment.h"
 #include "ops/comm/shm_communicator.h"
 #include "test/support/reference.h"
+#include "test/support/sra_reference.h"
 
 namespace gradcomp {
 namespace {
@@ -181,6 +184,66 @@ TEST(Mpi, AllgatherBroadcastAlltoallReducescatter) {
     Reducescatter(*world, o);
     ASSERT_EQ(CompareReduction(c, n, out.data(), ExpectedReduction(c, n, Offsets(counts)[r], counts[r])), "");
   }
+}
+
+// Every rank's output bytes must equal rank 0's.
+bool SameOnEveryRank(Communicator& comm, const std::vector<float>& out) {
+  std::vector<float> zero = out;
+  comm.Broadcast(zero.data(), zero.size() * sizeof(float), 0);
+  int32_t same = std::memcmp(zero.data(), out.data(), out.size() * sizeof(float)) == 0;
+  comm.Allreduce(&same, &same, 1, DataType::kInt32, ReduceOp::kMin);
+  return same == 1;
+}
+
+TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
+  const Settings settings = Settings::FromEnvironment();
+  Topology topo = BuildTopology(CreateMpiWorld(), static_cast<int>(settings.local_size),
+                                LocalTransport::kSharedMemory);
+  const int world = topo.size();
+  const size_t count = 100003;
+  std::vector<std::vector<float>> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(Gradient(count, r, 1e4));
+  const std::vector<double> exact = ExactSum(parts, 1.0 / world);
+  const std::vector<float>& in = parts[static_cast<size_t>(topo.rank())];
+  for (int bits : {2, 4, 8}) {
+    std::vector<float> out(count);
+    CompressedAllreduceOptions o;
+    o.input = in.data();
+    o.output = out.data();
+    o.count = count;
+    o.op = ReduceOp::kAverage;
+    o.codec = &FindCodec("maxmin");
+    o.params.bits = bits;
+    o.name = "grad";
+    CompressedAllreduce(*topo.world, o);
+    ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "flat, bits " << bits;
+    const std::vector<double> bound = SraBound(parts, 1.0 / world, bits, 512, false);
+    for (size_t i = 0; i < count; ++i) ASSERT_LE(std::fabs(out[i] - exact[i]), bound[i]) << "flat " << i;
+    if (topo.homogeneous && topo.local_size() > 1 && topo.cross_size() > 1) {
+      for (bool leader_only : {false, true}) {
+        std::fill(out.begin(), out.end(), 0.0f);
+        HierarchicalCompressedAllreduce(topo, o, leader_only);
+        ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "hierarchical, leader only " << leader_only;
+        double num = 0, den = 0;
+        for (size_t i = 0; i < count; ++i) {
+          num += (out[i] - exact[i]) * (out[i] - exact[i]);
+          den += exact[i] * exact[i];
+        }
+        EXPECT_LT(std::sqrt(num / den), bits == 2 ? 0.8 : 0.2) << "hierarchical, bits " << bits;
+      }
+    }
+  }
+  std::vector<float> out(count);
+  CompressedAllreduceOptions sparse;
+  sparse.input = in.data();
+  sparse.output = out.data();
+  sparse.count = count;
+  sparse.op = ReduceOp::kAverage;
+  sparse.codec = &FindCodec("topk");
+  sparse.params.topk_ratio = 1.0;
+  SparseAllreduce(*topo.world, sparse);
+  ASSERT_TRUE(SameOnEveryRank(*topo.world, out));
+  for (size_t i = 0; i < count; ++i) ASSERT_NEAR(out[i], exact[i], 1e-5) << "topk ratio 1, element " << i;
 }
 
 TEST(Mpi, ErrorsNameRankOperationAndTensor) {

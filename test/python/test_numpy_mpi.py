@@ -156,6 +156,23 @@ def test_errors_reach_every_rank_with_the_values():
         gc.init(bitz=3)
 
 
+def test_compressed_allreduce_is_identical_everywhere_and_close():
+    rng = np.random.default_rng(gc.rank())
+    g = rng.normal(size=(256, 64)).astype(np.float32)
+    out = gc.allreduce(g, name="q4", compression={"codec": "maxmin", "bits": 4})
+    everyone = gc.allgather(out[None], name="q4.check")
+    for r in range(gc.size()):
+        np.testing.assert_array_equal(everyone[r], out)  # bit-identical on every rank
+    exact = gc.allreduce(g, name="q4.exact", compression="none")
+    err = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+    assert 1e-4 < err < 0.2
+    before = gc.stats()["compressed_bytes_on_wire"]
+    gc.allreduce(g, name="q4.bytes", compression="maxmin")
+    assert 0 < gc.stats()["compressed_bytes_on_wire"] - before < g.nbytes
+    with pytest.raises(ValueError, match="compression must be None"):
+        gc.allreduce(g, name="bad", compression="zip")
+
+
 def test_timeline_records_phases_and_per_rank_ready_marks():
     path = os.path.join(os.environ.get("GRADCOMP_TEST_TMP", "/tmp"), f"gradcomp_timeline_{os.getppid()}.json")
     gc.start_timeline(path)
@@ -176,6 +193,7 @@ def test_timeline_records_phases_and_per_rank_ready_marks():
             else:
                 pytest.fail("timeline file never parsed as JSON while recording")
     gc.allgather(np.ones((gc.rank() + 1, 2)), name="tl.gather")
+    gc.allreduce(np.ones((64, 64), np.float32), name="tl.q", compression={"codec": "maxmin", "bits": 4})
     gc.stop_timeline()
     gc.barrier()
     if gc.rank() != 0:
@@ -203,3 +221,8 @@ def test_timeline_records_phases_and_per_rank_ready_marks():
             assert b == sum(1 for e in evs if e["name"] == phase and e["ph"] == "E"), (tensor, phase)
         ts = [e["ts"] for e in evs]
         assert ts == sorted(ts)
+    q = {e["name"] for e in by_tensor["tl.q"]}
+    assert {"COMPRESS", "COMMUNICATE", "DECOMPRESS", "ALLREDUCE"} <= q
+    end = [e for e in by_tensor["tl.q"] if e["name"] == "ALLREDUCE" and e["ph"] == "E"][0]["args"]
+    assert end["bytes"] == 64 * 64 * 4 and 0 < end["wire_bytes"] < end["bytes"]
+    assert end["ratio"] > 4 and end["codec"].startswith("maxmin(bits=4")

@@ -128,6 +128,28 @@ def check_op(op, average=None):
     return op
 
 
+_CODECS = ("none", "fp16", "bf16", "maxmin", "topk")
+
+
+def compression_spec(compression):
+    """None (the settings' policy), a codec name, or a dict with "codec" and its parameters
+    (bits, bucket_size, stochastic, skip_incomplete_buckets, error_feedback, ratio)."""
+    if compression is None:
+        return None
+    if isinstance(compression, str):
+        compression = {"codec": compression}
+    if not isinstance(compression, dict) or compression.get("codec") not in _CODECS:
+        raise ValueError(f"compression must be None, one of {_CODECS} or a dict with a 'codec' among them, "
+                         f"got {compression!r}")
+    return dict(compression)
+
+
+def stats():
+    """Counters of this rank's runtime: cycles, cache hits, tensors executed, and the bytes
+    compressed allreduces took in and put on the wire."""
+    return dict(_rt().stats())
+
+
 def auto_name(kind, name):
     """`name`, or a generated one that is the same on every rank for the same call order."""
     if name is not None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from gradcomp.basics import (Average, GradcompError, Max, Min, Product, Sum, check_op, cross_rank, cross_size,
                              init, is_initialized, local_rank, local_size, poll, rank, shutdown, size,
-                             start_timeline, stop_timeline, synchronize)
+                             start_timeline, stats, stop_timeline, synchronize)
 from gradcomp import basics as _b
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
@@ -21,7 +21,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "grouped_allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
            "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
-           "Product", "GradcompError"]
+           "Product", "GradcompError", "stats"]
 
 
 def _array(x, what):
@@ -30,30 +30,34 @@ def _array(x, what):
     return np.ascontiguousarray(x)
 
 
-def allreduce_async_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None):
-    """Reduces `array` across ranks in place; returns a handle."""
+def allreduce_async_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
+                     compression=None):
+    """Reduces `array` across ranks in place; returns a handle. `compression` overrides the
+    settings' policy for this tensor: a codec name or {"codec": "maxmin", "bits": 4, ...}."""
     if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
         raise ValueError("allreduce_ needs a writeable C-contiguous numpy array")
     name = _b.auto_name("allreduce", name)
     native = _b.runtime().allreduce_async(array, array, name, check_op(op, average), prescale_factor,
-                                          postscale_factor)
+                                          postscale_factor, _b.compression_spec(compression))
     return _b.register(native, lambda: array)
 
 
-def allreduce_async(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None):
+def allreduce_async(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
+                    compression=None):
     """Reduces a copy of `array` across ranks; returns a handle whose result is the new array."""
     out = np.array(_array(array, "allreduce"), copy=True)
-    return allreduce_async_(out, op, name, prescale_factor, postscale_factor, average)
+    return allreduce_async_(out, op, name, prescale_factor, postscale_factor, average, compression)
 
 
-def allreduce(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None):
+def allreduce(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None, compression=None):
     """op (default Average) of `array` over all ranks, as a new array."""
-    return synchronize(allreduce_async(array, op, name, prescale_factor, postscale_factor, average))
+    return synchronize(allreduce_async(array, op, name, prescale_factor, postscale_factor, average, compression))
 
 
-def allreduce_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None):
+def allreduce_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
+               compression=None):
     """In-place allreduce; returns `array`."""
-    return synchronize(allreduce_async_(array, op, name, prescale_factor, postscale_factor, average))
+    return synchronize(allreduce_async_(array, op, name, prescale_factor, postscale_factor, average, compression))
 
 
 def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
