@@ -239,6 +239,7 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
   o.params.seed = static_cast<uint64_t>(settings_.seed);
   o.params.step = ++compressed_steps_;
   o.segments = segments;
+  o.workspace = &workspace_;
   o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
   // Error feedback state, assembled in buffer order from each tensor's own.
   std::vector<float> residual, reduced;

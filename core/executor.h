@@ -12,6 +12,7 @@
 #include "core/tensor_queue.h"
 #include "core/timeline.h"
 #include "ops/comm/topology.h"
+#include "ops/collectives/compressed_allreduce.h"
 #include "ops/compression/memory.h"
 
 namespace gradcomp {
@@ -48,6 +49,7 @@ class Executor {
   ErrorFeedback reduced_residuals_;  // of the reduced chunks this rank owns
   DgcMemory dgc_{static_cast<float>(settings_.topk_momentum), settings_.topk_nesterov};
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
+  CompressionWorkspace workspace_;
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
 
  public:

@@ -13,7 +13,7 @@ PACKAGES=(
   python3-numpy python3-pytest
   python3-torch libtorch-dev
   python3-sklearn python3-matplotlib
-  iproute2 procps
+  iproute2 iputils-ping procps
 )
 
 missing=()

@@ -125,27 +125,38 @@ void Validate(const CompressedAllreduceOptions& o, bool sparse) {
   }
 }
 
-// The float32 working copy: input * prescale (+ the carried residual).
-std::vector<float> WorkingCopy(const CompressedAllreduceOptions& o) {
-  std::vector<float> x(o.count);
-  CastBuffer(o.input, o.dtype, o.count, x.data(), DataType::kFloat32, false, o.params.isa);
-  if (o.prescale != 1.0) ScaleInPlace(x.data(), o.count, DataType::kFloat32, o.prescale);
-  if (o.residual != nullptr) ReduceInto(x.data(), o.residual, o.count, DataType::kFloat32, ReduceOp::kSum);
-  return x;
+// The float32 values to reduce: input * prescale (+ the carried residual). A float32 input
+// with nothing to add is used in place (it is only read, and before any output is written).
+const float* WorkingCopy(const CompressedAllreduceOptions& o, CompressionWorkspace& ws) {
+  if (o.dtype == DataType::kFloat32 && o.prescale == 1.0 && o.residual == nullptr) {
+    return static_cast<const float*>(o.input);
+  }
+  ws.x.resize(o.count);
+  CastBuffer(o.input, o.dtype, o.count, ws.x.data(), DataType::kFloat32, false, o.params.isa);
+  if (o.prescale != 1.0) ScaleInPlace(ws.x.data(), o.count, DataType::kFloat32, o.prescale);
+  if (o.residual != nullptr) ReduceInto(ws.x.data(), o.residual, o.count, DataType::kFloat32, ReduceOp::kSum);
+  return ws.x.data();
+}
+
+// Where the float32 result goes: the output itself when it is float32.
+float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& ws) {
+  if (o.dtype == DataType::kFloat32) return static_cast<float*>(o.output);
+  ws.out.resize(o.count);
+  return ws.out.data();
 }
 
 double OutputScale(const CompressedAllreduceOptions& o, int ranks) {
   return o.op == ReduceOp::kAverage ? o.postscale / ranks : o.postscale;
 }
 
-// SRA of the float32 values x (already prescaled and compensated) into float32 `out`.
-void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vector<float>& x, double scale,
-         float* out, CompressedAllreduceStats* st) {
+// SRA of the o.count float32 values x (already prescaled and compensated) into float32 `out`.
+void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+         CompressionWorkspace& ws, CompressedAllreduceStats* st) {
   const Codec& codec = *o.codec;
   const int n = comm.size(), me = comm.rank();
-  const size_t count = x.size();
+  const size_t count = o.count;
   if (n == 1) {  // nothing crosses a wire: exact
-    ScaleCopy(out, x.data(), count, DataType::kFloat32, scale);
+    ScaleCopy(out, x, count, DataType::kFloat32, scale);
     if (o.residual) std::memset(o.residual, 0, count * sizeof(float));
     return;
   }
@@ -168,13 +179,15 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
     send_bytes[p] = bytes[p];
     recv_bytes[p] = bytes[mine];
   }
-  std::vector<uint8_t> send(Offsets(send_bytes).back() + send_bytes.back());
-  std::vector<uint8_t> recv(Offsets(recv_bytes).back() + recv_bytes.back());
+  std::vector<uint8_t>& send = ws.send;
+  std::vector<uint8_t>& recv = ws.recv;
+  send.resize(Offsets(send_bytes).back() + send_bytes.back());
+  recv.resize(Offsets(recv_bytes).back() + recv_bytes.back());
   const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
   {
     Phase phase(o, "COMPRESS", &st->compress_seconds);
     for (size_t p = 0; p < send_bytes.size(); ++p) {
-      if (p != mine) EncodePieces(codec, p1, x.data(), 0, pieces[p], send.data() + soff[p]);
+      if (p != mine) EncodePieces(codec, p1, x, 0, pieces[p], send.data() + soff[p]);
     }
   }
   if (o.residual) {
@@ -196,8 +209,8 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
   }
 
   // 2. Sum the contributions to this rank's chunk in float32, in rank order.
-  std::vector<float> acc(x.begin() + static_cast<long>(coff[mine]),
-                         x.begin() + static_cast<long>(coff[mine] + chunks[mine]));
+  std::vector<float>& acc = ws.acc;
+  acc.assign(x + coff[mine], x + coff[mine] + chunks[mine]);
   {
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     for (size_t p = 0; p < recv_bytes.size(); ++p) {
@@ -210,7 +223,8 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
   // 3. Scale, compensate, encode the reduced chunk once.
   float* rr = o.reduced_residual ? o.reduced_residual + coff[mine] : nullptr;
   const CodecParams p2 = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(me));
-  std::vector<uint8_t> own(bytes[mine]);
+  std::vector<uint8_t>& own = ws.own;
+  own.resize(bytes[mine]);
   {
     Phase phase(o, "COMPRESS", &st->compress_seconds);
     ScaleInPlace(acc.data(), acc.size(), DataType::kFloat32, scale);
@@ -219,13 +233,15 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
   }
   if (rr) {
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-    std::vector<float> dec(acc.size());
+    std::vector<float>& dec = ws.dec;
+    dec.resize(acc.size());
     DecodePieces(codec, p2, own.data(), pieces[mine], coff[mine], DataType::kFloat32, dec.data(), false);
     for (size_t k = 0; k < acc.size(); ++k) rr[k] = acc[k] - dec[k];
   }
 
   // 4. Allgather the encoded chunks; 5. every rank decodes every chunk (its own too).
-  std::vector<uint8_t> all(Offsets(bytes).back() + bytes.back());
+  std::vector<uint8_t>& all = ws.all;
+  all.resize(Offsets(bytes).back() + bytes.back());
   {
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
     comm.Allgatherv(own.data(), all.data(), bytes);
@@ -244,7 +260,7 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const std::vec
 }
 
 void StoreOutput(const CompressedAllreduceOptions& o, const float* result) {
-  CastBuffer(result, DataType::kFloat32, o.count, o.output, o.dtype, false, o.params.isa);
+  if (result != o.output) CastBuffer(result, DataType::kFloat32, o.count, o.output, o.dtype, false, o.params.isa);
 }
 
 }  // namespace
@@ -254,10 +270,12 @@ CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const Compresse
   WithTensorContext("compressed allreduce", o.name, [&] {
     Validate(o, false);
     if (o.count == 0) return;
-    const std::vector<float> x = WorkingCopy(o);
-    std::vector<float> out(o.count);
-    Sra(comm, o, x, OutputScale(o, comm.size()), out.data(), &st);
-    StoreOutput(o, out.data());
+    CompressionWorkspace local;
+    CompressionWorkspace& ws = o.workspace ? *o.workspace : local;
+    const float* x = WorkingCopy(o, ws);
+    float* out = ResultBuffer(o, ws);
+    Sra(comm, o, x, OutputScale(o, comm.size()), out, ws, &st);
+    StoreOutput(o, out);
   });
   return st;
 }
@@ -274,22 +292,28 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
     if (o.count == 0) return;
     Communicator& local = *topo.local;
     const double scale = OutputScale(o, topo.size());
-    std::vector<float> x = WorkingCopy(o);
-    std::vector<float> result(o.count);
+    CompressionWorkspace local_ws;
+    CompressionWorkspace& ws = o.workspace ? *o.workspace : local_ws;
+    const float* input = WorkingCopy(o, ws);
+    std::vector<float>& x = ws.x;  // summed over the node in place below
+    if (input != x.data()) x.assign(input, input + o.count);
+    std::vector<float>& result = ws.out;
+    result.resize(o.count);
     if (leader_only) {
       // The node's sum on its leader; leaders compress across nodes; the node gets the result.
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
         local.Allreduce(x.data(), x.data(), o.count, DataType::kFloat32, ReduceOp::kSum);
       }
-      if (local.rank() == 0) Sra(*topo.cross, o, x, scale, result.data(), &st);  // residuals: on node sums
+      if (local.rank() == 0) Sra(*topo.cross, o, x.data(), scale, result.data(), ws, &st);  // residuals: node sums
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
       local.Broadcast(result.data(), o.count * sizeof(float), 0);
     } else {
       // Shard of the node sum; SRA of the shard across nodes; the node gathers the shards.
       const std::vector<size_t> shards = EvenSplit(o.count, local.size());
       const size_t me = static_cast<size_t>(local.rank()), s0 = Offsets(shards)[me], len = shards[me];
-      std::vector<float> shard(len);
+      std::vector<float>& shard = ws.shard;
+      shard.resize(len);
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
         local.ReduceScatter(x.data(), shard.data(), shards, DataType::kFloat32, ReduceOp::kSum);
@@ -300,8 +324,9 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       for (const Piece& pc : PiecesIn(s0, len, SegmentBounds(o))) sub.segments.push_back(pc.len);
       sub.residual = o.residual ? o.residual + s0 : nullptr;
       sub.reduced_residual = o.reduced_residual ? o.reduced_residual + s0 : nullptr;
-      std::vector<float> shard_out(len);
-      Sra(*topo.cross, sub, shard, scale, shard_out.data(), &st);
+      std::vector<float>& shard_out = ws.shard_out;
+      shard_out.resize(len);
+      Sra(*topo.cross, sub, shard.data(), scale, shard_out.data(), ws, &st);
       std::vector<size_t> bytes(shards.size());
       for (size_t i = 0; i < shards.size(); ++i) bytes[i] = shards[i] * sizeof(float);
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
@@ -320,7 +345,10 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     if (o.count == 0) return;
     const Codec& codec = *o.codec;
     const int n = comm.size();
-    std::vector<float> x = WorkingCopy(o);
+    CompressionWorkspace local_ws;
+    CompressionWorkspace& ws = o.workspace ? *o.workspace : local_ws;
+    const float* input = WorkingCopy(o, ws);
+    std::vector<float> x(input, input + o.count);
     const std::vector<size_t> bounds = SegmentBounds(o);
     const std::vector<Piece> segments = PiecesIn(0, o.count, bounds);
     const CodecParams p = StreamFor(o.params, static_cast<uint32_t>(comm.rank()));

@@ -32,6 +32,13 @@
 
 namespace gradcomp {
 
+/// Scratch buffers reused across calls (large fresh allocations cost a page fault per 4 KB
+/// on every call). One per caller thread; optional.
+struct CompressionWorkspace {
+  std::vector<float> x, out, acc, dec, shard, shard_out;
+  std::vector<uint8_t> send, recv, own, all;
+};
+
 /// Arguments of a compressed allreduce. Buffers are float32, float16 or bfloat16; the op is
 /// Sum or Average. `output` may equal `input`.
 struct CompressedAllreduceOptions {
@@ -53,6 +60,8 @@ struct CompressedAllreduceOptions {
   float* reduced_residual = nullptr;
   /// topk: receives the indices (in buffer order) this rank sent, for DGC's momentum masking.
   std::vector<uint32_t>* sent_indices = nullptr;
+  /// Reused scratch space (recommended for repeated calls), or null.
+  CompressionWorkspace* workspace = nullptr;
   /// Called as each phase ("COMPRESS", "COMMUNICATE", "DECOMPRESS") begins and ends (timeline).
   std::function<void(const char* phase, bool begin)> on_phase;
   std::string name;
