@@ -101,7 +101,10 @@ cat > "$WORK/agent.sh" <<AGENT
 host=\$1; shift
 while [ "\${host#-}" != "\$host" ]; do host=\$1; shift; done  # skip rsh-style options
 octet=\${host##*.}
-exec ip netns exec "${TAG}-n\$((octet - 10))" /bin/sh -c "\$*"
+node="${TAG}-n\$((octet - 10))"
+# Its own UTS namespace too: each node needs its own host name (Open MPI names shared-memory
+# segments after it).
+exec ip netns exec "\$node" unshare --uts /bin/sh -c "hostname \$node && \$*"
 AGENT
 chmod +x "$WORK/agent.sh"
 
