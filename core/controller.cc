@@ -24,14 +24,6 @@ bool TestBit(const std::vector<uint64_t>& w, size_t offset, size_t bit) {
   return (w[offset + bit / 64] >> (bit % 64)) & 1;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
 std::string Double(double v) {
   std::ostringstream os;
   os << v;

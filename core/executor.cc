@@ -27,19 +27,11 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return shape.empty() ? 1 : NumElements(std::vector<int64_t>(shape.begin() + 1, shape.end()));
 }
 
-std::string ShapeJson(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
 // Args of a tensor's end event: dtype, shape, bytes in, bytes on the wire, ratio.
 std::string EndArgs(DataType dtype, const std::vector<int64_t>& shape, int64_t wire_bytes) {
   const int64_t bytes = NumElements(shape) * static_cast<int64_t>(DataTypeSize(dtype));
   std::ostringstream os;
-  os << "\"dtype\": \"" << DataTypeName(dtype) << "\", \"shape\": " << ShapeJson(shape) << ", \"bytes\": " << bytes
+  os << "\"dtype\": \"" << DataTypeName(dtype) << "\", \"shape\": " << ShapeString(shape) << ", \"bytes\": " << bytes
      << ", \"wire_bytes\": " << wire_bytes << ", \"ratio\": " << (wire_bytes > 0 ? double(bytes) / wire_bytes : 1.0);
   return os.str();
 }

@@ -43,6 +43,14 @@ std::string CompressionSpec::Describe() const {
   return os.str();
 }
 
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
 int64_t Request::NumElements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

@@ -86,6 +86,9 @@ struct Response {
   Response Single(size_t k) const;
 };
 
+/// "[2, 3]": a shape as users read it (also valid JSON).
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 /// Binary encoding of request and response lists (little-endian, length-prefixed).
 std::string SerializeRequests(const std::vector<Request>& requests);
 std::vector<Request> ParseRequests(const std::string& bytes);

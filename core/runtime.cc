@@ -87,26 +87,20 @@ Runtime::~Runtime() {
 }
 
 void Runtime::CheckSettingsAgree() {
-  const std::string mine = AgreedSettings(settings_);
-  const size_t n = static_cast<size_t>(topo_.size());
-  std::vector<uint64_t> lens(n);
-  const uint64_t my_len = mine.size();
-  topo_.world->Allgatherv(&my_len, lens.data(), std::vector<size_t>(n, sizeof(uint64_t)));
-  std::vector<size_t> bytes(lens.begin(), lens.end());
-  std::string all(Offsets(bytes).back() + bytes.back(), '\0');
-  topo_.world->Allgatherv(mine.data(), all.data(), bytes);
-  const std::vector<size_t> offsets = Offsets(bytes);
-  const std::string first = all.substr(0, bytes[0]);
+  const std::vector<std::string> all = AllgatherStrings(*topo_.world, AgreedSettings(settings_));
+  const auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (size_t p = 0, q; (q = text.find('\n', p)) != std::string::npos; p = q + 1) out.push_back(text.substr(p, q - p));
+    return out;
+  };
+  const std::vector<std::string> first = lines(all[0]);
   std::string differences;
-  for (size_t r = 1; r < n; ++r) {
-    const std::string theirs = all.substr(offsets[r], bytes[r]);
-    if (theirs == first) continue;
-    // Report line by line: which setting differs, with both values.
-    std::vector<std::string> a, b;
-    for (size_t p = 0, q; (q = first.find('\n', p)) != std::string::npos; p = q + 1) a.push_back(first.substr(p, q - p));
-    for (size_t p = 0, q; (q = theirs.find('\n', p)) != std::string::npos; p = q + 1) b.push_back(theirs.substr(p, q - p));
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-      if (a[i] != b[i]) differences += " rank 0 has " + a[i] + " but rank " + std::to_string(r) + " has " + b[i] + ";";
+  for (size_t r = 1; r < all.size(); ++r) {
+    const std::vector<std::string> theirs = lines(all[r]);
+    for (size_t i = 0; i < std::min(first.size(), theirs.size()); ++i) {
+      if (first[i] != theirs[i]) {
+        differences += " rank 0 has " + first[i] + " but rank " + std::to_string(r) + " has " + theirs[i] + ";";
+      }
     }
   }
   if (!differences.empty()) {
@@ -419,17 +413,10 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
       for (size_t i = 0; i < work.size(); ++i) {
         if (!work[i].failure.empty()) mine += std::to_string(i) + "\t" + work[i].failure + "\n";
       }
-      const size_t n = static_cast<size_t>(topo_.size());
-      std::vector<uint64_t> lens(n);
-      const uint64_t len = mine.size();
-      topo_.world->Allgatherv(&len, lens.data(), std::vector<size_t>(n, sizeof(uint64_t)));
-      std::vector<size_t> bytes(lens.begin(), lens.end());
-      std::string all(Offsets(bytes).back() + bytes.back(), '\0');
-      topo_.world->Allgatherv(mine.data(), all.data(), bytes);
+      const std::vector<std::string> all = AllgatherStrings(*topo_.world, mine);
       std::vector<std::string> merged(work.size());
-      const std::vector<size_t> offsets = Offsets(bytes);
-      for (size_t r = 0; r < n; ++r) {
-        const std::string part = all.substr(offsets[r], bytes[r]);
+      for (size_t r = 0; r < all.size(); ++r) {
+        const std::string& part = all[r];
         for (size_t p = 0, q; (q = part.find('\n', p)) != std::string::npos; p = q + 1) {
           const std::string line = part.substr(p, q - p);
           const size_t tab = line.find('\t');

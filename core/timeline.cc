@@ -47,6 +47,7 @@ void Timeline::Start(const std::string& path, int pid) {
   pid_ = pid;
   start_ = std::chrono::steady_clock::now();
   rows_.clear();
+  open_.clear();
   dropped_ = 0;
   stopping_ = false;
   active_ = true;
@@ -90,6 +91,8 @@ void Timeline::Record(const std::string& tensor, const std::string& phase, char 
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   if (!active_) return;
+  if (ph == 'B') open_.emplace(tensor, phase);
+  if (ph == 'E' && open_.erase({tensor, phase}) == 0) return;  // began before recording started
   if (queue_.size() >= kQueueCapacity) {
     ++dropped_;
     return;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -34,7 +35,8 @@ class Timeline {
 
   /// Opens phase `phase` on the row of `tensor`.
   void Begin(const std::string& tensor, const std::string& phase);
-  /// Closes phase `phase`; `args` is a JSON object body ("\"bytes\": 12") or empty.
+  /// Closes phase `phase`; `args` is a JSON object body ("\"bytes\": 12") or empty. A phase
+  /// that began before recording started is not shown (its end is dropped).
   void End(const std::string& tensor, const std::string& phase, const std::string& args = "");
   /// A point event on the row of `tensor` (per-rank ready marks, cycle marks).
   void Instant(const std::string& tensor, const std::string& what, const std::string& args = "");
@@ -53,6 +55,7 @@ class Timeline {
   std::chrono::steady_clock::time_point start_;
   std::deque<std::string> queue_;
   std::unordered_map<std::string, int> rows_;  // tensor -> tid
+  std::set<std::pair<std::string, std::string>> open_;  // (tensor, phase) begun and not ended
   uint64_t dropped_ = 0;
   std::thread writer_;
   int fd_ = -1;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ops/common/dtype.h"
@@ -66,6 +67,9 @@ class Communicator {
   /// the real shared-memory domain.
   virtual std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport) = 0;
 };
+
+/// Collective: every rank's string, in rank order (an allgather of sizes, then of bytes).
+std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string& mine);
 
 /// Splits `count` elements into `parts` contiguous slices whose sizes differ by at most one
 /// (the first count % parts slices get the extra element).

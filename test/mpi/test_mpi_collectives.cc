@@ -28,26 +28,13 @@ using namespace gradcomp::testing;
 
 const std::vector<size_t> kCounts = {0, 1, 7, 4097, size_t{1} << 20};
 
-AllreduceOptions Options(const ReduceCase& c, const void* in, void* out) {
-  AllreduceOptions o;
-  o.input = in;
-  o.output = out;
-  o.count = c.count;
-  o.dtype = c.dtype;
-  o.op = c.op;
-  o.prescale = c.prescale;
-  o.postscale = c.postscale;
-  o.name = "grad";
-  return o;
-}
-
 // Runs every allreduce case through `run` and checks it against the float64 reference.
 template <typename Run>
 void SweepAllreduce(int world, int rank, const std::vector<size_t>& counts, Run run) {
   for (const ReduceCase& c : AllReduceCases(counts)) {
     std::vector<char> in = MakeInput(c.dtype, c.op, c.count, rank);
     std::vector<char> out(in.size());
-    run(Options(c, in.data(), out.data()));
+    run(ToAllreduceOptions(c, in.data(), out.data()));
     ASSERT_EQ(CompareReduction(c, world, out.data(), ExpectedReduction(c, world, 0, c.count)), "");
   }
 }
@@ -80,15 +67,7 @@ TEST(Mpi, SharedMemoryWindowInManyRounds) {
     const size_t me = static_cast<size_t>(rank);
     std::vector<char> in = MakeInput(c.dtype, c.op, c.count, rank);
     std::vector<char> out(counts[me] * DataTypeSize(c.dtype));
-    ReducescatterOptions o;
-    o.input = in.data();
-    o.output = out.data();
-    o.counts = counts;
-    o.dtype = c.dtype;
-    o.op = c.op;
-    o.prescale = c.prescale;
-    o.postscale = c.postscale;
-    Reducescatter(shm, o);
+    Reducescatter(shm, ToReducescatterOptions(c, in.data(), out.data(), counts));
     ASSERT_EQ(CompareReduction(c, world, out.data(), ExpectedReduction(c, world, Offsets(counts)[me], counts[me])), "");
   }
   std::vector<size_t> bytes;
@@ -173,15 +152,7 @@ TEST(Mpi, AllgatherBroadcastAlltoallReducescatter) {
     const size_t r = static_cast<size_t>(me);
     std::vector<char> in = MakeInput(c.dtype, c.op, c.count, me);
     std::vector<char> out(counts[r] * DataTypeSize(c.dtype));
-    ReducescatterOptions o;
-    o.input = in.data();
-    o.output = out.data();
-    o.counts = counts;
-    o.dtype = c.dtype;
-    o.op = c.op;
-    o.prescale = c.prescale;
-    o.postscale = c.postscale;
-    Reducescatter(*world, o);
+    Reducescatter(*world, ToReducescatterOptions(c, in.data(), out.data(), counts));
     ASSERT_EQ(CompareReduction(c, n, out.data(), ExpectedReduction(c, n, Offsets(counts)[r], counts[r])), "");
   }
 }

@@ -73,15 +73,6 @@ std::string WithinBound(const std::vector<float>& got, const std::vector<double>
   return "";
 }
 
-double RelativeL2(const std::vector<float>& got, const std::vector<double>& exact) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (got[i] - exact[i]) * (got[i] - exact[i]);
-    den += exact[i] * exact[i];
-  }
-  return std::sqrt(num / den);
-}
-
 class SraSweep : public ::testing::TestWithParam<int> {};
 
 TEST_P(SraSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {

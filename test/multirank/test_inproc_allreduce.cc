@@ -16,19 +16,6 @@ using namespace gradcomp::testing;
 
 const std::vector<size_t> kCounts = {0, 1, 7, 4097, size_t{1} << 20};
 
-AllreduceOptions Options(const ReduceCase& c, const void* in, void* out) {
-  AllreduceOptions o;
-  o.input = in;
-  o.output = out;
-  o.count = c.count;
-  o.dtype = c.dtype;
-  o.op = c.op;
-  o.prescale = c.prescale;
-  o.postscale = c.postscale;
-  o.name = "grad";
-  return o;
-}
-
 class FlatAllreduce : public ::testing::TestWithParam<int> {};
 
 TEST_P(FlatAllreduce, EveryDtypeOpAndCount) {
@@ -38,10 +25,10 @@ TEST_P(FlatAllreduce, EveryDtypeOpAndCount) {
     const auto results = RunRanks(world, [&](Communicator& comm) {
       std::vector<char> in = MakeInput(c.dtype, c.op, c.count, comm.rank());
       std::vector<char> out(in.size());
-      Allreduce(comm, Options(c, in.data(), out.data()));
+      Allreduce(comm, ToAllreduceOptions(c, in.data(), out.data()));
       std::string err = CompareReduction(c, world, out.data(), expected);
       if (!err.empty()) return err;
-      Allreduce(comm, Options(c, in.data(), in.data()));  // in place
+      Allreduce(comm, ToAllreduceOptions(c, in.data(), in.data()));  // in place
       if (std::memcmp(in.data(), out.data(), in.size()) != 0) return c.Describe() + ": in-place result differs";
       return std::string();
     });
@@ -69,7 +56,7 @@ TEST_P(HierarchicalAllreduceTest, EqualsTheReference) {
       }
       std::vector<char> in = MakeInput(c.dtype, c.op, c.count, topo.rank());
       std::vector<char> out(in.size());
-      FindAllreduceAlgorithm("hierarchical").run(topo, Options(c, in.data(), out.data()));
+      FindAllreduceAlgorithm("hierarchical").run(topo, ToAllreduceOptions(c, in.data(), out.data()));
       return CompareReduction(c, world, out.data(), expected);
     });
     ASSERT_EQ(Failures(results), "") << c.Describe() << " world=" << world << " local=" << local;

@@ -125,15 +125,7 @@ TEST_P(Collectives, ReducescatterEveryDtypeAndOp) {
       const size_t me = static_cast<size_t>(comm.rank());
       std::vector<char> in = MakeInput(c.dtype, c.op, c.count, comm.rank());
       std::vector<char> out(counts[me] * DataTypeSize(c.dtype));
-      ReducescatterOptions o;
-      o.input = in.data();
-      o.output = out.data();
-      o.counts = counts;
-      o.dtype = c.dtype;
-      o.op = c.op;
-      o.prescale = c.prescale;
-      o.postscale = c.postscale;
-      Reducescatter(comm, o);
+      Reducescatter(comm, ToReducescatterOptions(c, in.data(), out.data(), counts));
       return CompareReduction(c, world, out.data(), ExpectedReduction(c, world, offsets[me], counts[me]));
     });
     ASSERT_EQ(Failures(results), "") << c.Describe();

@@ -23,15 +23,6 @@ RuntimeOptions Options(Communicator& comm, const std::map<std::string, std::stri
   return o;
 }
 
-double RelErr(const std::vector<float>& got, const std::vector<double>& exact) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (got[i] - exact[i]) * (got[i] - exact[i]);
-    den += exact[i] * exact[i];
-  }
-  return std::sqrt(num / den);
-}
-
 std::vector<double> ExactAverage(int world, size_t n, double noise) {
   std::vector<std::vector<float>> parts;
   for (int r = 0; r < world; ++r) parts.push_back(Gradient(n, r, noise));
@@ -72,13 +63,13 @@ TEST(RuntimeCompression, PolicyFilterAndOverride) {
     EXPECT_EQ(weight[r], weight[0]) << "compressed results differ between ranks";
     EXPECT_EQ(forced[r], forced[0]);
   }
-  const double e_weight = RelErr(weight[0], ExactAverage(world, 64 * 64, 1e4));
+  const double e_weight = RelativeL2(weight[0], ExactAverage(world, 64 * 64, 1e4));
   EXPECT_GT(e_weight, 1e-3) << "the 2-D weight was not compressed";
   EXPECT_LT(e_weight, 0.2);
-  EXPECT_LT(RelErr(bias[0], ExactAverage(world, 4096, 1e4)), 1e-6) << "1-D tensors stay exact";
-  EXPECT_LT(RelErr(small[0], ExactAverage(world, 12, 1e4)), 1e-6) << "tensors under the minimum size stay exact";
-  EXPECT_LT(RelErr(kept[0], ExactAverage(world, 64 * 64, 1e4)), 1e-6) << "an explicit none is exact";
-  const double e_forced = RelErr(forced[0], ExactAverage(world, 4096, 1e4));
+  EXPECT_LT(RelativeL2(bias[0], ExactAverage(world, 4096, 1e4)), 1e-6) << "1-D tensors stay exact";
+  EXPECT_LT(RelativeL2(small[0], ExactAverage(world, 12, 1e4)), 1e-6) << "tensors under the minimum size stay exact";
+  EXPECT_LT(RelativeL2(kept[0], ExactAverage(world, 64 * 64, 1e4)), 1e-6) << "an explicit none is exact";
+  const double e_forced = RelativeL2(forced[0], ExactAverage(world, 4096, 1e4));
   EXPECT_GT(e_forced, e_weight) << "2-bit override of a 1-D tensor";
 }
 
@@ -124,7 +115,7 @@ TEST(RuntimeCompression, ErrorFeedbackPerTensorAcrossSteps) {
     return std::string();
   });
   std::vector<float> m(mean.begin(), mean.end());
-  EXPECT_LT(RelErr(m, ExactAverage(world, n, 0.3)), 0.01);
+  EXPECT_LT(RelativeL2(m, ExactAverage(world, n, 0.3)), 0.01);
 }
 
 TEST(RuntimeCompression, TopkWithDgcMomentumAndFusionBySpec) {
@@ -166,7 +157,7 @@ TEST(RuntimeCompression, HierarchicalAndLeaderOnlyAreBitIdenticalAcrossRanks) {
       return std::string();
     });
     for (int r = 1; r < world; ++r) EXPECT_EQ(outs[r], outs[0]) << "intra broadcast " << leader;
-    const double e = RelErr(outs[0], ExactAverage(world, 256 * 16, 1e4));
+    const double e = RelativeL2(outs[0], ExactAverage(world, 256 * 16, 1e4));
     EXPECT_GT(e, 1e-4);
     EXPECT_LT(e, 0.2);
   }

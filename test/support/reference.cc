@@ -179,4 +179,31 @@ std::string CompareReduction(const ReduceCase& c, int world, const void* out, co
   return "";
 }
 
+AllreduceOptions ToAllreduceOptions(const ReduceCase& c, const void* in, void* out) {
+  AllreduceOptions o;
+  o.input = in;
+  o.output = out;
+  o.count = c.count;
+  o.dtype = c.dtype;
+  o.op = c.op;
+  o.prescale = c.prescale;
+  o.postscale = c.postscale;
+  o.name = "grad";
+  return o;
+}
+
+ReducescatterOptions ToReducescatterOptions(const ReduceCase& c, const void* in, void* out,
+                                            const std::vector<size_t>& counts) {
+  ReducescatterOptions o;
+  o.input = in;
+  o.output = out;
+  o.counts = counts;
+  o.dtype = c.dtype;
+  o.op = c.op;
+  o.prescale = c.prescale;
+  o.postscale = c.postscale;
+  o.name = "grad";
+  return o;
+}
+
 }  // namespace gradcomp::testing

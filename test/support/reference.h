@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/collectives/allreduce.h"
+#include "ops/collectives/reducescatter.h"
 #include "ops/common/dtype.h"
 
 namespace gradcomp::testing {
@@ -43,5 +45,11 @@ std::vector<double> ExpectedReduction(const ReduceCase& c, int world, size_t beg
 /// integers and bool, a few roundings of the dtype for floats. Returns "" or a description
 /// of the first mismatch.
 std::string CompareReduction(const ReduceCase& c, int world, const void* out, const std::vector<double>& expected);
+
+/// The allreduce of a case from `in` to `out` (tensor name "grad").
+AllreduceOptions ToAllreduceOptions(const ReduceCase& c, const void* in, void* out);
+/// The reducescatter of a case with the given per-rank counts.
+ReducescatterOptions ToReducescatterOptions(const ReduceCase& c, const void* in, void* out,
+                                            const std::vector<size_t>& counts);
 
 }  // namespace gradcomp::testing

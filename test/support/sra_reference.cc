@@ -50,6 +50,15 @@ std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, doubl
   return bound;
 }
 
+double RelativeL2(const std::vector<float>& got, const std::vector<double>& exact) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - exact[i]) * (got[i] - exact[i]);
+    den += exact[i] * exact[i];
+  }
+  return std::sqrt(num / den);
+}
+
 std::vector<float> Gradient(size_t count, int rank, double noise, unsigned seed) {
   std::mt19937 shared(seed), own(seed * 7919u + static_cast<unsigned>(rank) * 104729u + 1);
   // One distribution per engine: normal_distribution caches the second value of each pair.

@@ -16,6 +16,9 @@ std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, doubl
 /// Exact scale * sum of the parts, in float64.
 std::vector<double> ExactSum(const std::vector<std::vector<float>>& parts, double scale);
 
+/// ||got - exact|| / ||exact||.
+double RelativeL2(const std::vector<float>& got, const std::vector<double>& exact);
+
 /// Deterministic test gradients: rank r of `ranks`, `count` values: a shared signal plus
 /// `noise` times rank-specific Gaussian noise (noise >= 1e3 means independent inputs).
 std::vector<float> Gradient(size_t count, int rank, double noise, unsigned seed = 1);

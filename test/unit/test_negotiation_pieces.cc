@@ -2,10 +2,15 @@
 // cache (hits, mismatches, LRU eviction) and the stall inspector.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
 #include "core/fusion.h"
 #include "core/message.h"
 #include "core/response_cache.h"
 #include "core/stall_inspector.h"
+#include "core/timeline.h"
 #include "ops/common/enforce.h"
 
 namespace gradcomp {
@@ -143,6 +148,32 @@ TEST(StallInspector, WarnsOnceThenAsksForShutdown) {
   EXPECT_NE(r.shutdown.find("GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS=3"), std::string::npos) << r.shutdown;
   s.Remove("w");
   EXPECT_TRUE(s.Check(t0 + std::chrono::seconds(9), {}).shutdown.empty());
+}
+
+TEST(Timeline, WritesChromeTraceRowsAndDropsEndsOfPhasesBegunBeforeRecording) {
+  const std::string path = ::testing::TempDir() + "gradcomp_timeline_unit.json";
+  Timeline t;
+  t.End("early", "NEGOTIATE");  // not recording yet: ignored
+  t.Start(path, 0);
+  t.End("early", "NEGOTIATE");  // its begin was never recorded: dropped
+  t.Begin("w\"1", "COMMUNICATE");
+  t.Instant("w\"1", "rank 1 ready");
+  t.End("w\"1", "COMMUNICATE", "\"bytes\": 12");
+  t.Stop();
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string s = text.str();
+  std::remove(path.c_str());
+  EXPECT_EQ(s.rfind("[\n", 0), 0u) << s;
+  EXPECT_EQ(s.substr(s.size() - 3), "\n]\n") << s;
+  EXPECT_EQ(s.find("early"), std::string::npos) << s;
+  EXPECT_NE(s.find("\"args\": {\"name\": \"w\\\"1\"}"), std::string::npos) << s;  // escaped row name
+  EXPECT_NE(s.find("\"name\": \"COMMUNICATE\", \"ph\": \"B\""), std::string::npos) << s;
+  EXPECT_NE(s.find("\"ph\": \"E\""), std::string::npos) << s;
+  EXPECT_NE(s.find("\"args\": {\"bytes\": 12}"), std::string::npos) << s;
+  EXPECT_NE(s.find("\"name\": \"rank 1 ready\", \"ph\": \"i\""), std::string::npos) << s;
+  EXPECT_THROW(t.Start("/nonexistent-dir/x.json", 0), InvalidArgument);
 }
 
 }  // namespace
