@@ -232,6 +232,7 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
   o.params.step = ++compressed_steps_;
   o.segments = segments;
   o.workspace = &workspace_;
+  o.pipeline_stripes = static_cast<size_t>(settings_.pipeline_stripes);
   o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
   // Error feedback state, assembled in buffer order from each tensor's own.
   std::vector<float> residual, reduced;

@@ -58,6 +58,7 @@ std::string AgreedSettings(const Settings& s) {
   add("GRADCOMP_ERROR_FEEDBACK", std::to_string(s.error_feedback));
   add("GRADCOMP_HIERARCHICAL", std::to_string(s.hierarchical));
   add("GRADCOMP_INTRA_BROADCAST", std::to_string(s.intra_broadcast));
+  add("GRADCOMP_PIPELINE_STRIPES", std::to_string(s.pipeline_stripes));
   return out;
 }
 

@@ -34,6 +34,7 @@ struct Settings {
   std::string cross_communicator;
   bool intra_broadcast = false;
   int64_t shm_buffer_mb = 0;
+  int64_t pipeline_stripes = 0;
   std::string timeline;
   bool timeline_mark_cycles = false;
   double stall_check_time_seconds = 0;

@@ -1,7 +1,14 @@
 #include "ops/collectives/compressed_allreduce.h"
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "ops/collectives/context.h"
 #include "ops/compression/maxmin_math.h"
@@ -149,7 +156,81 @@ double OutputScale(const CompressedAllreduceOptions& o, int ranks) {
   return o.op == ReduceOp::kAverage ? o.postscale / ranks : o.postscale;
 }
 
+// Runs tasks in submission order on one helper thread, so encoding and decoding overlap with
+// the calling thread's communication; Wait() waits for a task. With `inline_tasks` every task
+// runs at once on the caller (small buffers: a thread costs more than it saves).
+class Pipeline {
+ public:
+  explicit Pipeline(bool inline_tasks) : inline_(inline_tasks) {
+    if (!inline_) thread_ = std::thread([this] { Loop(); });
+  }
+  ~Pipeline() {
+    if (inline_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Queues `task`; returns its ticket.
+  size_t Submit(std::function<void()> task) {
+    if (inline_) {
+      task();
+      return done_++;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    cv_.notify_all();
+    return submitted_++;
+  }
+  // Waits until task `ticket` has run; rethrows the first failure of any task.
+  void Wait(size_t ticket) {
+    if (inline_) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ > ticket || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      try {
+        task();
+      } catch (...) {
+        lock.lock();
+        if (!error_) error_ = std::current_exception();
+        lock.unlock();
+      }
+      lock.lock();
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+
+  const bool inline_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  size_t submitted_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+// Only buffers of at least this many values are pipelined in stripes.
+constexpr size_t kPipelineMinValues = size_t{1} << 20;
+
 // SRA of the o.count float32 values x (already prescaled and compensated) into float32 `out`.
+// Each chunk is cut into stripes at bucket boundaries; stripe s goes through encode, exchange,
+// reduce + encode, allgather, decode, and the encoding and decoding of one stripe overlap with
+// the communication of its neighbours.
 void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
          CompressionWorkspace& ws, CompressedAllreduceStats* st) {
   const Codec& codec = *o.codec;
@@ -160,103 +241,147 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
     if (o.residual) std::memset(o.residual, 0, count * sizeof(float));
     return;
   }
+  const size_t ranks = static_cast<size_t>(n), mine = static_cast<size_t>(me);
   const std::vector<size_t> bounds = SegmentBounds(o);
   const std::vector<size_t> chunks = EvenSplit(count, n), coff = Offsets(chunks);
-  std::vector<std::vector<Piece>> pieces(static_cast<size_t>(n));
-  std::vector<size_t> bytes(static_cast<size_t>(n));
-  for (int c = 0; c < n; ++c) {
-    const size_t i = static_cast<size_t>(c);
-    pieces[i] = PiecesIn(coff[i], chunks[i], bounds);
-    bytes[i] = EncodedSize(codec, o.params, pieces[i]);
-  }
-  const size_t mine = static_cast<size_t>(me);
-
-  // 1. Encode every peer's chunk and exchange.
-  const CodecParams p1 = StreamFor(o.params, static_cast<uint32_t>(me));
-  std::vector<size_t> send_bytes(static_cast<size_t>(n), 0), recv_bytes(static_cast<size_t>(n), 0);
-  for (size_t p = 0; p < send_bytes.size(); ++p) {
-    if (p == mine) continue;
-    send_bytes[p] = bytes[p];
-    recv_bytes[p] = bytes[mine];
-  }
-  std::vector<uint8_t>& send = ws.send;
-  std::vector<uint8_t>& recv = ws.recv;
-  send.resize(Offsets(send_bytes).back() + send_bytes.back());
-  recv.resize(Offsets(recv_bytes).back() + recv_bytes.back());
-  const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
-  {
-    Phase phase(o, "COMPRESS", &st->compress_seconds);
-    for (size_t p = 0; p < send_bytes.size(); ++p) {
-      if (p != mine) EncodePieces(codec, p1, x, 0, pieces[p], send.data() + soff[p]);
+  const size_t stripes = count >= kPipelineMinValues ? std::max<size_t>(1, o.pipeline_stripes) : 1;
+  // Stripe s of chunk c: about chunk/stripes values, cut only where a bucket of the tensor
+  // there begins anyway, so striping never changes the quantization (the same bytes).
+  const size_t bucket = std::max<size_t>(1, o.params.bucket_size);
+  const auto boundary = [&](size_t c, size_t s) {
+    const size_t c0 = coff[c], c1 = coff[c] + chunks[c];
+    if (s == 0) return c0;
+    if (s >= stripes) return c1;
+    const size_t target = c0 + std::min(chunks[c], s * ((chunks[c] + stripes - 1) / stripes));
+    if (target >= c1) return c1;
+    const size_t k = static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end(), target) - bounds.begin()) - 1;
+    const size_t piece_start = std::max(bounds[k], c0), piece_end = std::min(bounds[k + 1], c1);
+    const size_t cut = piece_start + (target - piece_start + bucket - 1) / bucket * bucket;
+    return std::min(cut, piece_end);
+  };
+  const auto stripe_range = [&](size_t c, size_t s, size_t* begin, size_t* len) {
+    *begin = boundary(c, s);
+    *len = boundary(c, s + 1) - *begin;
+  };
+  // pieces[s][c] and their encoded sizes bytes[s][c].
+  std::vector<std::vector<std::vector<Piece>>> pieces(stripes, std::vector<std::vector<Piece>>(ranks));
+  std::vector<std::vector<size_t>> bytes(stripes, std::vector<size_t>(ranks));
+  for (size_t s = 0; s < stripes; ++s) {
+    for (size_t c = 0; c < ranks; ++c) {
+      size_t begin, len;
+      stripe_range(c, s, &begin, &len);
+      pieces[s][c] = PiecesIn(begin, len, bounds);
+      bytes[s][c] = EncodedSize(codec, o.params, pieces[s][c]);
     }
   }
-  if (o.residual) {
-    // Error feedback: what this rank's encoding lost, per element (nothing for its own chunk).
-    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-    for (size_t p = 0; p < send_bytes.size(); ++p) {
-      float* r = o.residual + coff[p];
-      if (p == mine) {
-        std::memset(r, 0, chunks[p] * sizeof(float));
-        continue;
-      }
-      DecodePieces(codec, p1, send.data() + soff[p], pieces[p], coff[p], DataType::kFloat32, r, false);
-      for (size_t k = 0; k < chunks[p]; ++k) r[k] = x[coff[p] + k] - r[k];
+  // Buffer layout: stripe after stripe, rank after rank.
+  std::vector<size_t> send_at(stripes), recv_at(stripes), own_at(stripes), all_at(stripes);
+  size_t send_total = 0, recv_total = 0, own_total = 0, all_total = 0;
+  for (size_t s = 0; s < stripes; ++s) {
+    send_at[s] = send_total;
+    recv_at[s] = recv_total;
+    own_at[s] = own_total;
+    all_at[s] = all_total;
+    for (size_t c = 0; c < ranks; ++c) {
+      if (c != mine) send_total += bytes[s][c];
+      if (c != mine) recv_total += bytes[s][mine];
+      all_total += bytes[s][c];
     }
+    own_total += bytes[s][mine];
   }
-  {
-    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    comm.Alltoallv(send.data(), send_bytes, recv.data(), recv_bytes);
-  }
-
-  // 2. Sum the contributions to this rank's chunk in float32, in rank order.
+  ws.send.resize(send_total);
+  ws.recv.resize(recv_total);
+  ws.own.resize(own_total);
+  ws.all.resize(all_total);
   std::vector<float>& acc = ws.acc;
   acc.assign(x + coff[mine], x + coff[mine] + chunks[mine]);
-  {
+  float* rr = o.reduced_residual ? o.reduced_residual + coff[mine] : nullptr;
+  const CodecParams p1 = StreamFor(o.params, static_cast<uint32_t>(me));
+  const CodecParams p2 = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(me));
+  const auto sizes = [&](size_t s, bool sending) {
+    std::vector<size_t> v(ranks, 0);
+    for (size_t c = 0; c < ranks; ++c) {
+      if (c != mine) v[c] = sending ? bytes[s][c] : bytes[s][mine];
+    }
+    return v;
+  };
+
+  // 1. Encode every peer's stripe (and what that encoding lost, for error feedback).
+  const auto encode_peers = [&](size_t s) {
+    Phase phase(o, "COMPRESS", &st->compress_seconds);
+    const std::vector<size_t> off = Offsets(sizes(s, true));
+    for (size_t p = 0; p < ranks; ++p) {
+      if (p == mine) continue;
+      uint8_t* dst = ws.send.data() + send_at[s] + off[p];
+      EncodePieces(codec, p1, x, 0, pieces[s][p], dst);
+      if (!o.residual) continue;
+      size_t begin, len;
+      stripe_range(p, s, &begin, &len);
+      float* r = o.residual + begin;
+      DecodePieces(codec, p1, dst, pieces[s][p], begin, DataType::kFloat32, r, false);
+      for (size_t k = 0; k < len; ++k) r[k] = x[begin + k] - r[k];
+    }
+  };
+  // 2 + 3. Sum this rank's stripe in float32 (rank order), scale, compensate, encode once.
+  const auto reduce_own = [&](size_t s) {
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-    for (size_t p = 0; p < recv_bytes.size(); ++p) {
+    const std::vector<size_t> off = Offsets(sizes(s, false));
+    for (size_t p = 0; p < ranks; ++p) {
       if (p != mine) {
-        DecodePieces(codec, p1, recv.data() + roff[p], pieces[mine], coff[mine], DataType::kFloat32, acc.data(), true);
+        DecodePieces(codec, p1, ws.recv.data() + recv_at[s] + off[p], pieces[s][mine], coff[mine],
+                     DataType::kFloat32, acc.data(), true);
       }
     }
-  }
-
-  // 3. Scale, compensate, encode the reduced chunk once.
-  float* rr = o.reduced_residual ? o.reduced_residual + coff[mine] : nullptr;
-  const CodecParams p2 = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(me));
-  std::vector<uint8_t>& own = ws.own;
-  own.resize(bytes[mine]);
-  {
-    Phase phase(o, "COMPRESS", &st->compress_seconds);
-    ScaleInPlace(acc.data(), acc.size(), DataType::kFloat32, scale);
-    if (rr) ReduceInto(acc.data(), rr, acc.size(), DataType::kFloat32, ReduceOp::kSum);
-    EncodePieces(codec, p2, acc.data(), coff[mine], pieces[mine], own.data());
-  }
-  if (rr) {
-    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-    std::vector<float>& dec = ws.dec;
-    dec.resize(acc.size());
-    DecodePieces(codec, p2, own.data(), pieces[mine], coff[mine], DataType::kFloat32, dec.data(), false);
-    for (size_t k = 0; k < acc.size(); ++k) rr[k] = acc[k] - dec[k];
-  }
-
-  // 4. Allgather the encoded chunks; 5. every rank decodes every chunk (its own too).
-  std::vector<uint8_t>& all = ws.all;
-  all.resize(Offsets(bytes).back() + bytes.back());
-  {
-    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    comm.Allgatherv(own.data(), all.data(), bytes);
-  }
-  {
-    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-    const std::vector<size_t> aoff = Offsets(bytes);
-    for (size_t c = 0; c < bytes.size(); ++c) {
-      const CodecParams pc = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(c));
-      DecodePieces(codec, pc, all.data() + aoff[c], pieces[c], 0, DataType::kFloat32, out, false);
+    size_t begin, len;
+    stripe_range(mine, s, &begin, &len);
+    float* a = acc.data() + (begin - coff[mine]);
+    ScaleInPlace(a, len, DataType::kFloat32, scale);
+    if (rr) ReduceInto(a, rr + (begin - coff[mine]), len, DataType::kFloat32, ReduceOp::kSum);
+    uint8_t* dst = ws.own.data() + own_at[s];
+    EncodePieces(codec, p2, acc.data(), coff[mine], pieces[s][mine], dst);
+    if (rr) {
+      std::vector<float> dec(len);
+      DecodePieces(codec, p2, dst, pieces[s][mine], begin, DataType::kFloat32, dec.data(), false);
+      for (size_t k = 0; k < len; ++k) rr[begin - coff[mine] + k] = a[k] - dec[k];
     }
+  };
+  // 5. Decode every rank's stripe into the output.
+  const auto decode_all = [&](size_t s) {
+    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
+    std::vector<size_t> stripe_bytes(ranks);
+    for (size_t c = 0; c < ranks; ++c) stripe_bytes[c] = bytes[s][c];
+    const std::vector<size_t> off = Offsets(stripe_bytes);
+    for (size_t c = 0; c < ranks; ++c) {
+      const CodecParams pc = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(c));
+      DecodePieces(codec, pc, ws.all.data() + all_at[s] + off[c], pieces[s][c], 0, DataType::kFloat32, out, false);
+    }
+  };
+
+  Pipeline pipe(stripes == 1);
+  std::vector<size_t> encoded(stripes), reduced(stripes), decoded(stripes);
+  for (size_t s = 0; s < stripes; ++s) encoded[s] = pipe.Submit([&, s] { encode_peers(s); });
+  for (size_t s = 0; s < stripes; ++s) {
+    pipe.Wait(encoded[s]);
+    {
+      Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+      comm.Alltoallv(ws.send.data() + send_at[s], sizes(s, true), ws.recv.data() + recv_at[s], sizes(s, false));
+    }
+    reduced[s] = pipe.Submit([&, s] { reduce_own(s); });
   }
-  size_t sent = 0;
-  for (size_t b : send_bytes) sent += b;
-  st->bytes_sent += sent + static_cast<size_t>(n - 1) * bytes[mine];
+  for (size_t s = 0; s < stripes; ++s) {
+    pipe.Wait(reduced[s]);
+    std::vector<size_t> stripe_bytes(ranks);
+    for (size_t c = 0; c < ranks; ++c) stripe_bytes[c] = bytes[s][c];
+    {
+      Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+      comm.Allgatherv(ws.own.data() + own_at[s], ws.all.data() + all_at[s], stripe_bytes);
+    }
+    decoded[s] = pipe.Submit([&, s] { decode_all(s); });
+  }
+  for (size_t s = 0; s < stripes; ++s) pipe.Wait(decoded[s]);
+  size_t sent = send_total;
+  for (size_t s = 0; s < stripes; ++s) sent += (ranks - 1) * bytes[s][mine];
+  st->bytes_sent += sent;
 }
 
 void StoreOutput(const CompressedAllreduceOptions& o, const float* result) {

@@ -60,6 +60,10 @@ struct CompressedAllreduceOptions {
   float* reduced_residual = nullptr;
   /// topk: receives the indices (in buffer order) this rank sent, for DGC's momentum masking.
   std::vector<uint32_t>* sent_indices = nullptr;
+  /// SRA of at least 1M values: cut each chunk into this many stripes (at bucket boundaries)
+  /// and encode/decode one stripe on a helper thread while the next is on the wire. 1 = off.
+  /// The result is the same bytes either way.
+  size_t pipeline_stripes = 1;
   /// Reused scratch space (recommended for repeated calls), or null.
   CompressionWorkspace* workspace = nullptr;
   /// Called as each phase ("COMPRESS", "COMMUNICATE", "DECOMPRESS") begins and ends (timeline).

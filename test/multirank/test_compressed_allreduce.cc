@@ -96,6 +96,34 @@ TEST_P(SraSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SraSweep, ::testing::Range(1, 9));
 
+TEST(Sra, PipelinedStripesGiveTheSameBytes) {
+  const size_t count = (size_t{1} << 20) + 4097;
+  for (int world : {2, 3}) {
+    for (bool feedback : {false, true}) {
+      std::vector<std::vector<float>> results[2], residuals[2];
+      for (size_t stripes : {size_t{1}, size_t{4}}) {
+        residuals[stripes > 1].resize(static_cast<size_t>(world));
+        results[stripes > 1] = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+          CompressedAllreduceOptions o = Maxmin(in, out, 4, 512);
+          std::vector<float> residual(count, 0.0f), reduced(count, 0.0f);
+          if (feedback) {
+            o.residual = residual.data();
+            o.reduced_residual = reduced.data();
+          }
+          o.segments = {1000, count - 1000};  // buckets of the second tensor are not aligned to chunks
+          o.pipeline_stripes = stripes;
+          CompressedAllreduce(comm, o);
+          residual.insert(residual.end(), reduced.begin(), reduced.end());
+          residuals[stripes > 1][static_cast<size_t>(comm.rank())] = residual;
+        });
+      }
+      EXPECT_EQ(BitIdentical(results[1]), "");
+      EXPECT_EQ(results[1], results[0]) << "world " << world << " feedback " << feedback;
+      EXPECT_EQ(residuals[1], residuals[0]) << "world " << world << " feedback " << feedback;
+    }
+  }
+}
+
 TEST(Sra, StochasticRoundingStaysWithinItsBound) {
   for (int world : {2, 5}) {
     const auto parts = Inputs(world, 30001, 1e4);
