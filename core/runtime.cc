@@ -162,6 +162,12 @@ CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_
 std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                            const void* input, void* output, ReduceOp op, double prescale,
                                            double postscale, const CompressionSpec* compression) {
+  return Submit(AllreduceRequest(name, dtype, shape, op, prescale, postscale, compression), input, output);
+}
+
+Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
+                                  ReduceOp op, double prescale, double postscale,
+                                  const CompressionSpec* compression) {
   Request r = NewRequest(RequestType::kAllreduce, name, dtype, shape);
   if (op == ReduceOp::kBitwiseAnd) throw InvalidArgument("allreduce of '" + name + "': unsupported op");
   if (dtype == DataType::kBool && op == ReduceOp::kAverage) {
@@ -187,7 +193,7 @@ std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dty
     p.topk_ratio = compression->topk_ratio;
     ValidateCodecParams(compression->codec, p);
   }
-  return Submit(std::move(r), input, output);
+  return r;
 }
 
 std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector<std::string>& names, DataType dtype,
@@ -199,11 +205,18 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
   if (shapes.size() != names.size() || inputs.size() != names.size() || outputs.size() != names.size()) {
     throw InvalidArgument("grouped allreduce needs one shape, input and output per name");
   }
+  // Pushed together: the background thread negotiates (and fuses) the group in one cycle.
+  std::vector<TensorEntry> entries(names.size());
   std::vector<std::shared_ptr<Handle>> handles;
   for (size_t i = 0; i < names.size(); ++i) {
-    handles.push_back(
-        Allreduce(names[i], dtype, shapes[i], inputs[i], outputs[i], op, prescale, postscale, compression));
+    entries[i].request = AllreduceRequest(names[i], dtype, shapes[i], op, prescale, postscale, compression);
+    entries[i].input = inputs[i];
+    entries[i].output = outputs[i];
+    entries[i].handle = std::make_shared<Handle>();
+    entries[i].enqueued = std::chrono::steady_clock::now();
+    handles.push_back(entries[i].handle);
   }
+  queue_.PushGroup(std::move(entries));
   return handles;
 }
 

@@ -122,6 +122,9 @@ class Runtime {
 
  private:
   std::shared_ptr<Handle> Submit(Request request, const void* input, void* output);
+  /// Validates one allreduce and builds its request (shared by Allreduce and GroupedAllreduce).
+  Request AllreduceRequest(const std::string& name, DataType dtype, const std::vector<int64_t>& shape, ReduceOp op,
+                           double prescale, double postscale, const CompressionSpec* compression);
   Request NewRequest(RequestType type, const std::string& name, DataType dtype, const std::vector<int64_t>& shape);
   void CheckRunning() const;
   void BackgroundLoop();

@@ -1,20 +1,36 @@
 #include "core/tensor_queue.h"
 
+#include <set>
+
 #include "ops/common/enforce.h"
 
 namespace gradcomp {
 
 void TensorQueue::Push(TensorEntry entry) {
+  std::vector<TensorEntry> one;
+  one.push_back(std::move(entry));
+  PushGroup(std::move(one));
+}
+
+void TensorQueue::PushGroup(std::vector<TensorEntry> group) {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::string name = entry.request.name;
-  if (entries_.count(name)) {
-    throw InvalidArgument("a " + std::string(RequestTypeName(entries_[name]->request.type)) + " of tensor '" +
-                          name + "' is already pending on rank " + std::to_string(entry.request.rank) +
-                          "; wait for it (synchronize) before submitting the same name again");
+  std::set<std::string> names;
+  for (const TensorEntry& entry : group) {
+    const std::string& name = entry.request.name;
+    auto it = entries_.find(name);
+    if (it != entries_.end() || !names.insert(name).second) {
+      const RequestType type = it != entries_.end() ? it->second->request.type : entry.request.type;
+      throw InvalidArgument("a " + std::string(RequestTypeName(type)) + " of tensor '" + name +
+                            "' is already pending on rank " + std::to_string(entry.request.rank) +
+                            "; wait for it (synchronize) before submitting the same name again");
+    }
   }
-  fresh_.push_back(entry.request);
-  entries_.emplace(name, std::make_unique<TensorEntry>(std::move(entry)));
-  ++pushes_;
+  for (TensorEntry& entry : group) {
+    const std::string name = entry.request.name;
+    fresh_.push_back(entry.request);
+    entries_.emplace(name, std::make_unique<TensorEntry>(std::move(entry)));
+    ++pushes_;
+  }
   cv_.notify_one();
 }
 

@@ -31,6 +31,9 @@ class TensorQueue {
  public:
   /// Adds an entry; throws InvalidArgument when a tensor with the same name is pending.
   void Push(TensorEntry entry);
+  /// Adds entries at once (the background thread sees all or none of them); throws, adding
+  /// none, when any name is pending or repeated.
+  void PushGroup(std::vector<TensorEntry> entries);
   /// Requests pushed since the previous call, in push order.
   std::vector<Request> TakeNewRequests();
   /// Removes and returns the entry of `name`; nullptr when this rank has none (joined).

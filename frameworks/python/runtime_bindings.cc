@@ -156,6 +156,34 @@ void BindRuntime(py::module& m) {
            },
            py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale"),
            py::arg("postscale"), py::arg("compression") = py::none())
+      .def("grouped_allreduce_async",
+           [](Runtime& rt, std::vector<py::array> arrays, const std::vector<std::string>& names, int op, double pre,
+              double post, const py::object& compression) {
+             if (arrays.size() != names.size() || arrays.empty()) {
+               throw InvalidArgument("grouped allreduce needs one name per array (and at least one array)");
+             }
+             const DataType dt = DtypeOf(arrays[0], "grouped allreduce of '" + names[0] + "'");
+             std::vector<std::vector<int64_t>> shapes;
+             std::vector<const void*> ins;
+             std::vector<void*> outs;
+             for (size_t i = 0; i < arrays.size(); ++i) {
+               RequireContiguous(arrays[i], "grouped allreduce of '" + names[i] + "'");
+               if (DtypeOf(arrays[i], names[i]) != dt) {
+                 throw InvalidArgument("grouped allreduce: '" + names[i] + "' has another dtype than '" + names[0] + "'");
+               }
+               shapes.push_back(ShapeOf(arrays[i]));
+               ins.push_back(arrays[i].data());
+               outs.push_back(arrays[i].mutable_data());
+             }
+             const std::optional<CompressionSpec> spec = SpecFrom(compression);
+             auto hs = rt.GroupedAllreduce(names, dt, shapes, ins, outs, ReduceOpFromInt(op), pre, post,
+                                           spec ? &*spec : nullptr);
+             std::vector<PyHandle> out;
+             for (size_t i = 0; i < hs.size(); ++i) out.push_back(PyHandle{hs[i], {arrays[i]}, arrays[i].dtype()});
+             return out;
+           },
+           py::arg("arrays"), py::arg("names"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
+           py::arg("compression") = py::none(), "In-place allreduce of every array, negotiated as one group")
       .def("allgather_async",
            [](Runtime& rt, py::array input, const std::string& name) {
              RequireContiguous(input, "allgather of '" + name + "'");

@@ -64,8 +64,8 @@ def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, pos
     """Allreduces a list of arrays negotiated together; returns a handle whose result is the list."""
     base = _b.auto_name("grouped_allreduce", name)
     outs = [np.array(_array(a, "grouped_allreduce"), copy=True) for a in arrays]
-    natives = [_b.runtime().allreduce_async(o, o, f"{base}.{i}", check_op(op), prescale_factor, postscale_factor)
-               for i, o in enumerate(outs)]
+    natives = _b.runtime().grouped_allreduce_async(outs, [f"{base}.{i}" for i in range(len(outs))], check_op(op),
+                                                   prescale_factor, postscale_factor)
 
     class _Group:
         def poll(self):
