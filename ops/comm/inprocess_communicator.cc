@@ -206,17 +206,22 @@ class InProcessCommunicator final : public Communicator {
     const std::vector<const void*> all = world_->Exchange(rank_, &mine);
     const std::vector<size_t> recv_offsets = Offsets(recv_bytes);
     const size_t me = static_cast<size_t>(rank_);
-    for (size_t r = 0; r < all.size(); ++r) {
+    // Peers read this rank's buffers until the final barrier: never leave before it, even on
+    // an error (report it after).
+    std::string error;
+    for (size_t r = 0; r < all.size() && error.empty(); ++r) {
       const auto* peer = static_cast<const Published*>(all[r]);
       const size_t offset = Offsets(*peer->send_bytes)[me];
       const size_t n = (*peer->send_bytes)[me];
       if (n != recv_bytes[r]) {
-        GC_THROW("alltoall: rank ", rank_, " expects ", recv_bytes[r], " bytes from rank ", r,
-                 " but rank ", r, " sends ", n);
+        error = detail::StrCat("alltoall: rank ", rank_, " expects ", recv_bytes[r], " bytes from rank ", r,
+                               " but rank ", r, " sends ", n);
+        break;
       }
       if (n > 0) std::memcpy(static_cast<char*>(out) + recv_offsets[r], peer->data + offset, n);
     }
     world_->Barrier();
+    if (!error.empty()) throw Error(error);
   }
 
   std::unique_ptr<Communicator> Split(int color, int key) override {
