@@ -401,6 +401,24 @@ TEST(Runtime, ShutdownAndInitAgainInTheSameThreads) {
   EXPECT_EQ(Failures(results), "");
 }
 
+TEST(Runtime, NcclCommunicatorsAreRefusedForCpuTensorsByName) {
+  for (const auto& [var, value] : std::vector<std::pair<std::string, std::string>>{
+           {"GRADCOMP_INNER_COMMUNICATOR", "nccl"}, {"CGX_CROSS_COMMUNICATOR_TYPE", "NCCL"}}) {
+    try {
+      RunRanks(1, [&, var = var, value = value](Communicator& comm) -> std::string {
+        Runtime rt(Options(comm, Settings::FromMap({{var, value}})));
+        return "";
+      });
+      FAIL() << var << " accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string want = var == "GRADCOMP_INNER_COMMUNICATOR"
+                                   ? "GRADCOMP_INNER_COMMUNICATOR=nccl (CGX_INNER_COMMUNICATOR_TYPE) needs GPU tensors"
+                                   : "GRADCOMP_CROSS_COMMUNICATOR=nccl (CGX_CROSS_COMMUNICATOR_TYPE) needs GPU tensors";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Runtime, SettingsMustAgreeAcrossRanks) {
   try {
     RunRanks(2, [&](Communicator& comm) -> std::string {

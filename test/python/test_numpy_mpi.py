@@ -171,6 +171,10 @@ def test_compressed_allreduce_is_identical_everywhere_and_close():
     assert 0 < gc.stats()["compressed_bytes_on_wire"] - before < g.nbytes
     with pytest.raises(ValueError, match="compression must be None"):
         gc.allreduce(g, name="bad", compression="zip")
+    with pytest.raises(ValueError, match="unknown compression field 'bitz'"):
+        gc.allreduce(g, name="bad2", compression={"codec": "maxmin", "bitz": 3})
+    with pytest.raises(ValueError, match="dtype int32 cannot be compressed"):
+        gc.allreduce(np.ones((4, 4), np.int32), name="bad3", compression="maxmin")
 
 
 def test_timeline_records_phases_and_per_rank_ready_marks():
