@@ -15,12 +15,6 @@
 
 namespace gradcomp {
 
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 namespace {
 
 int64_t RowElements(const std::vector<int64_t>& shape) {

@@ -58,7 +58,4 @@ class Executor {
   uint64_t compressed_bytes_on_wire() const { return bytes_on_wire_; }
 };
 
-/// Number of elements of a shape.
-int64_t NumElements(const std::vector<int64_t>& shape);
-
 }  // namespace gradcomp

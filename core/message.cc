@@ -51,19 +51,17 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return os.str();
 }
 
-int64_t Request::NumElements() const {
+int64_t NumElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
+int64_t Request::NumElements() const { return gradcomp::NumElements(shape); }
+
 int64_t Response::PayloadBytes() const {
   int64_t total = 0;
-  for (const auto& shape : shapes) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    total += n * static_cast<int64_t>(DataTypeSize(dtype));
-  }
+  for (const auto& shape : shapes) total += NumElements(shape) * static_cast<int64_t>(DataTypeSize(dtype));
   return total;
 }
 

@@ -86,6 +86,9 @@ struct Response {
   Response Single(size_t k) const;
 };
 
+/// Number of elements of a shape (1 for a scalar).
+int64_t NumElements(const std::vector<int64_t>& shape);
+
 /// "[2, 3]": a shape as users read it (also valid JSON).
 std::string ShapeString(const std::vector<int64_t>& shape);
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <type_traits>
 #include <variant>
 
 #include "ops/common/enforce.h"
@@ -311,6 +312,30 @@ std::vector<SettingInfo> DescribeSettings() {
   std::vector<SettingInfo> out;
   for (const Entry& e : Registry()) {
     out.push_back({e.name, e.alias ? e.alias : "", KindName(e.kind), e.default_value, Allowed(e), e.help});
+  }
+  return out;
+}
+
+std::string AgreedSettingsText(const Settings& settings) {
+  // Settings a rank may choose for itself; every other one shapes the collective sequence or
+  // the bytes on the wire, so ranks that disagree would deadlock or mix incompatible data.
+  static const std::set<std::string> kPerProcess = {
+      "GRADCOMP_CYCLE_TIME_MS", "GRADCOMP_TIMELINE", "GRADCOMP_TIMELINE_MARK_CYCLES", "GRADCOMP_LOG_LEVEL",
+      "GRADCOMP_STALL_CHECK_TIME_SECONDS", "GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS"};
+  std::string out;
+  for (const Entry& e : Registry()) {
+    if (kPerProcess.count(e.name)) continue;
+    const std::string value = std::visit(
+        [&](auto field) -> std::string {
+          const auto& v = settings.*field;
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+            return v;
+          } else {
+            return std::to_string(v);
+          }
+        },
+        e.field);
+    out += std::string(e.name) + "=" + value + "\n";
   }
   return out;
 }

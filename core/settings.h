@@ -69,6 +69,10 @@ struct SettingInfo {
 /// Every setting, in registry order.
 std::vector<SettingInfo> DescribeSettings();
 
+/// "NAME=value" lines of every setting that must be the same on every rank (all but the
+/// per-process ones: cycle time, timeline, log level, stall times), in registry order.
+std::string AgreedSettingsText(const Settings& settings);
+
 /// The settings as a Markdown table (README's settings section is generated from it).
 std::string SettingsMarkdownTable();
 
