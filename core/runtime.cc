@@ -36,30 +36,7 @@ LocalTransport TransportFrom(const Settings& s) {
 Topology MakeTopology(RuntimeOptions& options) {
   std::unique_ptr<Communicator> world = options.world ? std::move(options.world) : CreateMpiWorld();
   return BuildTopology(std::move(world), static_cast<int>(options.settings.local_size),
-                       TransportFrom(options.settings));
-}
-
-// The settings whose values must agree on every rank, as "NAME=value" lines.
-std::string AgreedSettings(const Settings& s) {
-  std::string out;
-  auto add = [&](const char* name, const std::string& value) { out += std::string(name) + "=" + value + "\n"; };
-  add("GRADCOMP_FUSION_THRESHOLD_MB", std::to_string(s.fusion_threshold_mb));
-  add("GRADCOMP_CACHE_CAPACITY", std::to_string(s.cache_capacity));
-  add("GRADCOMP_COMPRESSION", s.compression);
-  add("GRADCOMP_BITS", std::to_string(s.bits));
-  add("GRADCOMP_BUCKET_SIZE", std::to_string(s.bucket_size));
-  add("GRADCOMP_STOCHASTIC", std::to_string(s.stochastic));
-  add("GRADCOMP_SEED", std::to_string(s.seed));
-  add("GRADCOMP_SKIP_INCOMPLETE_BUCKETS", std::to_string(s.skip_incomplete_buckets));
-  add("GRADCOMP_MIN_SIZE", std::to_string(s.min_size));
-  add("GRADCOMP_TOPK_RATIO", std::to_string(s.topk_ratio));
-  add("GRADCOMP_TOPK_MOMENTUM", std::to_string(s.topk_momentum));
-  add("GRADCOMP_TOPK_NESTEROV", std::to_string(s.topk_nesterov));
-  add("GRADCOMP_ERROR_FEEDBACK", std::to_string(s.error_feedback));
-  add("GRADCOMP_HIERARCHICAL", std::to_string(s.hierarchical));
-  add("GRADCOMP_INTRA_BROADCAST", std::to_string(s.intra_broadcast));
-  add("GRADCOMP_PIPELINE_STRIPES", std::to_string(s.pipeline_stripes));
-  return out;
+                       TransportFrom(options.settings), static_cast<size_t>(options.settings.shm_buffer_mb) << 20);
 }
 
 }  // namespace
@@ -88,7 +65,7 @@ Runtime::~Runtime() {
 }
 
 void Runtime::CheckSettingsAgree() {
-  const std::vector<std::string> all = AllgatherStrings(*topo_.world, AgreedSettings(settings_));
+  const std::vector<std::string> all = AllgatherStrings(*topo_.world, AgreedSettingsText(settings_));
   const auto lines = [](const std::string& text) {
     std::vector<std::string> out;
     for (size_t p = 0, q; (q = text.find('\n', p)) != std::string::npos; p = q + 1) out.push_back(text.substr(p, q - p));

@@ -197,7 +197,8 @@ std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key) {
   return result;
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::SplitLocal(int forced_local_size, LocalTransport transport) {
+std::unique_ptr<Communicator> MpiCommunicator::SplitLocal(int forced_local_size, LocalTransport transport,
+                                                          size_t staging_bytes) {
   // The real node: ranks that can share memory.
   MPI_Comm shared = MPI_COMM_NULL;
   GC_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
@@ -221,7 +222,7 @@ std::unique_ptr<Communicator> MpiCommunicator::SplitLocal(int forced_local_size,
   }
   std::unique_ptr<Communicator> result;
   if (transport == LocalTransport::kSharedMemory) {
-    result = std::make_unique<ShmCommunicator>(node);
+    result = std::make_unique<ShmCommunicator>(node, staging_bytes);
   } else {
     result = std::make_unique<MpiCommunicator>(node);
   }

@@ -58,7 +58,8 @@ class MpiCommunicator final : public Communicator {
   void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                  const std::vector<size_t>& recv_bytes) override;
   std::unique_ptr<Communicator> Split(int color, int key) override;
-  std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport) override;
+  std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport,
+                                           size_t staging_bytes) override;
 
  private:
   MPI_Op OpFor(DataType dtype, ReduceOp op) const;

@@ -6,14 +6,15 @@
 
 namespace gradcomp {
 
-Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_size, LocalTransport transport) {
+Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_size, LocalTransport transport,
+                       size_t shm_staging_bytes) {
   GC_ENFORCE(world != nullptr, "BuildTopology needs a world communicator");
   if (forced_local_size < 0) GC_THROW("GRADCOMP_LOCAL_SIZE=", forced_local_size, " must be >= 0");
   if (forced_local_size > 0 && world->size() % forced_local_size != 0) {
     GC_THROW("GRADCOMP_LOCAL_SIZE=", forced_local_size, " does not divide the world size ", world->size());
   }
   Topology topo;
-  topo.local = world->SplitLocal(forced_local_size, transport);
+  topo.local = world->SplitLocal(forced_local_size, transport, shm_staging_bytes);
   topo.cross = world->Split(topo.local->rank(), world->rank());
   // Every rank learns every node's size: hierarchy needs the same number of ranks per node.
   const int n = world->size();

@@ -28,7 +28,9 @@ struct Topology {
 
 /// Collective over `world`: builds the node and cross communicators. forced_local_size > 0
 /// forces nodes of that many consecutive ranks (GRADCOMP_LOCAL_SIZE; it must divide the
-/// world size); 0 detects shared-memory domains.
-Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_size, LocalTransport transport);
+/// world size); 0 detects shared-memory domains. `shm_staging_bytes` sizes the node's
+/// shared-memory window areas (GRADCOMP_SHM_BUFFER_MB).
+Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_size, LocalTransport transport,
+                       size_t shm_staging_bytes = size_t{16} << 20);
 
 }  // namespace gradcomp

@@ -57,6 +57,15 @@ TEST(Mpi, HierarchicalAllreduceOverSharedMemoryAndOverMessages) {
   }
 }
 
+TEST(Mpi, TopologyPassesTheStagingSizeToTheWindow) {
+  // GRADCOMP_SHM_BUFFER_MB reaches the window through BuildTopology: 256-byte areas make the
+  // node-local steps of a 4097-element hierarchical allreduce take many rounds.
+  const Settings settings = Settings::FromEnvironment();
+  Topology topo = BuildTopology(CreateMpiWorld(), static_cast<int>(settings.local_size),
+                                LocalTransport::kSharedMemory, 256);
+  SweepAllreduce(topo.size(), topo.rank(), {4097}, [&](const AllreduceOptions& o) { HierarchicalAllreduce(topo, o); });
+}
+
 TEST(Mpi, SharedMemoryWindowInManyRounds) {
   // 256-byte staging areas: a 4097-element buffer takes dozens of rounds per operation.
   ShmCommunicator shm(MPI_COMM_WORLD, 256);
