@@ -1,7 +1,8 @@
-// gradcomp._core.Runtime and Handle over numpy buffers: the native half of gradcomp.numpy
-// (gradcomp.torch reuses it with tensors' buffers). Buffers are kept alive by the Python
-// handle object until the operation completes; waiting releases the GIL.
-#include <pybind11/numpy.h>
+// gradcomp._core.Runtime and Handle over raw host buffers: the native half of gradcomp.numpy
+// and gradcomp.torch, which pass (address, dtype code, shape) and the objects owning the
+// memory; the handle keeps those alive until the operation completes. Waiting releases the GIL.
+// No framework header is included here: the core stays free of numpy and torch types.
+#include <pybind11/numpy.h>  // only for returning output bytes
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -21,45 +22,38 @@ namespace py = pybind11;
 namespace gradcomp {
 namespace {
 
-DataType DtypeOf(const py::array& a, const std::string& what) {
-  const py::dtype dt = a.dtype();
-  if (dt.is(py::dtype::of<float>())) return DataType::kFloat32;
-  if (dt.is(py::dtype::of<double>())) return DataType::kFloat64;
-  if (dt.is(py::dtype::of<int32_t>())) return DataType::kInt32;
-  if (dt.is(py::dtype::of<int64_t>())) return DataType::kInt64;
-  if (dt.is(py::dtype::of<uint8_t>())) return DataType::kUInt8;
-  if (dt.is(py::dtype::of<int8_t>())) return DataType::kInt8;
-  if (dt.is(py::dtype::of<bool>())) return DataType::kBool;
-  if (dt.kind() == 'f' && dt.itemsize() == 2) return DataType::kFloat16;
-  throw InvalidArgument(what + ": dtype " + py::str(static_cast<const py::handle&>(dt)).cast<std::string>() +
-                        " is not supported (uint8, int8, int32, int64, float16, float32, float64, bool)");
+DataType DtypeFromInt(int code, const std::string& what) {
+  if (code < 0 || code >= kNumDataTypes) {
+    throw InvalidArgument(what + ": unknown dtype code " + std::to_string(code));
+  }
+  return static_cast<DataType>(code);
 }
 
-std::vector<int64_t> ShapeOf(const py::array& a) {
-  return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
-}
-
-void RequireContiguous(const py::array& a, const std::string& what) {
-  if (!(a.flags() & py::array::c_style)) throw InvalidArgument(what + ": the array must be C-contiguous");
-}
+/// Buffers arrive as raw host addresses: the adapters (numpy, torch) own the memory and pass
+/// the objects that own it as `keep`, which the handle holds until the operation completes.
+const void* Ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
+void* MutablePtr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 /// A native handle plus the Python objects its buffers belong to.
 struct PyHandle {
   std::shared_ptr<Handle> handle;
-  std::vector<py::object> keep_alive;
-  py::dtype dtype;  // of the result
+  py::object keep_alive;  // the Python objects owning the buffers
   bool poll() const { return handle->Poll(); }
   void wait() const {
     py::gil_scoped_release release;
     handle->Wait();
   }
-  /// The runtime-allocated output (allgather, alltoall, reducescatter) as a new array.
-  py::array output() const {
+  /// The runtime-allocated output (allgather, alltoall, reducescatter) as new uint8 bytes;
+  /// the adapter views them with the dtype and output_shape().
+  py::array_t<uint8_t> output_bytes() const {
     wait();
-    const std::vector<int64_t>& shape = handle->output_shape();
-    py::array out(dtype, std::vector<py::ssize_t>(shape.begin(), shape.end()));
-    std::memcpy(out.mutable_data(), handle->output().data(), handle->output().size());
+    py::array_t<uint8_t> out(static_cast<py::ssize_t>(handle->output().size()));
+    if (!handle->output().empty()) std::memcpy(out.mutable_data(), handle->output().data(), handle->output().size());
     return out;
+  }
+  std::vector<int64_t> output_shape() const {
+    wait();
+    return handle->output_shape();
   }
   std::vector<int64_t> aux() const {
     wait();
@@ -123,7 +117,9 @@ void BindRuntime(py::module& m) {
   py::class_<PyHandle>(m, "Handle", "An enqueued operation: poll() never blocks, wait() rethrows its error")
       .def("poll", &PyHandle::poll)
       .def("wait", &PyHandle::wait)
-      .def("output", &PyHandle::output, "the result the runtime allocated (allgather, alltoall, reducescatter)")
+      .def("output_bytes", &PyHandle::output_bytes,
+           "the bytes of the result the runtime allocated (allgather, alltoall, reducescatter)")
+      .def("output_shape", &PyHandle::output_shape)
       .def("aux", &PyHandle::aux, "alltoall: rows received per rank; join: [last rank to join]");
 
   py::class_<Runtime>(m, "Runtime", "gradcomp's runtime over MPI's world (one per process)")
@@ -140,79 +136,71 @@ void BindRuntime(py::module& m) {
       .def("local_size", &Runtime::local_size)
       .def("cross_rank", &Runtime::cross_rank)
       .def("cross_size", &Runtime::cross_size)
+      // Every buffer is (address, dtype code, shape); `keep` owns the memory until completion.
       .def("allreduce_async",
-           [](Runtime& rt, py::array input, py::array output, const std::string& name, int op, double pre,
-              double post, const py::object& compression) {
-             RequireContiguous(input, "allreduce of '" + name + "'");
-             RequireContiguous(output, "allreduce of '" + name + "'");
-             const DataType dt = DtypeOf(input, "allreduce of '" + name + "'");
-             if (DtypeOf(output, name) != dt || output.size() != input.size()) {
-               throw InvalidArgument("allreduce of '" + name + "': output must match the input's dtype and size");
-             }
+           [](Runtime& rt, uintptr_t input, uintptr_t output, int dtype, const std::vector<int64_t>& shape,
+              const std::string& name, int op, double pre, double post, const py::object& compression,
+              py::object keep) {
+             const DataType dt = DtypeFromInt(dtype, "allreduce of '" + name + "'");
              const std::optional<CompressionSpec> spec = SpecFrom(compression);
-             auto h = rt.Allreduce(name, dt, ShapeOf(input), input.data(), output.mutable_data(),
-                                   ReduceOpFromInt(op), pre, post, spec ? &*spec : nullptr);
-             return PyHandle{h, {input, output}, input.dtype()};
+             auto h = rt.Allreduce(name, dt, shape, Ptr(input), MutablePtr(output), ReduceOpFromInt(op), pre, post,
+                                   spec ? &*spec : nullptr);
+             return PyHandle{h, std::move(keep)};
            },
-           py::arg("input"), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale"),
-           py::arg("postscale"), py::arg("compression") = py::none())
+           py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"),
+           py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"))
       .def("grouped_allreduce_async",
-           [](Runtime& rt, std::vector<py::array> arrays, const std::vector<std::string>& names, int op, double pre,
-              double post, const py::object& compression) {
-             if (arrays.size() != names.size() || arrays.empty()) {
-               throw InvalidArgument("grouped allreduce needs one name per array (and at least one array)");
+           [](Runtime& rt, const std::vector<uintptr_t>& buffers, int dtype,
+              const std::vector<std::vector<int64_t>>& shapes, const std::vector<std::string>& names, int op,
+              double pre, double post, const py::object& compression, py::object keep) {
+             if (buffers.size() != names.size() || buffers.size() != shapes.size() || buffers.empty()) {
+               throw InvalidArgument("grouped allreduce needs one name and shape per tensor (and at least one tensor)");
              }
-             const DataType dt = DtypeOf(arrays[0], "grouped allreduce of '" + names[0] + "'");
-             std::vector<std::vector<int64_t>> shapes;
+             const DataType dt = DtypeFromInt(dtype, "grouped allreduce of '" + names[0] + "'");
              std::vector<const void*> ins;
              std::vector<void*> outs;
-             for (size_t i = 0; i < arrays.size(); ++i) {
-               RequireContiguous(arrays[i], "grouped allreduce of '" + names[i] + "'");
-               if (DtypeOf(arrays[i], names[i]) != dt) {
-                 throw InvalidArgument("grouped allreduce: '" + names[i] + "' has another dtype than '" + names[0] + "'");
-               }
-               shapes.push_back(ShapeOf(arrays[i]));
-               ins.push_back(arrays[i].data());
-               outs.push_back(arrays[i].mutable_data());
+             for (uintptr_t b : buffers) {
+               ins.push_back(Ptr(b));
+               outs.push_back(MutablePtr(b));
              }
              const std::optional<CompressionSpec> spec = SpecFrom(compression);
              auto hs = rt.GroupedAllreduce(names, dt, shapes, ins, outs, ReduceOpFromInt(op), pre, post,
                                            spec ? &*spec : nullptr);
              std::vector<PyHandle> out;
-             for (size_t i = 0; i < hs.size(); ++i) out.push_back(PyHandle{hs[i], {arrays[i]}, arrays[i].dtype()});
+             for (auto& h : hs) out.push_back(PyHandle{h, keep});
              return out;
            },
-           py::arg("arrays"), py::arg("names"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
-           py::arg("compression") = py::none(), "In-place allreduce of every array, negotiated as one group")
+           py::arg("buffers"), py::arg("dtype"), py::arg("shapes"), py::arg("names"), py::arg("op"),
+           py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"),
+           "In-place allreduce of every buffer, negotiated as one group")
       .def("allgather_async",
-           [](Runtime& rt, py::array input, const std::string& name) {
-             RequireContiguous(input, "allgather of '" + name + "'");
-             auto h = rt.Allgather(name, DtypeOf(input, "allgather of '" + name + "'"), ShapeOf(input), input.data());
-             return PyHandle{h, {input}, input.dtype()};
+           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
+              py::object keep) {
+             auto h = rt.Allgather(name, DtypeFromInt(dtype, "allgather of '" + name + "'"), shape, Ptr(input));
+             return PyHandle{h, std::move(keep)};
            })
       .def("broadcast_async",
-           [](Runtime& rt, py::array buffer, int root, const std::string& name) {
-             RequireContiguous(buffer, "broadcast of '" + name + "'");
-             auto h = rt.Broadcast(name, DtypeOf(buffer, "broadcast of '" + name + "'"), ShapeOf(buffer),
-                                   buffer.mutable_data(), root);
-             return PyHandle{h, {buffer}, buffer.dtype()};
+           [](Runtime& rt, uintptr_t buffer, int dtype, const std::vector<int64_t>& shape, int root,
+              const std::string& name, py::object keep) {
+             auto h = rt.Broadcast(name, DtypeFromInt(dtype, "broadcast of '" + name + "'"), shape,
+                                   MutablePtr(buffer), root);
+             return PyHandle{h, std::move(keep)};
            })
       .def("alltoall_async",
-           [](Runtime& rt, py::array input, std::vector<int64_t> splits, const std::string& name) {
-             RequireContiguous(input, "alltoall of '" + name + "'");
-             auto h = rt.Alltoall(name, DtypeOf(input, "alltoall of '" + name + "'"), ShapeOf(input), input.data(),
-                                  splits);
-             return PyHandle{h, {input}, input.dtype()};
+           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape,
+              const std::vector<int64_t>& splits, const std::string& name, py::object keep) {
+             auto h = rt.Alltoall(name, DtypeFromInt(dtype, "alltoall of '" + name + "'"), shape, Ptr(input), splits);
+             return PyHandle{h, std::move(keep)};
            })
       .def("reducescatter_async",
-           [](Runtime& rt, py::array input, const std::string& name, int op, double pre, double post) {
-             RequireContiguous(input, "reducescatter of '" + name + "'");
-             auto h = rt.Reducescatter(name, DtypeOf(input, "reducescatter of '" + name + "'"), ShapeOf(input),
-                                       input.data(), ReduceOpFromInt(op), pre, post);
-             return PyHandle{h, {input}, input.dtype()};
+           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
+              int op, double pre, double post, py::object keep) {
+             auto h = rt.Reducescatter(name, DtypeFromInt(dtype, "reducescatter of '" + name + "'"), shape,
+                                       Ptr(input), ReduceOpFromInt(op), pre, post);
+             return PyHandle{h, std::move(keep)};
            })
-      .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), {}, py::dtype::of<uint8_t>()}; })
-      .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), {}, py::dtype::of<uint8_t>()}; })
+      .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
+      .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; })
       .def("start_timeline", &Runtime::StartTimeline)
       .def("stop_timeline", &Runtime::StopTimeline)
       .def("stats", [](const Runtime& rt) {

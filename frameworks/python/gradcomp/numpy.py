@@ -24,21 +24,45 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "Product", "GradcompError", "stats"]
 
 
+# numpy dtype -> the core's DataType code (ops/common/dtype.h).
+_DTYPES = {np.dtype(np.uint8): 0, np.dtype(np.int8): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3,
+           np.dtype(np.float16): 4, np.dtype(np.float32): 6, np.dtype(np.float64): 7, np.dtype(np.bool_): 8}
+
+
 def _array(x, what):
     if not isinstance(x, np.ndarray):
         raise ValueError(f"{what} expects a numpy array, got {type(x).__name__}")
     return np.ascontiguousarray(x)
 
 
+def _buffer(a, what):
+    """(address, dtype code, shape) of a C-contiguous array."""
+    code = _DTYPES.get(a.dtype)
+    if code is None:
+        raise ValueError(f"{what}: dtype {a.dtype} is not supported "
+                         "(uint8, int8, int32, int64, float16, float32, float64, bool)")
+    return a.ctypes.data, code, list(a.shape)
+
+
+def _writeable(array, what):
+    if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError(f"{what} needs a writeable C-contiguous numpy array")
+
+
+def _result(native, like):
+    """The runtime-allocated result of `native`, as an array of like's dtype."""
+    return lambda: native.output_bytes().view(like.dtype).reshape(native.output_shape())
+
+
 def allreduce_async_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
                      compression=None):
     """Reduces `array` across ranks in place; returns a handle. `compression` overrides the
     settings' policy for this tensor: a codec name or {"codec": "maxmin", "bits": 4, ...}."""
-    if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
-        raise ValueError("allreduce_ needs a writeable C-contiguous numpy array")
+    _writeable(array, "allreduce_")
     name = _b.auto_name("allreduce", name)
-    native = _b.runtime().allreduce_async(array, array, name, check_op(op, average), prescale_factor,
-                                          postscale_factor, _b.compression_spec(compression))
+    ptr, code, shape = _buffer(array, f"allreduce of '{name}'")
+    native = _b.runtime().allreduce_async(ptr, ptr, code, shape, name, check_op(op, average), prescale_factor,
+                                          postscale_factor, _b.compression_spec(compression), array)
     return _b.register(native, lambda: array)
 
 
@@ -64,8 +88,14 @@ def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, pos
     """Allreduces a list of arrays negotiated together; returns a handle whose result is the list."""
     base = _b.auto_name("grouped_allreduce", name)
     outs = [np.array(_array(a, "grouped_allreduce"), copy=True) for a in arrays]
-    natives = _b.runtime().grouped_allreduce_async(outs, [f"{base}.{i}" for i in range(len(outs))], check_op(op),
-                                                   prescale_factor, postscale_factor)
+    names = [f"{base}.{i}" for i in range(len(outs))]
+    bufs = [_buffer(a, f"grouped allreduce of '{n}'") for a, n in zip(outs, names)]
+    if len({b[1] for b in bufs}) > 1:
+        raise ValueError(f"grouped allreduce '{base}': every array must have the same dtype, "
+                         f"got {sorted({str(a.dtype) for a in outs})}")
+    natives = _b.runtime().grouped_allreduce_async([b[0] for b in bufs], bufs[0][1] if bufs else 0,
+                                                   [b[2] for b in bufs], names, check_op(op), prescale_factor,
+                                                   postscale_factor, None, outs)
 
     class _Group:
         def poll(self):
@@ -87,8 +117,9 @@ def allgather_async(array, name=None):
     a = _array(array, "allgather")
     if a.ndim == 0:
         raise ValueError("allgather needs an array with at least one dimension")
-    native = _b.runtime().allgather_async(a, _b.auto_name("allgather", name))
-    return _b.register(native, native.output)
+    name = _b.auto_name("allgather", name)
+    native = _b.runtime().allgather_async(*_buffer(a, f"allgather of '{name}'"), name, a)
+    return _b.register(native, _result(native, a))
 
 
 def allgather(array, name=None):
@@ -97,9 +128,9 @@ def allgather(array, name=None):
 
 def broadcast_async_(array, root_rank, name=None):
     """Overwrites `array` with root_rank's in place; returns a handle."""
-    if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
-        raise ValueError("broadcast_ needs a writeable C-contiguous numpy array")
-    native = _b.runtime().broadcast_async(array, int(root_rank), _b.auto_name("broadcast", name))
+    _writeable(array, "broadcast_")
+    name = _b.auto_name("broadcast", name)
+    native = _b.runtime().broadcast_async(*_buffer(array, f"broadcast of '{name}'"), int(root_rank), name, array)
     return _b.register(native, lambda: array)
 
 
@@ -122,8 +153,10 @@ def alltoall_async(array, splits=None, name=None):
     (received array, rows received from each rank)."""
     a = _array(array, "alltoall")
     s = [] if splits is None else [int(v) for v in np.asarray(splits).reshape(-1)]
-    native = _b.runtime().alltoall_async(a, s, _b.auto_name("alltoall", name))
-    return _b.register(native, lambda: (native.output(), np.asarray(native.aux(), dtype=np.int64)))
+    name = _b.auto_name("alltoall", name)
+    native = _b.runtime().alltoall_async(*_buffer(a, f"alltoall of '{name}'"), s, name, a)
+    result = _result(native, a)
+    return _b.register(native, lambda: (result(), np.asarray(native.aux(), dtype=np.int64)))
 
 
 def alltoall(array, splits=None, name=None):
@@ -135,9 +168,10 @@ def reducescatter_async(array, op=None, name=None, prescale_factor=1.0, postscal
     a = _array(array, "reducescatter")
     if a.ndim == 0:
         raise ValueError("reducescatter needs an array with at least one dimension")
-    native = _b.runtime().reducescatter_async(a, _b.auto_name("reducescatter", name), check_op(op),
-                                              prescale_factor, postscale_factor)
-    return _b.register(native, native.output)
+    name = _b.auto_name("reducescatter", name)
+    native = _b.runtime().reducescatter_async(*_buffer(a, f"reducescatter of '{name}'"), name, check_op(op),
+                                              prescale_factor, postscale_factor, a)
+    return _b.register(native, _result(native, a))
 
 
 def reducescatter(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
