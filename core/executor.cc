@@ -173,7 +173,7 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
   const size_t esize = DataTypeSize(r.dtype);
   const CompressionSpec& spec = r.compression;
   const bool topk = spec.codec == "topk";
-  const bool dgc = topk && settings_.topk_momentum > 0;
+  const bool dgc = topk && spec.topk_momentum > 0;
   const bool record = timeline_.active();
   if (record) {
     for (const auto& name : r.names) timeline_.Begin(name, "ALLREDUCE");
@@ -198,7 +198,8 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
         std::memset(dst, 0, segments[i] * DataTypeSize(dtype));
       } else if (dgc) {
         CastBuffer(entries[i]->input, r.dtype, segments[i], dst, DataType::kFloat32, false);
-        dgc_.Compensate(r.names[i], reinterpret_cast<float*>(dst), segments[i]);
+        dgc_.Compensate(r.names[i], reinterpret_cast<float*>(dst), segments[i],
+                        static_cast<float>(spec.topk_momentum), spec.topk_nesterov);
       } else {
         std::memcpy(dst, entries[i]->input, segments[i] * esize);
       }

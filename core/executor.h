@@ -47,7 +47,7 @@ class Executor {
   // Compression state kept per tensor name across steps.
   ErrorFeedback residuals_;          // of this rank's own compression
   ErrorFeedback reduced_residuals_;  // of the reduced chunks this rank owns
-  DgcMemory dgc_{static_cast<float>(settings_.topk_momentum), settings_.topk_nesterov};
+  DgcMemory dgc_;
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   CompressionWorkspace workspace_;
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)

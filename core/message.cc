@@ -26,7 +26,9 @@ bool CompressionSpec::operator==(const CompressionSpec& o) const {
     return bits == o.bits && bucket_size == o.bucket_size && stochastic == o.stochastic &&
            skip_incomplete_buckets == o.skip_incomplete_buckets;
   }
-  if (codec == "topk") return topk_ratio == o.topk_ratio;
+  if (codec == "topk") {
+    return topk_ratio == o.topk_ratio && topk_momentum == o.topk_momentum && topk_nesterov == o.topk_nesterov;
+  }
   return true;
 }
 
@@ -37,7 +39,9 @@ std::string CompressionSpec::Describe() const {
     os << "(bits=" << bits << ", bucket=" << bucket_size << (stochastic ? ", stochastic" : "")
        << (skip_incomplete_buckets ? ", skip_incomplete" : "") << ")";
   } else if (codec == "topk") {
-    os << "(ratio=" << topk_ratio << ")";
+    os << "(ratio=" << topk_ratio;
+    if (topk_momentum > 0) os << ", momentum=" << topk_momentum << (topk_nesterov ? ", nesterov" : "");
+    os << ")";
   }
   if (error_feedback) os << "+ef";
   return os.str();
@@ -107,6 +111,8 @@ class Writer {
     Pod(static_cast<uint8_t>(c.skip_incomplete_buckets));
     Pod(static_cast<uint8_t>(c.error_feedback));
     Pod(c.topk_ratio);
+    Pod(c.topk_momentum);
+    Pod(static_cast<uint8_t>(c.topk_nesterov));
   }
   std::string Take() { return std::move(out_); }
 
@@ -148,6 +154,8 @@ class Reader {
     c.skip_incomplete_buckets = Pod<uint8_t>() != 0;
     c.error_feedback = Pod<uint8_t>() != 0;
     c.topk_ratio = Pod<double>();
+    c.topk_momentum = Pod<double>();
+    c.topk_nesterov = Pod<uint8_t>() != 0;
     return c;
   }
   bool Done() const { return pos_ == in_.size(); }

@@ -33,6 +33,8 @@ struct CompressionSpec {
   bool skip_incomplete_buckets = false;
   bool error_feedback = false;
   double topk_ratio = 0.01;
+  double topk_momentum = 0.0;  ///< DGC momentum correction when > 0 (topk only)
+  bool topk_nesterov = false;
 
   bool operator==(const CompressionSpec& o) const;
   bool operator!=(const CompressionSpec& o) const { return !(*this == o); }

@@ -133,6 +133,8 @@ CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_
   spec.skip_incomplete_buckets = settings_.skip_incomplete_buckets;
   spec.error_feedback = settings_.error_feedback;
   spec.topk_ratio = settings_.topk_ratio;
+  spec.topk_momentum = settings_.topk_momentum;
+  spec.topk_nesterov = settings_.topk_nesterov;
   return spec;
 }
 
@@ -169,6 +171,9 @@ Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const
     p.bucket_size = static_cast<size_t>(std::max<int64_t>(compression->bucket_size, 0));
     p.topk_ratio = compression->topk_ratio;
     ValidateCodecParams(compression->codec, p);
+    if (!(compression->topk_momentum >= 0 && compression->topk_momentum < 1)) {
+      throw InvalidArgument(what + ": momentum must be in [0, 1), got " + std::to_string(compression->topk_momentum));
+    }
   }
   return r;
 }

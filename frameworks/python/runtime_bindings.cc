@@ -62,7 +62,7 @@ struct PyHandle {
 };
 
 // None: the settings' policy; otherwise a dict with "codec" and optional bits, bucket_size,
-// stochastic, skip_incomplete_buckets, error_feedback, ratio.
+// stochastic, skip_incomplete_buckets, error_feedback, ratio, momentum, nesterov.
 std::optional<CompressionSpec> SpecFrom(const py::object& obj) {
   if (obj.is_none()) return std::nullopt;
   const py::dict d = obj.cast<py::dict>();
@@ -83,9 +83,14 @@ std::optional<CompressionSpec> SpecFrom(const py::object& obj) {
       spec.error_feedback = item.second.cast<bool>();
     } else if (key == "ratio") {
       spec.topk_ratio = item.second.cast<double>();
+    } else if (key == "momentum") {
+      spec.topk_momentum = item.second.cast<double>();
+    } else if (key == "nesterov") {
+      spec.topk_nesterov = item.second.cast<bool>();
     } else {
       throw InvalidArgument("unknown compression field '" + key +
-                            "' (codec, bits, bucket_size, stochastic, skip_incomplete_buckets, error_feedback, ratio)");
+                            "' (codec, bits, bucket_size, stochastic, skip_incomplete_buckets, error_feedback, ratio, "
+                            "momentum, nesterov)");
     }
   }
   return spec;
@@ -201,6 +206,22 @@ void BindRuntime(py::module& m) {
            })
       .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
       .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; })
+      .def("default_compression",
+           [](const Runtime& rt) {
+             const Settings& st = rt.settings();
+             py::dict d;
+             d["codec"] = st.compression;
+             d["bits"] = st.bits;
+             d["bucket_size"] = st.bucket_size;
+             d["stochastic"] = st.stochastic;
+             d["skip_incomplete_buckets"] = st.skip_incomplete_buckets;
+             d["error_feedback"] = st.error_feedback;
+             d["ratio"] = st.topk_ratio;
+             d["momentum"] = st.topk_momentum;
+             d["nesterov"] = st.topk_nesterov;
+             return py::make_tuple(d, st.min_size);
+           },
+           "(the settings' compression spec, the layer filter's minimum size)")
       .def("start_timeline", &Runtime::StartTimeline)
       .def("stop_timeline", &Runtime::StopTimeline)
       .def("stats", [](const Runtime& rt) {

@@ -44,12 +44,12 @@ DgcMemory::State& DgcMemory::Slot(const std::string& name, size_t n) {
   return s;
 }
 
-void DgcMemory::Compensate(const std::string& name, float* grad, size_t n) {
+void DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov) {
   State& s = Slot(name, n);
   float* u = s.momentum.data();
   float* v = s.velocity.data();
-  const float m = momentum_;
-  if (nesterov_) {
+  const float m = momentum;
+  if (nesterov) {
     for (size_t i = 0; i < n; ++i) {
       u[i] = (u[i] + grad[i]) * m;
       v[i] = (v[i] + u[i]) + grad[i];

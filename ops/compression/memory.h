@@ -36,12 +36,11 @@ class ErrorFeedback {
 /// momentum of its own.
 class DgcMemory {
  public:
-  DgcMemory(float momentum, bool nesterov) : momentum_(momentum), nesterov_(nesterov) {}
-
-  /// Accumulates `grad` (n values) and overwrites it with the velocity to sparsify:
+  /// Accumulates `grad` (n values) and overwrites it with the velocity to sparsify
+  /// (m = momentum; each tensor's momentum comes with its compression spec):
   ///   plain:    u = m*u + g;      v = v + u
   ///   nesterov: u = (u + g) * m;  v = (v + u) + g
-  void Compensate(const std::string& name, float* grad, size_t n);
+  void Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov);
   /// Momentum factor masking: u[i] = v[i] = 0 for every sent index.
   void Update(const std::string& name, const uint32_t* sent, size_t count);
   /// The (u, v) state of `name`, for inspection; empty vectors if none.
@@ -54,8 +53,6 @@ class DgcMemory {
     std::vector<float> momentum, velocity;
   };
   State& Slot(const std::string& name, size_t n);
-  float momentum_;
-  bool nesterov_;
   std::unordered_map<std::string, State> state_;
 };
 

@@ -243,14 +243,14 @@ struct ReferenceDgc {
 
 TEST(DgcMemory, MatchesTheReferenceStepByStep) {
   for (bool nesterov : {false, true}) {
-    DgcMemory mem(0.9f, nesterov);
+    DgcMemory mem;
     ReferenceDgc ref{0.9f, nesterov, {}, {}};
     CodecParams p;
     p.topk_ratio = 0.05;
     for (int step = 0; step < 20; ++step) {
       std::vector<float> g = Gaussian(3000, static_cast<uint32_t>(100 + step));
       const std::vector<float> want = ref.Compensate(g);
-      mem.Compensate("fc", g.data(), g.size());
+      mem.Compensate("fc", g.data(), g.size(), 0.9f, nesterov);
       ASSERT_EQ(g, want) << "step " << step;
       p.step = static_cast<uint64_t>(step);
       const TopKSelection sel = SelectTopK(g.data(), DataType::kFloat32, g.size(), p, 0);
