@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/settings.h"
+#include "gradcomp/config.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #include "ops/compression/topk.h"
@@ -125,6 +126,17 @@ PYBIND11_MODULE(_core, m) {
         n, MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype));
   }, py::arg("n"), py::arg("codec"), GC_CODEC_KWARGS, "Encoded bytes of n values (an upper bound for topk)");
   BindRuntime(m);
+  m.def("build_info", [] {
+    py::dict d;
+    d["version"] = GRADCOMP_VERSION;
+    d["cuda_toolkit_found"] = GRADCOMP_HAVE_CUDA == 1;
+    d["nccl_found"] = GRADCOMP_HAVE_NCCL == 1;
+    // GPU data paths (CUDA codec kernels, NCCL communicators) are not built yet: tensors on a
+    // GPU are staged through host memory.
+    d["cuda"] = false;
+    d["nccl"] = false;
+    return d;
+  }, "What this build of gradcomp contains");
   m.def("settings_table", &SettingsMarkdownTable, "Every setting as a Markdown table");
   m.def("describe_settings", [] {
     std::vector<py::dict> out;

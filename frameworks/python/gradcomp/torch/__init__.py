@@ -1,0 +1,94 @@
+"""gradcomp for PyTorch, with Horovod's names and semantics.
+
+    import gradcomp.torch as hvd
+    hvd.init()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=hvd.Compression.maxmin(bits=4))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+Importing this module also registers the torch.distributed backend "gradcomp"
+(``dist.init_process_group("gradcomp")``), and ``ddp_hook`` / ``DDPHookState`` give DDP
+per-layer compression on any backend.
+
+Differences from Horovod worth knowing: ``compression=None`` (the default everywhere) follows
+the GRADCOMP_* settings and the layer filter, so ``gcrun --compression maxmin --bits 4`` turns
+compression on for an unchanged Horovod script; pass ``Compression.none`` to force exact
+communication.
+"""
+from gradcomp._core import GradcompError
+from gradcomp.basics import (Average, Max, Min, Product, Sum, cross_rank, cross_size, init, is_initialized,
+                             local_rank, local_size, poll, rank, shutdown, size, start_timeline, stats, stop_timeline,
+                             synchronize)
+from gradcomp.torch.compression import Compression, Compressor
+from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                                    allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+                                    broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
+                                    grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                                    grouped_allreduce_async_, join, reducescatter, reducescatter_async)
+from gradcomp.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                      broadcast_parameters)
+from gradcomp.torch.optimizer import DistributedOptimizer
+from gradcomp.torch.sync_batch_norm import SyncBatchNorm
+from gradcomp.torch.ddp_hook import DDPHookState, ddp_hook
+from gradcomp.torch import backend as _backend
+
+_backend.register()
+
+
+def mpi_built():
+    """gradcomp always runs over MPI."""
+    return True
+
+
+def mpi_enabled():
+    return True
+
+
+def mpi_threads_supported():
+    """The background thread is the only one calling MPI (MPI_THREAD_FUNNELED is enough)."""
+    return True
+
+
+def gloo_built():
+    """gradcomp has no gloo controller (torch's gloo backend works alongside it)."""
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    """NCCL communicators are compiled when the CUDA toolkit was found at build time."""
+    from gradcomp import _core
+    return bool(_core.build_info().get("nccl", False))
+
+
+def cuda_built():
+    from gradcomp import _core
+    return bool(_core.build_info().get("cuda", False))
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
+           "cross_size", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+           "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
+           "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
+           "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
+           "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object", "Average", "Sum", "Min", "Max", "Product", "start_timeline", "stop_timeline",
+           "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
+           "GradcompError", "stats", "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built",
+           "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built"]

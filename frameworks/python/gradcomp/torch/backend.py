@@ -1,0 +1,239 @@
+"""torch.distributed backend "gradcomp": c10d collectives through gradcomp's runtime.
+
+    import gradcomp.torch            # registers the backend
+    dist.init_process_group("gradcomp")
+
+Launched by gcrun or mpirun (the ranks come from MPI; torch's rank and world size must agree).
+Floating-point all_reduce is compressed per the settings as CGX does: any buffer of at least
+GRADCOMP_MIN_SIZE elements (DDP's flat buckets included), with GRADCOMP_COMPRESSION, _BITS,
+_BUCKET_SIZE, ... ; everything else is exact. For per-layer compression inside DDP's buckets
+register gradcomp.torch.ddp_hook.
+
+Tensor names (which the runtime negotiates, caches and keys error feedback by) come from the
+order in which each rank first passes a buffer: a persistent buffer such as a DDP bucket keeps
+its name across steps.
+"""
+import threading
+import queue
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from gradcomp import basics as _b
+from gradcomp.basics import Average, Max, Min, Product, Sum
+from gradcomp.torch import mpi_ops
+
+_WorkBase = getattr(dist, "_Work", None) or torch._C._distributed_c10d.Work
+
+
+def _reduce_op(op):
+    table = [(dist.ReduceOp.SUM, Sum), (dist.ReduceOp.PRODUCT, Product), (dist.ReduceOp.MIN, Min),
+             (dist.ReduceOp.MAX, Max)]
+    if hasattr(dist.ReduceOp, "AVG"):
+        table.append((dist.ReduceOp.AVG, Average))
+    for c10d_op, ours in table:
+        if op == c10d_op:
+            return ours
+    raise ValueError(f"backend gradcomp: reduce op {op} is not supported (SUM, AVG, PRODUCT, MIN, MAX)")
+
+
+class _Work(_WorkBase):
+    """A c10d Work over one or more gradcomp handles; `finish` runs once, after they complete."""
+
+    def __init__(self, handles, finish, result, completer):
+        super().__init__()
+        self._handles = handles
+        self._finish = finish
+        self._result = result
+        self._lock = threading.Lock()
+        self._done = False
+        self._error = None
+        self._future = Future()
+        completer.put(self)
+
+    def _complete(self):
+        with self._lock:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                return
+            self._done = True
+            try:
+                for h in self._handles:
+                    _b.synchronize(h)
+                if self._finish is not None:
+                    self._finish()
+            except Exception as e:  # noqa: BLE001 - delivered to wait() and the future
+                self._error = e
+                self._future.set_exception(e)
+                raise
+            self._future.set_result(self._result)
+
+    def wait(self, timeout=None):
+        del timeout
+        self._complete()
+        return True
+
+    def is_completed(self):
+        return self._done
+
+    def is_success(self):
+        return self._done and self._error is None
+
+    def get_future(self):
+        return self._future
+
+    def exception(self):
+        return self._error
+
+
+class ProcessGroupGradcomp(dist.ProcessGroup):
+    """A c10d ProcessGroup whose collectives are gradcomp runtime operations."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        del store, timeout
+        if not _b.is_initialized():
+            _b.init()
+        if _b.rank() != rank or _b.size() != size:
+            raise ValueError(f"backend gradcomp: torch.distributed says rank {rank} of {size}, but MPI says rank "
+                             f"{_b.rank()} of {_b.size()}; launch with gcrun or mpirun and let RANK/WORLD_SIZE "
+                             "come from it")
+        self._ids = {}
+        spec, self._min_size = _b.runtime().default_compression()
+        self._compress = spec if spec["codec"] != "none" else None
+        # Completes each Work's future as soon as its operations finish (DDP waits on futures).
+        self._completer = queue.Queue()
+        threading.Thread(target=self._complete_in_order, name="gradcomp-c10d-completer", daemon=True).start()
+
+    def _complete_in_order(self):
+        while True:
+            work = self._completer.get()
+            try:
+                work._complete()
+            except Exception:  # noqa: BLE001 - already delivered through the work
+                pass
+
+    def getBackendName(self):
+        return "gradcomp"
+
+    def name(self):
+        return "gradcomp"
+
+    def _name(self, kind, tensor):
+        """A name that is the same on every rank and across steps for a persistent buffer."""
+        key = (kind, tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        if key not in self._ids:
+            self._ids[key] = len(self._ids)
+        return f"c10d.{kind}.{self._ids[key]}"
+
+    def _work(self, handles, finish, result):
+        return _Work(handles, finish, result, self._completer)
+
+    @staticmethod
+    def _single(tensors, what):
+        if len(tensors) != 1:
+            raise ValueError(f"backend gradcomp: {what} takes one tensor per process, got {len(tensors)}")
+        return tensors[0]
+
+    def allreduce(self, tensors, opts=None):
+        t = self._single(tensors, "allreduce")
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        compression = None
+        if (self._compress is not None and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and op in (Sum, Average) and t.numel() >= self._min_size):
+            compression = self._compress  # CGX semantics: flat buffers are compressed too
+        elif t.dtype.is_floating_point:
+            compression = {"codec": "none"}
+        h = mpi_ops.allreduce_async_(t, name=self._name("allreduce", t), op=op, compression=compression)
+        return self._work([h], None, tensors)
+
+    def broadcast(self, tensors, opts=None):
+        t = self._single(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        h = mpi_ops.broadcast_async_(t, root, self._name("broadcast", t))
+        return self._work([h], None, tensors)
+
+    def _allgather_flat(self, t):
+        return mpi_ops.allgather_async(t.reshape(1, -1) if t.dim() == 0 else t.reshape(1, *t.shape),
+                                       self._name("allgather", t))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        t = self._single(input_tensors, "allgather")
+        outs = self._single(output_tensors, "allgather")
+        if len(outs) != self.size():
+            raise ValueError(f"backend gradcomp: allgather needs {self.size()} output tensors, got {len(outs)}")
+        h = self._allgather_flat(t)
+
+        def finish():
+            gathered = _b.synchronize(h)
+            for r, out in enumerate(outs):
+                if out.numel() != t.numel():
+                    raise ValueError(f"backend gradcomp: allgather output {r} has {out.numel()} elements, "
+                                     f"the input {t.numel()}")
+                with torch.no_grad():
+                    out.copy_(gathered[r].reshape(out.shape))
+
+        return self._work([], finish, output_tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        h = self._allgather_flat(input)
+
+        def finish():
+            with torch.no_grad():
+                output.copy_(_b.synchronize(h).reshape(output.shape))
+
+        return self._work([], finish, [output])
+
+    def _reduce_scatter_flat(self, output, flat, op):
+        if flat.numel() != output.numel() * self.size():
+            raise ValueError(f"backend gradcomp: reduce_scatter input has {flat.numel()} elements, expected "
+                             f"{self.size()} x {output.numel()}")
+        h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter",
+                                                                                                 output))
+
+        def finish():
+            with torch.no_grad():
+                output.copy_(_b.synchronize(h).reshape(output.shape))
+
+        return self._work([], finish, [output])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out = self._single(output_tensors, "reduce_scatter")
+        ins = self._single(input_tensors, "reduce_scatter")
+        if len(ins) != self.size():
+            raise ValueError(f"backend gradcomp: reduce_scatter needs {self.size()} input tensors, got {len(ins)}")
+        flat = torch.cat([x.detach().reshape(-1) for x in ins])
+        return self._reduce_scatter_flat(out, flat, _reduce_op(opts.reduceOp))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self._reduce_scatter_flat(output, input.detach().reshape(-1).contiguous(), _reduce_op(opts.reduceOp))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        splits = list(input_split_sizes) if input_split_sizes else None
+        h = mpi_ops.alltoall_async(input, splits, self._name("alltoall", input))
+
+        def finish():
+            received, _ = _b.synchronize(h)
+            if received.numel() != output.numel():
+                raise ValueError(f"backend gradcomp: alltoall received {received.numel()} elements, the output "
+                                 f"holds {output.numel()}")
+            with torch.no_grad():
+                output.copy_(received.reshape(output.shape))
+
+        return self._work([], finish, [output])
+
+    def barrier(self, opts=None):
+        mpi_ops.barrier()
+        return self._work([], None, [])
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupGradcomp(store, rank, size, timeout)
+
+
+def register():
+    """Registers backend "gradcomp" with torch.distributed (done on importing gradcomp.torch)."""
+    if "GRADCOMP" not in getattr(dist.Backend, "_plugins", {}) and not hasattr(dist.Backend, "GRADCOMP"):
+        dist.Backend.register_backend("gradcomp", _create)

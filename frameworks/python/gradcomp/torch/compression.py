@@ -1,0 +1,142 @@
+"""Compression choices for gradcomp.torch, with Horovod's ``Compression`` names.
+
+``Compression.none``, ``fp16``, ``bf16``, ``maxmin(...)`` and ``topk(...)`` run inside the
+runtime (encoded in the fusion buffer, exchanged compressed, decoded in full precision);
+``powersgd(...)`` is a low-rank method of the framework layer, applied by
+``DistributedOptimizer`` and the DDP hook with two allreduces per step.
+
+Like Horovod's, ``Compression.fp16`` etc. also offer ``compress(tensor) -> (tensor, ctx)`` and
+``decompress(tensor, ctx)`` for code that calls them directly.
+"""
+import torch
+
+
+class Compressor:
+    """A compression choice. `spec` is the runtime's compression dict (None: not a runtime codec)."""
+
+    spec = None
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        del ctx
+        return tensor
+
+    def __repr__(self):
+        return f"Compression.{self.name}"
+
+
+class _Cast(Compressor):
+    def __init__(self, name, dtype):
+        self.name = name
+        self.dtype = dtype
+        self.spec = {"codec": name}
+
+    def compress(self, tensor):
+        if tensor.dtype.is_floating_point and tensor.dtype != self.dtype:
+            return tensor.to(self.dtype), tensor.dtype
+        return tensor, None
+
+    def decompress(self, tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class _NoneCompressor(Compressor):
+    name = "none"
+    spec = {"codec": "none"}
+
+
+class MaxMin(Compressor):
+    """Max-min quantization (CGX/QSGD): each bucket of `bucket_size` values is sent as its
+    min, its max and `bits`-bit codes; the reduction runs in full precision."""
+
+    name = "maxmin"
+
+    def __init__(self, bits=4, bucket_size=512, stochastic=False, error_feedback=False,
+                 skip_incomplete_buckets=False):
+        if not isinstance(bits, int) or not 1 <= bits <= 8:
+            raise ValueError(f"Compression.maxmin: bits must be an integer in 1..8, got {bits!r}")
+        if not isinstance(bucket_size, int) or bucket_size < 1:
+            raise ValueError(f"Compression.maxmin: bucket_size must be a positive integer, got {bucket_size!r}")
+        self.bits, self.bucket_size = bits, bucket_size
+        self.spec = {"codec": "maxmin", "bits": bits, "bucket_size": bucket_size, "stochastic": bool(stochastic),
+                     "error_feedback": bool(error_feedback), "skip_incomplete_buckets": bool(skip_incomplete_buckets)}
+
+    def __repr__(self):
+        return (f"Compression.maxmin(bits={self.bits}, bucket_size={self.bucket_size}, "
+                f"error_feedback={self.spec['error_feedback']})")
+
+
+class TopK(Compressor):
+    """DGC top-k sparsification: the `ratio` largest-magnitude values travel as (value, index)
+    and the rest stays in a local accumulator. `momentum` > 0 turns on DGC's momentum
+    correction inside the runtime; with DistributedOptimizer, None takes the wrapped
+    optimizer's momentum (see DistributedOptimizer)."""
+
+    name = "topk"
+
+    def __init__(self, ratio=0.01, momentum=None, nesterov=False):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"Compression.topk: ratio must be in (0, 1], got {ratio!r}")
+        if momentum is not None and not 0 <= momentum < 1:
+            raise ValueError(f"Compression.topk: momentum must be in [0, 1), got {momentum!r}")
+        self.ratio, self.momentum, self.nesterov = float(ratio), momentum, bool(nesterov)
+        self.spec = self.with_momentum(momentum or 0.0, nesterov)
+
+    def with_momentum(self, momentum, nesterov):
+        return {"codec": "topk", "ratio": self.ratio, "momentum": float(momentum), "nesterov": bool(nesterov)}
+
+    def __repr__(self):
+        return f"Compression.topk(ratio={self.ratio}, momentum={self.momentum}, nesterov={self.nesterov})"
+
+
+class PowerSGD(Compressor):
+    """PowerSGD (Vogels et al.): a gradient matrix M (n x m) travels as P = M Q (n x r) and
+    Q = M^T P (m x r), one allreduce each, with error feedback and Q kept across steps (warm
+    start). Tensors are compressed only when (n*m) / ((n+m)*r) >= min_compression_rate; the
+    first `start_iter` steps use plain allreduce."""
+
+    name = "powersgd"
+
+    def __init__(self, rank=1, start_iter=10, min_compression_rate=2.0, warm_start=True, orthogonalization_epsilon=0.0,
+                 seed=0):
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"Compression.powersgd: rank must be a positive integer, got {rank!r}")
+        if start_iter < 0:
+            raise ValueError(f"Compression.powersgd: start_iter must be >= 0, got {start_iter!r}")
+        self.rank, self.start_iter = rank, int(start_iter)
+        self.min_compression_rate, self.warm_start = float(min_compression_rate), bool(warm_start)
+        self.epsilon, self.seed = float(orthogonalization_epsilon), int(seed)
+
+    def __repr__(self):
+        return f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter})"
+
+
+class Compression:
+    """The compression choices (Horovod's names plus gradcomp's codecs)."""
+
+    none = _NoneCompressor()
+    fp16 = _Cast("fp16", torch.float16)
+    bf16 = _Cast("bf16", torch.bfloat16)
+    maxmin = MaxMin
+    topk = TopK
+    powersgd = PowerSGD
+
+
+def runtime_spec(compression):
+    """The runtime's spec dict for a compression argument: None keeps the settings' policy."""
+    if compression is None:
+        return None
+    if isinstance(compression, dict):  # a raw spec, as gradcomp.numpy takes
+        return dict(compression)
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        compression = compression()  # Compression.maxmin given without calling it
+    if not isinstance(compression, Compressor):
+        raise ValueError(f"compression must be None or a gradcomp.torch.Compression choice, got {compression!r}")
+    if compression.spec is None:
+        raise ValueError(f"{compression!r} works through DistributedOptimizer or the DDP hook (it needs two "
+                         "allreduces per step), not on a single allreduce")
+    return dict(compression.spec)

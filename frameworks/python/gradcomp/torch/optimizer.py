@@ -1,0 +1,381 @@
+"""DistributedOptimizer: Horovod's optimizer wrapper, with gradcomp's compression.
+
+Hooks on the parameters' gradient accumulators start each gradient's allreduce as soon as
+backward produces it (after `backward_passes_per_step` local passes), so communication
+overlaps the rest of backward; ``step()`` waits for them (``synchronize()``) and then runs
+the wrapped optimizer.
+
+Compression per parameter
+    ``compression=None`` (default) follows the settings (GRADCOMP_COMPRESSION, ...; as
+    ``gcrun --compression``) with the layer filter. A ``Compression`` choice applies to every
+    parameter that passes the layer filter (at least GRADCOMP_MIN_SIZE elements and two
+    dimensions; the others go uncompressed). A dict {name: Compression} or a callable
+    (name, parameter) -> Compression gives each parameter its own choice, used as given
+    (None: the settings' policy).
+
+DGC and the wrapped optimizer's momentum
+    DGC's momentum correction must accumulate momentum *before* sparsification, on each rank.
+    With ``Compression.topk(ratio)`` (momentum=None) and an optimizer whose param groups have
+    ``momentum`` (torch.optim.SGD), gradcomp takes over momentum, Nesterov and weight decay
+    of every group holding a top-k parameter: the group's own are set to 0; weight decay is
+    added to the local gradient; top-k parameters get the runtime's DGC momentum correction
+    and momentum-factor masking; the group's other parameters (filtered out: biases, norms)
+    get the same momentum locally before their dense allreduce, which is exactly SGD's momentum
+    on the averaged gradient (the allreduce is linear). ``Compression.topk(ratio,
+    momentum=0.9)`` sets DGC momentum explicitly; the optimizer must then have none.
+
+PowerSGD
+    ``Compression.powersgd(rank, ...)`` compresses each matrix-shaped gradient in two
+    allreduces per step (P in the hook, Q at synchronize), with error feedback and warm start;
+    the other gradients are allreduced uncompressed.
+"""
+import contextlib
+import warnings
+
+import torch
+
+from gradcomp import basics as _b
+from gradcomp.basics import Average, check_op, synchronize
+from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK
+from gradcomp.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_
+from gradcomp.torch.powersgd import PowerSGDState
+
+_NAMED_PARAMETERS_ERROR = ("named_parameters should be a sequence of tuples (name, parameter), usually produced "
+                           "by model.named_parameters()")
+
+
+class _Plan:
+    """How one parameter's gradient is communicated."""
+
+    def __init__(self, name, index, choice, spec_override=None):
+        self.name = name
+        self.index = index
+        self.choice = choice  # None (settings' policy) or a Compressor
+        self.spec_override = spec_override  # a runtime spec dict replacing choice.spec (DGC momentum)
+        self.powersgd = isinstance(choice, PowerSGD)
+        self.weight_decay = 0.0  # added locally when gradcomp took over the group's momentum
+        self.local_momentum = 0.0  # dense parameters of such a group
+        self.nesterov = False
+
+    @property
+    def compression(self):
+        if self.powersgd:
+            return Compression.none
+        return self.spec_override if self.spec_override is not None else self.choice
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups):
+        super(self.__class__, self).__init__(params)
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        op = check_op(op)
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        self._op = op
+        self._prescale = 1.0 / gradient_predivide_factor
+        self._postscale = gradient_predivide_factor
+        self.backward_passes_per_step = backward_passes_per_step
+
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+            if not all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in named_parameters):
+                raise ValueError(_NAMED_PARAMETERS_ERROR)
+            names = [n for n, _ in named_parameters]
+            dups = sorted({n for n in names if names.count(n) > 1})
+            if dups:
+                raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                                 f"{', '.join(dups)}")
+            name_of = {id(p): n for n, p in named_parameters}
+            unnamed = [id(p) for p in all_params if id(p) not in name_of]
+            if unnamed:
+                raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                                 f"Python object ids: {', '.join(map(str, unnamed))}")
+        else:
+            name_of = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
+        self._name_of = name_of
+
+        self._groups = self._make_groups(groups, all_params)
+        self._plans = self._make_plans(compression, all_params)
+        self._powersgd = None
+        configs = {id(pl.choice): pl.choice for pl in self._plans.values() if pl.powersgd}
+        if len(configs) > 1:
+            raise ValueError("DistributedOptimizer supports one Compression.powersgd configuration per optimizer")
+        if configs:
+            self._powersgd = PowerSGDState(next(iter(configs.values())))
+
+        self._handles = {}  # param -> handle id (or None while accumulating)
+        self._powersgd_started = {}  # param -> PowerSGD phase-1 context
+        self._group_ready = {}  # group index -> params ready this step
+        self._momentum = {}  # param -> local momentum buffer
+        self._allreduce_delay = {p: backward_passes_per_step for p in all_params}
+        self._requires_update = {p for p in all_params if p.requires_grad}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._grad_accs = []
+        self._register_hooks()
+
+    # -- construction helpers ------------------------------------------------------------------
+
+    def _make_groups(self, groups, all_params):
+        """param -> group index, for grouped allreduce (Horovod's `groups`)."""
+        if groups is None:
+            return {}
+        if isinstance(groups, int):
+            if groups <= 0:
+                raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+            n = len(all_params)
+            per = (n + groups - 1) // groups
+            return {p: i // per for i, p in enumerate(all_params)}
+        if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
+            out = {}
+            for gi, g in enumerate(groups):
+                for p in g:
+                    if not isinstance(p, torch.Tensor):
+                        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+                    out[p] = gi
+            return out
+        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+
+    def _choice_for(self, compression, name, p, min_size):
+        if compression is None:
+            return None
+        if isinstance(compression, type) and issubclass(compression, Compressor):
+            compression = compression()
+        if isinstance(compression, Compressor):
+            if p.dim() <= 1 or p.numel() < min_size:  # the layer filter
+                return Compression.none
+            return compression
+        if isinstance(compression, dict):
+            choice = compression.get(name)
+        elif callable(compression):
+            choice = compression(name, p)
+        else:
+            raise ValueError(f"compression must be None, a Compression choice, a dict by parameter name or a "
+                             f"callable (name, parameter) -> Compression; got {compression!r}")
+        if choice is not None and not isinstance(choice, Compressor):
+            raise ValueError(f"compression for parameter '{name}' must be a Compression choice, got {choice!r}")
+        return choice
+
+    def _make_plans(self, compression, all_params):
+        _, min_size = _b.runtime().default_compression()
+        plans = {}
+        for i, p in enumerate(all_params):
+            name = self._name_of[id(p)]
+            plans[p] = _Plan(name, i, self._choice_for(compression, name, p, min_size))
+        for group in self.param_groups:
+            self._take_over_momentum(group, [plans[p] for p in group["params"]])
+        return plans
+
+    def _take_over_momentum(self, group, plans):
+        """DGC: move the group's momentum, Nesterov and weight decay into gradcomp (see module doc)."""
+        dgc = [pl for pl in plans if isinstance(pl.choice, TopK)]
+        if not dgc:
+            return
+        momentum = group.get("momentum", 0.0) or 0.0
+        if momentum == 0.0:
+            for pl in dgc:
+                if pl.choice.momentum:
+                    pl.spec_override = pl.choice.spec
+            return
+        explicit = [pl.name for pl in dgc if pl.choice.momentum]
+        if explicit:
+            raise ValueError(f"Compression.topk sets DGC momentum for {', '.join(explicit)}, but the optimizer has "
+                             f"momentum={momentum} too; keep one (Compression.topk(momentum=None) takes the "
+                             "optimizer's)")
+        if group.get("dampening", 0.0):
+            raise ValueError("DGC momentum correction needs dampening=0 in the wrapped optimizer")
+        nesterov = bool(group.get("nesterov", False))
+        wd = group.get("weight_decay", 0.0) or 0.0
+        for pl in plans:
+            pl.weight_decay = wd
+            pl.nesterov = nesterov
+            if isinstance(pl.choice, TopK):
+                pl.spec_override = pl.choice.with_momentum(momentum, nesterov)
+            elif pl.powersgd:
+                raise ValueError(f"parameter '{pl.name}': PowerSGD and DGC cannot share a param group with momentum")
+            else:
+                pl.local_momentum = momentum
+        group["momentum"] = 0.0
+        group["nesterov"] = False
+        if "weight_decay" in group:
+            group["weight_decay"] = 0.0
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p_tmp = p.expand_as(p)
+                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                    grad_acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(grad_acc)
+
+    # -- communication ---------------------------------------------------------------------------
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            del ignore
+            if p in self._handles and self._handles[p] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
+                                         "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                                         "locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                self._start(p)
+            else:
+                self._handles[p] = None
+
+        return hook
+
+    def _to_send(self, p, plan):
+        """The tensor to reduce for p: its gradient, or (DGC take-over) the locally
+        weight-decayed and, for dense parameters, momentum-accumulated gradient."""
+        if plan.weight_decay == 0.0 and plan.local_momentum == 0.0:
+            return p.grad
+        g = p.grad.detach()
+        if plan.weight_decay:
+            g = g.add(p.detach(), alpha=plan.weight_decay)
+        if plan.local_momentum:
+            buf = self._momentum.get(p)
+            if buf is None:
+                buf = self._momentum[p] = g.clone()
+            else:
+                buf.mul_(plan.local_momentum).add_(g)
+            g = g.add(buf, alpha=plan.local_momentum) if plan.nesterov else buf.clone()
+        return g.contiguous()
+
+    def _start(self, p):
+        """Starts p's communication (or defers it until its group is complete) and records
+        it in self._handles[p]: ("single", handle, sent tensor), ("grouped", shared, sent
+        tensor), ("powersgd",) or ("waiting",) for a group member."""
+        plan = self._plans[p]
+        if plan.powersgd and self._powersgd.compresses(p.grad):
+            self._powersgd_started[p] = self._powersgd.start(plan.name, plan.index, p.grad)
+            self._handles[p] = ("powersgd",)
+            return
+        send = self._to_send(p, plan)
+        if p in self._groups:
+            gi = self._groups[p]
+            self._handles[p] = ("waiting",)
+            ready = self._group_ready.setdefault(gi, {})
+            ready[p] = send
+            members = [q for q, g in self._groups.items() if g == gi and q in self._requires_update]
+            if len(ready) == len(members):
+                self._start_group(gi)
+            return
+        handle = allreduce_async_(send, name=f"allreduce.{plan.name}", op=self._op,
+                                  prescale_factor=self._prescale, postscale_factor=self._postscale,
+                                  compression=plan.compression)
+        self._handles[p] = ("single", handle, send)
+
+    def _start_group(self, gi):
+        """One grouped allreduce per (compression, dtype) among the group's ready gradients."""
+        ready = self._group_ready.pop(gi)
+        buckets = {}
+        for p, send in ready.items():
+            plan = self._plans[p]
+            key = (repr(plan.compression), send.dtype)
+            buckets.setdefault(key, []).append((p, send))
+        for items in buckets.values():
+            items.sort(key=lambda item: self._plans[item[0]].index)
+        for (_, _), items in sorted(buckets.items(), key=lambda kv: self._plans[kv[1][0][0]].index):
+            plan = self._plans[items[0][0]]
+            handle = grouped_allreduce_async_([s for _, s in items], name=f"allreduce.group{gi}.{plan.name}",
+                                              op=self._op, prescale_factor=self._prescale,
+                                              postscale_factor=self._postscale, compression=plan.compression)
+            shared = {"handle": handle, "done": False}
+            for p, send in items:
+                self._handles[p] = ("grouped", shared, send)
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce and writes the results into .grad."""
+        for p in self._requires_update:
+            if p not in self._handles:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self._allreduce_delay[p] = 1
+                self._handles[p] = None
+        for p in list(self._handles):
+            if self._handles[p] is None:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self._start(p)
+        for gi in list(self._group_ready):
+            self._start_group(gi)
+        for p, h in self._handles.items():
+            if h[0] == "powersgd":
+                continue
+            if h[0] == "grouped":
+                _, shared, send = h
+                if not shared["done"]:
+                    synchronize(shared["handle"])
+                    shared["done"] = True
+            else:
+                _, handle, send = h
+                synchronize(handle)
+            if send is not p.grad:
+                with torch.no_grad():
+                    p.grad.copy_(send)
+        if self._powersgd_started:
+            started = sorted(self._powersgd_started.items(), key=lambda kv: self._plans[kv[0]].index)
+            approxes = self._powersgd.finish([c for _, c in started])
+            for (p, _), approx in zip(started, approxes):
+                with torch.no_grad():
+                    p.grad.copy_(approx.view_as(p.grad))
+        if self._powersgd is not None:
+            self._powersgd.step += 1
+        for p in self._handles:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        self._powersgd_started.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this context does not synchronize (use after an explicit synchronize())."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def _gradcomp_wrapped_step(self):
+        """The wrapped optimizer's own step (no communication)."""
+        return super(self.__class__, self).step()
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                                 "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1, op=Average,
+                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False):
+    """Wraps `optimizer` so that step() applies gradients averaged (op) over all ranks.
+
+    See the module documentation for compression, DGC momentum handling and PowerSGD.
+    `sparse_as_dense` is accepted for Horovod compatibility: sparse gradients are always
+    densified."""
+    del sparse_as_dense
+    if not _b.is_initialized():
+        raise ValueError("gradcomp has not been initialized; call gradcomp.torch.init() before DistributedOptimizer")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, groups)

@@ -1,0 +1,92 @@
+"""PowerSGD (Vogels, Karimireddy, Jaggi 2019) on gradcomp's allreduce.
+
+A gradient reshaped to M (n x m) is approximated by P Q^T with rank r: P = M Q is averaged
+over ranks and orthonormalized, Q = M^T P is averaged, and every rank applies P Q^T (the
+projection of the averaged gradient onto span(P)). What the approximation misses stays in a
+per-tensor error buffer and is added to the next step's gradient; Q is kept between steps
+(warm start), so one power iteration per step tracks the dominant subspace.
+"""
+import torch
+
+from gradcomp.basics import Average, synchronize
+from gradcomp.torch.compression import Compression
+from gradcomp.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_
+
+
+def orthonormalize(p, epsilon=0.0):
+    """Gram-Schmidt on the columns of p, in place (as torch's PowerSGD hook)."""
+    cols = p.shape[1]
+    for i in range(cols):
+        col = p[:, i:i + 1]
+        if epsilon == 0:
+            col /= torch.norm(col)
+        else:
+            col /= torch.norm(col) + epsilon
+        if i + 1 < cols:
+            rest = p[:, i + 1:]
+            rest -= torch.sum(col * rest, dim=0) * col
+    return p
+
+
+class PowerSGDState:
+    """Per-tensor state of one PowerSGD configuration: error buffers, Q matrices, step count."""
+
+    def __init__(self, config):
+        self.config = config
+        self.step = 0
+        self.errors = {}
+        self.qs = {}
+
+    def matrix_shape(self, tensor):
+        n = tensor.shape[0] if tensor.dim() > 0 else 1
+        return n, tensor.numel() // max(n, 1)
+
+    def compresses(self, tensor):
+        """True when `tensor` is a matrix PowerSGD shrinks at least min_compression_rate-fold
+        and the warm-up steps (start_iter) are over."""
+        if tensor.dim() < 2 or self.step < self.config.start_iter or not tensor.dtype.is_floating_point:
+            return False
+        n, m = self.matrix_shape(tensor)
+        r = min(self.config.rank, n, m)
+        return n * m >= self.config.min_compression_rate * (n + m) * r
+
+    def _q(self, name, index, m, r):
+        q = self.qs.get(name)
+        if q is None or q.shape != (m, r) or not self.config.warm_start:
+            # The same random start on every rank: seeded by the configuration and the tensor's index.
+            g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + index)
+            q = torch.randn(m, r, generator=g)
+            self.qs[name] = q
+        return q
+
+    def start(self, name, index, grad):
+        """Phase 1: error-compensated M, P = M Q and its allreduce. Returns the context for finish()."""
+        n, m = self.matrix_shape(grad)
+        r = min(self.config.rank, n, m)
+        mat = grad.detach().reshape(n, m).to(torch.float32)
+        err = self.errors.get(name)
+        if err is not None and err.shape == mat.shape:
+            mat = mat + err
+        q = self._q(name, index, m, r)
+        orthonormalize(q, self.config.epsilon)
+        p = mat @ q
+        handle = allreduce_async_(p, name=f"powersgd.P.{name}", op=Average, compression=Compression.none)
+        return {"name": name, "mat": mat, "p": p, "handle": handle}
+
+    def finish(self, contexts):
+        """Phase 2 for every tensor started this step: orthonormalize P, one grouped allreduce
+        of the Qs, and the approximations P Q^T. Returns them (float32, n x m) in order."""
+        for c in contexts:
+            synchronize(c["handle"])
+            orthonormalize(c["p"], self.config.epsilon)
+            c["q"] = (c["mat"].t() @ c["p"]).contiguous()
+            self.qs[c["name"]] = c["q"]
+        if contexts:
+            synchronize(grouped_allreduce_async_([c["q"] for c in contexts], name="powersgd.Q",
+                                                 op=Average, compression=Compression.none))
+        out = []
+        for c in contexts:
+            approx = c["p"] @ c["q"].t()
+            self.errors[c["name"]] = c["mat"] - approx
+            out.append(approx)
+        return out
