@@ -30,6 +30,12 @@ class Executor {
   void Prepare(const Response& response, EntryList& entries);
   /// Runs the collective and completes the entries' handles.
   void Run(const Response& response, EntryList& entries);
+  /// Drops the error-feedback residuals and DGC momentum kept for `name`.
+  void ForgetCompressionState(const std::string& name) {
+    residuals_.Forget(name);
+    reduced_residuals_.Forget(name);
+    dgc_.Forget(name);
+  }
 
  private:
   void RunAllreduce(const Response& r, EntryList& entries);

@@ -374,7 +374,20 @@ void Runtime::GatherBurst(std::chrono::duration<double> cycle) {
   }
 }
 
+void Runtime::ForgetCompressionState(const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  forget_.insert(forget_.end(), names.begin(), names.end());
+}
+
 void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cache) {
+  {
+    std::vector<std::string> forget;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      forget.swap(forget_);
+    }
+    for (const std::string& name : forget) executor_.ForgetCompressionState(name);
+  }
   struct Work {
     const Response* response;
     EntryList entries;

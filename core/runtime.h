@@ -117,6 +117,11 @@ class Runtime {
   void StopTimeline();
 
   RuntimeStats stats() const;
+  /// Local, not collective: the compression state kept for these tensor names (error-feedback
+  /// residuals, DGC momentum and velocity) is dropped before the next operation runs, so a new
+  /// model or optimizer reusing the names starts fresh. Call it with no operation on those
+  /// names pending.
+  void ForgetCompressionState(const std::vector<std::string>& names);
   /// CPU seconds the background thread has used.
   double BackgroundCpuSeconds() const;
 
@@ -146,6 +151,7 @@ class Runtime {
   std::string stopped_reason_;
   RuntimeStats stats_;
   uint64_t barrier_count_ = 0;
+  std::vector<std::string> forget_;  // names whose compression state to drop (under state_mu_)
   std::thread background_;
 };
 

@@ -222,6 +222,8 @@ void BindRuntime(py::module& m) {
              return py::make_tuple(d, st.min_size);
            },
            "(the settings' compression spec, the layer filter's minimum size)")
+      .def("forget_compression_state", &Runtime::ForgetCompressionState,
+           "Drops error-feedback and DGC state kept for these tensor names (local)")
       .def("start_timeline", &Runtime::StartTimeline)
       .def("stop_timeline", &Runtime::StopTimeline)
       .def("stats", [](const Runtime& rt) {

@@ -23,6 +23,7 @@ class ErrorFeedback {
   const std::vector<float>& Residual(const std::string& name) const;
   /// Forgets every residual.
   void Clear() { residuals_.clear(); }
+  void Forget(const std::string& name) { residuals_.erase(name); }
   /// The residual buffer of `name`, (re)sized to n zeros if its length differs.
   std::vector<float>& Slot(const std::string& name, size_t n);
 
@@ -47,6 +48,7 @@ class DgcMemory {
   const std::vector<float>& Momentum(const std::string& name) const;
   const std::vector<float>& Velocity(const std::string& name) const;
   void Clear() { state_.clear(); }
+  void Forget(const std::string& name) { state_.erase(name); }
 
  private:
   struct State {

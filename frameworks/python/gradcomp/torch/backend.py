@@ -9,12 +9,15 @@ GRADCOMP_MIN_SIZE elements (DDP's flat buckets included), with GRADCOMP_COMPRESS
 _BUCKET_SIZE, ... ; everything else is exact. For per-layer compression inside DDP's buckets
 register gradcomp.torch.ddp_hook.
 
-Tensor names (which the runtime negotiates, caches and keys error feedback by) come from the
-order in which each rank first passes a buffer: a persistent buffer such as a DDP bucket keeps
-its name across steps.
+c10d names no tensors, so the backend names each operation by its sequence number in the
+group (c10d requires every rank to call collectives in the same order, so the names agree).
+Sequence names never repeat, so per-tensor state across steps is not available here:
+GRADCOMP_ERROR_FEEDBACK and GRADCOMP_COMPRESSION=topk (DGC's accumulator) are ignored by the
+backend with a warning; DistributedOptimizer and ddp_hook keep that state per parameter.
 """
-import threading
 import queue
+import threading
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -100,8 +103,17 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             raise ValueError(f"backend gradcomp: torch.distributed says rank {rank} of {size}, but MPI says rank "
                              f"{_b.rank()} of {_b.size()}; launch with gcrun or mpirun and let RANK/WORLD_SIZE "
                              "come from it")
-        self._ids = {}
+        self._seq = 0
         spec, self._min_size = _b.runtime().default_compression()
+        if spec["codec"] == "topk":
+            warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=topk needs a per-tensor accumulator across steps, "
+                          "which c10d's unnamed collectives cannot key; the backend's all_reduce stays exact (use "
+                          "DistributedOptimizer(compression=Compression.topk(...)) for DGC)")
+            spec = {"codec": "none"}
+        if spec.get("error_feedback"):
+            warnings.warn("backend gradcomp: GRADCOMP_ERROR_FEEDBACK=1 is ignored by the torch.distributed backend "
+                          "(no tensor names across steps); ddp_hook and DistributedOptimizer support it")
+            spec["error_feedback"] = False
         self._compress = spec if spec["codec"] != "none" else None
         # Completes each Work's future as soon as its operations finish (DDP waits on futures).
         self._completer = queue.Queue()
@@ -121,12 +133,10 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
     def name(self):
         return "gradcomp"
 
-    def _name(self, kind, tensor):
-        """A name that is the same on every rank and across steps for a persistent buffer."""
-        key = (kind, tensor.data_ptr(), tensor.numel(), tensor.dtype)
-        if key not in self._ids:
-            self._ids[key] = len(self._ids)
-        return f"c10d.{kind}.{self._ids[key]}"
+    def _name(self, kind):
+        """The operation's sequence number in this group: the same on every rank."""
+        self._seq += 1
+        return f"c10d.{kind}.{self._seq}"
 
     def _work(self, handles, finish, result):
         return _Work(handles, finish, result, self._completer)
@@ -146,18 +156,18 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             compression = self._compress  # CGX semantics: flat buffers are compressed too
         elif t.dtype.is_floating_point:
             compression = {"codec": "none"}
-        h = mpi_ops.allreduce_async_(t, name=self._name("allreduce", t), op=op, compression=compression)
+        h = mpi_ops.allreduce_async_(t, name=self._name("allreduce"), op=op, compression=compression)
         return self._work([h], None, tensors)
 
     def broadcast(self, tensors, opts=None):
         t = self._single(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
-        h = mpi_ops.broadcast_async_(t, root, self._name("broadcast", t))
+        h = mpi_ops.broadcast_async_(t, root, self._name("broadcast"))
         return self._work([h], None, tensors)
 
     def _allgather_flat(self, t):
         return mpi_ops.allgather_async(t.reshape(1, -1) if t.dim() == 0 else t.reshape(1, *t.shape),
-                                       self._name("allgather", t))
+                                       self._name("allgather"))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = self._single(input_tensors, "allgather")
@@ -190,8 +200,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         if flat.numel() != output.numel() * self.size():
             raise ValueError(f"backend gradcomp: reduce_scatter input has {flat.numel()} elements, expected "
                              f"{self.size()} x {output.numel()}")
-        h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter",
-                                                                                                 output))
+        h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter"))
 
         def finish():
             with torch.no_grad():
@@ -212,7 +221,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         splits = list(input_split_sizes) if input_split_sizes else None
-        h = mpi_ops.alltoall_async(input, splits, self._name("alltoall", input))
+        h = mpi_ops.alltoall_async(input, splits, self._name("alltoall"))
 
         def finish():
             received, _ = _b.synchronize(h)

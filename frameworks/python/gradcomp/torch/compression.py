@@ -101,15 +101,14 @@ class PowerSGD(Compressor):
 
     name = "powersgd"
 
-    def __init__(self, rank=1, start_iter=10, min_compression_rate=2.0, warm_start=True, orthogonalization_epsilon=0.0,
-                 seed=0):
+    def __init__(self, rank=1, start_iter=10, min_compression_rate=2.0, warm_start=True, seed=0):
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"Compression.powersgd: rank must be a positive integer, got {rank!r}")
         if start_iter < 0:
             raise ValueError(f"Compression.powersgd: start_iter must be >= 0, got {start_iter!r}")
         self.rank, self.start_iter = rank, int(start_iter)
         self.min_compression_rate, self.warm_start = float(min_compression_rate), bool(warm_start)
-        self.epsilon, self.seed = float(orthogonalization_epsilon), int(seed)
+        self.seed = int(seed)
 
     def __repr__(self):
         return f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter})"

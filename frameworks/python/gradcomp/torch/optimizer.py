@@ -115,6 +115,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._grad_accs = []
+        # Residuals and DGC momentum are kept by tensor name: a new optimizer starts fresh.
+        _b.runtime().forget_compression_state([f"allreduce.{pl.name}" for pl in self._plans.values()])
         self._register_hooks()
 
     # -- construction helpers ------------------------------------------------------------------

@@ -13,18 +13,16 @@ from gradcomp.torch.compression import Compression
 from gradcomp.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_
 
 
-def orthonormalize(p, epsilon=0.0):
-    """Gram-Schmidt on the columns of p, in place (as torch's PowerSGD hook)."""
-    cols = p.shape[1]
-    for i in range(cols):
-        col = p[:, i:i + 1]
-        if epsilon == 0:
-            col /= torch.norm(col)
-        else:
-            col /= torch.norm(col) + epsilon
-        if i + 1 < cols:
-            rest = p[:, i + 1:]
-            rest -= torch.sum(col * rest, dim=0) * col
+def orthonormalize(p):
+    """Replaces the columns of p by an orthonormal basis of their span, in place.
+
+    Householder QR rather than Gram-Schmidt: gradient matrices are often rank-deficient
+    (a softmax layer's rows sum to zero), and Gram-Schmidt then normalizes rounding noise into
+    columns that are not orthogonal, so P P^T is no projection. QR's basis stays orthonormal
+    to rounding whatever the conditioning. Every rank factors the same averaged P, so every
+    rank gets the same basis."""
+    q, _ = torch.linalg.qr(p, mode="reduced")
+    p.copy_(q)
     return p
 
 
@@ -68,7 +66,7 @@ class PowerSGDState:
         if err is not None and err.shape == mat.shape:
             mat = mat + err
         q = self._q(name, index, m, r)
-        orthonormalize(q, self.config.epsilon)
+        orthonormalize(q)
         p = mat @ q
         handle = allreduce_async_(p, name=f"powersgd.P.{name}", op=Average, compression=Compression.none)
         return {"name": name, "mat": mat, "p": p, "handle": handle}
@@ -78,7 +76,7 @@ class PowerSGDState:
         of the Qs, and the approximations P Q^T. Returns them (float32, n x m) in order."""
         for c in contexts:
             synchronize(c["handle"])
-            orthonormalize(c["p"], self.config.epsilon)
+            orthonormalize(c["p"])
             c["q"] = (c["mat"].t() @ c["p"]).contiguous()
             self.qs[c["name"]] = c["q"]
         if contexts:

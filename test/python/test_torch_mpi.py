@@ -1,0 +1,739 @@
+"""gradcomp.torch under mpirun (-np 2 and 3): the Horovod API over dtypes and dimensions,
+async handles, errors on every rank, autograd, DistributedOptimizer (equivalence with
+single-process training, DGC, PowerSGD, errors), the torch.distributed backend against gloo,
+the DDP hook, SyncBatchNorm, and identical parameters after compressed training.
+
+Run by ctest as: mpirun -np N python3 -m pytest test/python/test_torch_mpi.py
+Every rank runs the same tests in the same order (they are collective)."""
+import copy
+import hashlib
+import os
+import time
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradcomp.torch as hvd
+
+DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
+          torch.float64]
+SHAPES = [(17,), (3, 5), (2, 3, 4)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime():
+    hvd.init()
+    # torch.distributed's default group: backend gradcomp, with a gloo group beside it for
+    # comparisons. The port is derived from the MPI job so concurrent jobs do not collide.
+    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1(job.encode()).hexdigest(), 16) % 20000)
+    dist.init_process_group("gradcomp", rank=hvd.rank(), world_size=hvd.size())
+    yield
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def rank_data(dtype, shape, rank):
+    """Small values so sums and products over 3 ranks fit every dtype."""
+    n = 1
+    for s in shape:
+        n *= s
+    return ((torch.arange(n) * 7 + rank * 3) % 11).to(dtype).reshape(shape)
+
+
+def params_digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def assert_same_on_every_rank(value):
+    everyone = hvd.allgather_object(value)
+    assert all(v == everyone[0] for v in everyone), everyone
+
+
+# -- the tensor API --------------------------------------------------------------------------------
+
+
+def test_topology_and_probes():
+    assert hvd.is_initialized()
+    assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert hvd.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert hvd.local_size() * hvd.cross_size() == hvd.size()
+    assert 0 <= hvd.local_rank() < hvd.local_size() and 0 <= hvd.cross_rank() < hvd.cross_size()
+    assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
+    assert not hvd.gloo_built() and not hvd.rocm_built() and not hvd.ddl_built() and not hvd.ccl_built()
+    assert hvd.cuda_built() is False and hvd.nccl_built() is False  # GPU paths not built yet
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_allreduce_every_dtype_op_and_shape(dtype, shape):
+    n, me = hvd.size(), hvd.rank()
+    inputs = [rank_data(dtype, shape, r).double() for r in range(n)]
+    expected = {hvd.Sum: sum(inputs), hvd.Min: torch.stack(inputs).min(0).values,
+                hvd.Max: torch.stack(inputs).max(0).values, hvd.Product: torch.stack(inputs).prod(0)}
+    tol = {torch.float16: 0.05, torch.bfloat16: 0.05, torch.float32: 1e-6}.get(dtype, 1e-12)
+    for op, want in expected.items():
+        x = rank_data(dtype, shape, me)
+        if op == hvd.Product and dtype in (torch.int8, torch.uint8):
+            x, want = torch.ones(shape, dtype=dtype), torch.ones(shape, dtype=torch.float64)
+        got = hvd.allreduce(x, op=op, name=f"ar.{dtype}.{shape}.{op}")
+        assert got.dtype == dtype and tuple(got.shape) == shape
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * float(want.abs().max()))
+        assert torch.equal(x, rank_data(dtype, shape, me)) or op == hvd.Product  # input untouched
+    # In place, with the deprecated average= and with scale factors.
+    y = rank_data(dtype, shape, me)
+    if dtype.is_floating_point:
+        hvd.allreduce_(y, average=True, name=f"ar_.{dtype}.{shape}")
+        torch.testing.assert_close(y.double(), sum(inputs) / n, rtol=tol, atol=tol * 10)
+        z = hvd.allreduce(rank_data(dtype, shape, me), op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0,
+                          name=f"scaled.{dtype}.{shape}")
+        torch.testing.assert_close(z.double(), sum(inputs) * 2.0, rtol=tol, atol=tol * 40)
+    else:
+        hvd.allreduce_(y, op=hvd.Sum, name=f"ar_.{dtype}.{shape}")
+        assert torch.equal(y.double(), sum(inputs))
+
+
+def test_bool_allreduce_min_max():
+    me = hvd.rank()
+    x = torch.tensor([True, me == 0, False])
+    assert hvd.allreduce(x, op=hvd.Max, name="bool.max").tolist() == [True, True, False]
+    assert hvd.allreduce(x, op=hvd.Min, name="bool.min").tolist() == [True, hvd.size() == 1, False]
+
+
+def test_non_contiguous_tensor_in_place():
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (hvd.rank() + 1)
+    view = base.t()  # not contiguous
+    assert not view.is_contiguous()
+    hvd.allreduce_(view, op=hvd.Sum, name="noncontig")
+    k = sum(range(1, hvd.size() + 1))
+    torch.testing.assert_close(base, torch.arange(12, dtype=torch.float32).reshape(3, 4) * k)
+
+
+def test_async_poll_is_false_until_every_rank_submits():
+    me = hvd.rank()
+    if me != 0:
+        time.sleep(0.5)
+    h = hvd.allreduce_async(torch.ones(4) * me, op=hvd.Sum, name="late")
+    if me == 0:
+        assert hvd.poll(h) is False  # the other ranks have not submitted yet
+    out = hvd.synchronize(h)
+    assert torch.equal(out, torch.ones(4) * sum(range(hvd.size())))
+    h2 = hvd.allreduce_async_(torch.ones(2), name="late.inplace")
+    while not hvd.poll(h2):
+        time.sleep(0.001)
+    assert torch.equal(hvd.synchronize(h2), torch.ones(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_grouped_allreduce(dtype):
+    me, n = hvd.rank(), hvd.size()
+    tensors = [rank_data(dtype, s, me) for s in SHAPES]
+    want = [sum(rank_data(dtype, s, r).double() for r in range(n)) for s in SHAPES]
+    out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"group.{dtype}")
+    for o, w, t in zip(out, want, tensors):
+        torch.testing.assert_close(o.double(), w, rtol=0.02, atol=0.5)
+        assert o.data_ptr() != t.data_ptr()
+    hvd.grouped_allreduce_(tensors, op=hvd.Sum, name=f"group_.{dtype}")
+    for t, w in zip(tensors, want):
+        torch.testing.assert_close(t.double(), w, rtol=0.02, atol=0.5)
+    h = hvd.grouped_allreduce_async([torch.ones(3, dtype=dtype)], op=hvd.Sum, name=f"group.async.{dtype}")
+    assert torch.equal(hvd.synchronize(h)[0], torch.full((3,), n, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_allgather_with_uneven_first_dim(dtype, shape):
+    me, n = hvd.rank(), hvd.size()
+    mine = (me + 1,) + tuple(shape[1:])
+    out = hvd.allgather(rank_data(dtype, mine, me), name=f"ag.{dtype}.{shape}")
+    want = torch.cat([rank_data(dtype, (r + 1,) + tuple(shape[1:]), r) for r in range(n)])
+    assert out.dtype == dtype and torch.equal(out, want)
+    grouped = hvd.grouped_allgather([rank_data(dtype, mine, me), torch.full((1,), me)], name=f"gag.{dtype}.{shape}")
+    assert torch.equal(grouped[0], want) and grouped[1].tolist() == list(range(n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_broadcast_variants(dtype, shape):
+    me, n = hvd.rank(), hvd.size()
+    root = n - 1
+    want = rank_data(dtype, shape, root)
+    x = rank_data(dtype, shape, me)
+    assert torch.equal(hvd.broadcast(x, root, name=f"bc.{dtype}.{shape}"), want)
+    assert torch.equal(x, rank_data(dtype, shape, me))  # not in place
+    hvd.broadcast_(x, root, name=f"bc_.{dtype}.{shape}")
+    assert torch.equal(x, want)
+    y = rank_data(dtype, shape, me)
+    assert torch.equal(hvd.synchronize(hvd.broadcast_async(y, root, name=f"bca.{dtype}.{shape}")), want)
+    hvd.synchronize(hvd.broadcast_async_(y, root, name=f"bca_.{dtype}.{shape}"))
+    assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8])
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 2)])
+def test_alltoall_with_splits(dtype, trailing):
+    me, n = hvd.rank(), hvd.size()
+    splits = [(me + p) % 3 for p in range(n)]  # rows for each destination
+    rows = sum(splits)
+    x = (torch.arange(rows * max(1, int(torch.tensor(trailing).prod()) if trailing else 1)) + 100 * me) % 250
+    x = x.to(dtype).reshape((rows,) + trailing)
+    out, received = hvd.alltoall(x, splits=torch.tensor(splits), name=f"a2a.{dtype}.{trailing}")
+    # What rank p sent me: its rows for destination `me`.
+    expect, counts = [], []
+    for p in range(n):
+        ps = [(p + q) % 3 for q in range(n)]
+        px = (torch.arange(sum(ps) * (x[0].numel() if rows else 1)) + 100 * p) % 250
+        px = px.to(dtype).reshape((sum(ps),) + trailing)
+        start = sum(ps[:me])
+        expect.append(px[start:start + ps[me]])
+        counts.append(ps[me])
+    assert torch.equal(out, torch.cat(expect)) and received.tolist() == counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.bfloat16])
+def test_reducescatter(dtype):
+    me, n = hvd.rank(), hvd.size()
+    x = rank_data(dtype, (2 * n + 1, 3), me)
+    total = sum(rank_data(dtype, (2 * n + 1, 3), r).double() for r in range(n))
+    rows = [2 + (1 if r < 1 else 0) for r in range(n)]  # 2n+1 rows: rank 0 gets one more
+    start = sum(rows[:me])
+    got = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{dtype}")
+    torch.testing.assert_close(got.double(), total[start:start + rows[me]], rtol=0.02, atol=0.1)
+    if dtype.is_floating_point:
+        avg = hvd.synchronize(hvd.reducescatter_async(x, name=f"rs.avg.{dtype}"))
+        torch.testing.assert_close(avg.double(), total[start:start + rows[me]] / n, rtol=0.02, atol=0.05)
+
+
+def test_join_returns_the_last_rank_and_zeros_fill_in():
+    me, n = hvd.rank(), hvd.size()
+    # Rank r has r + 1 batches; joined ranks contribute zeros.
+    for step in range(me + 1):
+        got = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="join.step")
+        assert torch.equal(got, torch.full((3,), float(n - step)))
+    assert hvd.join() == n - 1
+    hvd.barrier()
+
+
+def test_objects():
+    me = hvd.rank()
+    obj = {"rank": me, "data": list(range(me + 1)), "t": torch.ones(2) * me}
+    got = hvd.broadcast_object(obj, root_rank=0)
+    assert got["rank"] == 0 and got["data"] == [0] and torch.equal(got["t"], torch.zeros(2))
+    everyone = hvd.allgather_object(obj)
+    assert [o["rank"] for o in everyone] == list(range(hvd.size()))
+    assert everyone[-1]["data"] == list(range(hvd.size()))
+
+
+# -- autograd -------------------------------------------------------------------------------------
+
+
+def test_allreduce_gradient_is_the_reduced_gradient():
+    me, n = hvd.rank(), hvd.size()
+    x = torch.ones(3, requires_grad=True)
+    y = hvd.allreduce(x * (me + 1), op=hvd.Sum, name="grad.ar")
+    (y * (me + 1)).sum().backward()
+    # d/dx_me sum_r (r+1) * sum_k (k+1) x_k = (me+1) * sum_r (r+1)
+    torch.testing.assert_close(x.grad, torch.full((3,), float((me + 1) * sum(range(1, n + 1)))))
+
+
+def test_allgather_gradient_keeps_this_ranks_rows():
+    me, n = hvd.rank(), hvd.size()
+    x = torch.ones(me + 1, 2, requires_grad=True)
+    g = hvd.allgather(x, name="grad.ag")
+    weights = torch.arange(g.shape[0], dtype=torch.float32).unsqueeze(1)
+    (g * weights).sum().backward()
+    start = sum(r + 1 for r in range(me))
+    # Every rank's loss has the same weights; the averaged gradient of my rows is those weights.
+    torch.testing.assert_close(x.grad, weights[start:start + me + 1].expand(me + 1, 2))
+
+
+def test_broadcast_gradient_flows_to_the_root_only():
+    me = hvd.rank()
+    x = torch.ones(2, requires_grad=True)
+    y = hvd.broadcast(x * (me + 1), root_rank=0, name="grad.bc")
+    assert torch.equal(y.detach(), torch.ones(2))
+    y.sum().backward()
+    # Average of ones over ranks, chained through x * (me + 1): nonzero on the root only.
+    torch.testing.assert_close(x.grad, torch.ones(2) * (1.0 if me == 0 else 0.0))
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def test_duplicate_pending_name_is_a_value_error():
+    h = hvd.allreduce_async(torch.ones(2), name="dup")
+    with pytest.raises(ValueError, match="dup"):
+        hvd.allreduce_async(torch.ones(2), name="dup")
+    hvd.synchronize(h)
+
+
+def test_shape_mismatch_fails_on_every_rank_naming_each_rank():
+    me = hvd.rank()
+    with pytest.raises(hvd.GradcompError) as e:
+        hvd.allreduce(torch.ones(me + 2), name="mismatch.shape")
+    msg = str(e.value)
+    assert isinstance(e.value, RuntimeError)
+    assert "mismatch.shape" in msg and "shape" in msg
+    for r in range(hvd.size()):
+        assert f"rank {r}" in msg or f"ranks" in msg
+    with pytest.raises(hvd.GradcompError, match="dtype"):
+        hvd.allreduce(torch.ones(2, dtype=torch.float32 if me == 0 else torch.float64), name="mismatch.dtype")
+    with pytest.raises(hvd.GradcompError, match="root"):
+        hvd.broadcast(torch.ones(2), root_rank=me, name="mismatch.root")
+
+
+def test_bad_arguments_are_value_errors():
+    with pytest.raises(ValueError, match="int16"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int16), name="bad.dtype")
+    with pytest.raises(ValueError, match="op"):
+        hvd.allreduce(torch.ones(2), op=99, name="bad.op")
+    with pytest.raises(ValueError, match="either op= or"):
+        hvd.allreduce(torch.ones(2), op=hvd.Sum, average=True)
+    with pytest.raises(ValueError, match="cannot be compressed"):
+        hvd.allreduce(torch.ones(4, 4, dtype=torch.int32), name="bad.comp", compression=hvd.Compression.maxmin(4))
+    with pytest.raises(ValueError, match="DistributedOptimizer"):
+        hvd.allreduce(torch.ones(4, 4), name="bad.psgd", compression=hvd.Compression.powersgd(1))
+    with pytest.raises(ValueError, match="bits"):
+        hvd.Compression.maxmin(bits=9)
+    with pytest.raises(ValueError, match="unknown handle"):
+        hvd.synchronize(123456789)
+    hvd.barrier()
+
+
+# -- compression on single tensors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", [hvd.Compression.fp16, hvd.Compression.bf16, hvd.Compression.maxmin(8),
+                                         hvd.Compression.maxmin(4, bucket_size=128), hvd.Compression.topk(1.0)])
+def test_compressed_allreduce_is_close_and_identical_on_every_rank(compression):
+    me, n = hvd.rank(), hvd.size()
+    g = torch.Generator().manual_seed(me)
+    x = torch.randn(64, 33, generator=g)
+    exact = hvd.allreduce(x, op=hvd.Average, name=f"exact.{compression!r}", compression=hvd.Compression.none)
+    got = hvd.allreduce(x, op=hvd.Average, name=f"comp.{compression!r}", compression=compression)
+    rel = float((got - exact).norm() / exact.norm())
+    bound = {"fp16": 1e-3, "bf16": 1e-2, "topk": 1e-6}.get(compression.name, 0.02 if "bits=8" in repr(compression)
+                                                           else 0.2)
+    assert rel <= bound, (compression, rel)
+    assert_same_on_every_rank(hashlib.sha256(got.numpy().tobytes()).hexdigest())
+    if compression.name == "maxmin":
+        assert rel > 0  # really quantized
+
+
+# -- DistributedOptimizer ---------------------------------------------------------------------------
+
+
+def make_model(seed=0, bn=False):
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)]
+    if bn:
+        layers.insert(1, torch.nn.BatchNorm1d(32))
+    return torch.nn.Sequential(*layers)
+
+
+def full_batch(step, per_rank=8):
+    g = torch.Generator().manual_seed(1000 + step)
+    n = hvd.size()
+    x = torch.randn(per_rank * n, 10, generator=g)
+    y = torch.randint(0, 4, (per_rank * n,), generator=g)
+    return x, y
+
+
+def my_slice(t, per_rank=8):
+    me = hvd.rank()
+    return t[me * per_rank:(me + 1) * per_rank]
+
+
+@pytest.mark.parametrize("groups", [None, 2])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_distributed_optimizer_equals_single_process_training(opt_name, groups):
+    def make_opt(params):
+        if opt_name == "sgd":
+            return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+        return torch.optim.Adam(params, lr=0.01)
+
+    ref = make_model()
+    ref_opt = make_opt(ref.parameters())
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_opt(model.parameters()), named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.none, groups=groups)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(20):
+        x, y = full_batch(step)
+        ref_opt.zero_grad()
+        loss_fn(ref(x), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss_fn(model(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_backward_passes_per_step_accumulates_locally():
+    ref = make_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), backward_passes_per_step=2,
+                                   compression=hvd.Compression.none)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(4):
+        ref_opt.zero_grad()
+        opt.zero_grad()
+        for micro in range(2):
+            x, y = full_batch(10 * step + micro)
+            loss_fn(ref(x), y).backward()
+            loss_fn(model(my_slice(x)), my_slice(y)).backward()
+        ref_opt.step()
+        opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    # A third backward pass before step() is an error.
+    x, y = full_batch(99)
+    opt.zero_grad()
+    for _ in range(2):
+        loss_fn(model(my_slice(x)), my_slice(y)).backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        loss_fn(model(my_slice(x)), my_slice(y)).backward()
+    opt.synchronize()
+    with opt.skip_synchronize():
+        opt.step()
+
+
+def test_synchronize_then_step_and_zero_grad_guard():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = full_batch(0)
+    torch.nn.functional.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt.step()  # synchronize() again without skip_synchronize(): a warning, still correct
+    assert any("skip_synchronize" in str(m.message) for m in w)
+    opt.zero_grad()
+
+
+def test_distributed_optimizer_constructor_errors():
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="sequence of tuples"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[p for _, p in named])
+    with pytest.raises(ValueError, match="unique.*0.weight"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[("0.weight", p) for _, p in named])
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named[:1])
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="groups"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, groups="all")
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="compression for parameter '0.weight'"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, compression={"0.weight": "maxmin"})
+    with pytest.raises(ValueError, match="momentum=0.9 too"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=named,
+                                 compression=hvd.Compression.topk(0.1, momentum=0.9))
+
+
+def test_predivide_factor_gives_the_same_average():
+    ref = make_model()
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), gradient_predivide_factor=4.0,
+                                   compression=hvd.Compression.none)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x, y = full_batch(3)
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    ref_opt.step()
+    torch.nn.functional.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
+    opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def train(model, opt, steps, per_rank=8):
+    loss_fn = torch.nn.CrossEntropyLoss()
+    losses = []
+    for step in range(steps):
+        x, y = full_batch(step % 5, per_rank)
+        opt.zero_grad()
+        loss = loss_fn(model(my_slice(x, per_rank)), my_slice(y, per_rank))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.parametrize("compression", [
+    hvd.Compression.maxmin(4), hvd.Compression.maxmin(2, error_feedback=True), hvd.Compression.fp16,
+    hvd.Compression.topk(0.05), hvd.Compression.powersgd(rank=2, start_iter=2, min_compression_rate=1)])
+def test_compressed_training_learns_and_keeps_ranks_identical(compression):
+    model = make_model(bn=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    losses = train(model, opt, 80)
+    assert losses[-1] < 0.8 * losses[0], (compression, losses[0], losses[-1])
+    assert_same_on_every_rank(params_digest(model))
+
+
+def test_dgc_takes_over_the_optimizers_momentum():
+    other = make_model()  # one DistributedOptimizer per model: each registers gradient hooks
+    nesterov = hvd.DistributedOptimizer(
+        torch.optim.SGD(other.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
+        named_parameters=other.named_parameters(), compression=hvd.Compression.topk(0.01))
+    assert all(g["momentum"] == 0 and g["weight_decay"] == 0 and not g["nesterov"] for g in nesterov.param_groups)
+    plans = {pl.name: pl for pl in nesterov._plans.values()}
+    assert plans["0.weight"].compression == {"codec": "topk", "ratio": 0.01, "momentum": 0.9, "nesterov": True}
+    assert plans["0.bias"].local_momentum == 0.9 and plans["0.bias"].weight_decay == 1e-4
+
+    model = make_model()
+    # With ratio 1 every coordinate is sent each step, so DGC's momentum-factor masking clears
+    # the weights' momentum every step (plain SGD with weight decay), while the filtered
+    # biases keep SGD momentum applied locally before their dense allreduce.
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4),
+                                   named_parameters=model.named_parameters(), compression=hvd.Compression.topk(1.0))
+    ref = make_model()
+    weights = [p for n, p in ref.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in ref.named_parameters() if n.endswith("bias")]
+    ref_opts = [torch.optim.SGD(weights, lr=0.05, weight_decay=1e-4),
+                torch.optim.SGD(biases, lr=0.05, momentum=0.9, weight_decay=1e-4)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(10):
+        x, y = full_batch(step)
+        for o in ref_opts:
+            o.zero_grad()
+        loss_fn(ref(x), y).backward()
+        for o in ref_opts:
+            o.step()
+        opt.zero_grad()
+        loss_fn(model(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_powersgd_at_full_rank_equals_uncompressed_and_respects_start_iter():
+    ref = make_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    model = make_model()
+    # Full rank (32 x 10 and 4 x 32 matrices at rank 32): P Q^T reproduces the average.
+    psgd = hvd.Compression.powersgd(rank=32, start_iter=3, min_compression_rate=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression=psgd)
+    before = hvd.stats()["executed_tensors"]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(6):
+        x, y = full_batch(step)
+        ref_opt.zero_grad()
+        loss_fn(ref(x), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss_fn(model(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5)
+    # 3 plain steps of 4 tensors, then 3 PowerSGD steps: 2 biases + 2 P + 2 Q per step.
+    assert hvd.stats()["executed_tensors"] - before == 3 * 4 + 3 * 6
+    assert opt._powersgd.step == 6 and set(opt._powersgd.errors) == {"0.weight", "2.weight"}
+
+
+def test_per_parameter_compression_and_layer_filter():
+    model = make_model()
+    choice = {"0.weight": hvd.Compression.maxmin(2), "2.weight": hvd.Compression.none}
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression=choice)
+    plans = {pl.name: pl for pl in opt._plans.values()}
+    assert plans["0.weight"].compression is choice["0.weight"]
+    assert plans["0.bias"].compression is None  # missing from the dict: the settings' policy
+    model = make_model()
+    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    named_parameters=model.named_parameters(),
+                                    compression=lambda name, p: hvd.Compression.fp16 if "bias" in name else None)
+    assert {pl.name: pl.compression for pl in opt2._plans.values()}["2.bias"] is hvd.Compression.fp16
+    # One choice for all: biases (1-D) and tiny layers stay exact.
+    model = make_model()
+    opt3 = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    named_parameters=model.named_parameters(), compression=hvd.Compression.maxmin(4))
+    kinds = {pl.name: pl.compression for pl in opt3._plans.values()}
+    assert kinds["0.bias"] is hvd.Compression.none and kinds["2.bias"] is hvd.Compression.none
+    assert kinds["0.weight"].name == "maxmin"
+    x, y = full_batch(0)
+    # Exact biases: the bias gradient equals the uncompressed average.
+    ref = make_model()
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    torch.nn.functional.cross_entropy(model(my_slice(x)), my_slice(y)).backward()
+    opt3.synchronize()
+    torch.testing.assert_close(model[2].bias.grad, ref[2].bias.grad, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(model[0].weight.grad, ref[0].weight.grad, rtol=0, atol=1e-7)
+    with opt3.skip_synchronize():
+        opt3.step()
+
+
+def test_broadcast_parameters_and_optimizer_state():
+    me = hvd.rank()
+    model = make_model(seed=me)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (me + 1))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert_same_on_every_rank(params_digest(model))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    # Training a step from here gives identical state on every rank.
+    x, y = full_batch(0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert_same_on_every_rank(params_digest(model))
+    state = opt.state_dict()["state"]
+    assert_same_on_every_rank(hashlib.sha256(state[0]["exp_avg"].numpy().tobytes()).hexdigest())
+    # named_parameters work as well
+    other = make_model(seed=7 + me)
+    hvd.broadcast_parameters(other.named_parameters(), root_rank=hvd.size() - 1)
+    assert_same_on_every_rank(params_digest(other))
+
+
+# -- SyncBatchNorm ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 4)])
+def test_sync_batch_norm_equals_batch_norm_on_the_full_batch(shape):
+    n, me = hvd.size(), hvd.rank()
+    g = torch.Generator().manual_seed(5)
+    full = torch.randn((shape[0] * n,) + shape[1:], generator=g) * 3 + 1
+    dy = torch.randn(full.shape, generator=g)
+    bn = torch.nn.BatchNorm1d(3) if len(shape) < 4 else torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1, 1)
+    sbn = hvd.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(bn))
+    assert isinstance(sbn, hvd.SyncBatchNorm)
+    xf = full.clone().requires_grad_()
+    yf = bn(xf)
+    (yf * dy).sum().backward()
+    rows = slice(me * shape[0], (me + 1) * shape[0])
+    xs = full[rows].clone().requires_grad_()
+    ys = sbn(xs)
+    (ys * dy[rows]).sum().backward()
+    torch.testing.assert_close(ys, yf[rows], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(xs.grad, xf.grad[rows], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hvd.allreduce(sbn.weight.grad, op=hvd.Sum, name=f"sbn.w.{shape}"), bn.weight.grad,
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hvd.allreduce(sbn.bias.grad, op=hvd.Sum, name=f"sbn.b.{shape}"), bn.bias.grad,
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(sbn.running_mean, bn.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sbn.running_var, bn.running_var, rtol=1e-5, atol=1e-6)
+    sbn.eval()
+    bn.eval()
+    torch.testing.assert_close(sbn(full[rows]), bn(full[rows]))
+
+
+# -- torch.distributed backend and DDP hook --------------------------------------------------------------
+
+
+def test_backend_collectives():
+    me, n = hvd.rank(), hvd.size()
+    assert dist.get_backend() == "gradcomp"
+    t = torch.ones(5) * (me + 1)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((5,), float(n * (n + 1) / 2)))
+    m = torch.tensor([me, -me])
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    assert m.tolist() == [n - 1, 0]
+    b = torch.full((3,), float(me))
+    dist.broadcast(b, src=n - 1)
+    assert torch.equal(b, torch.full((3,), float(n - 1)))
+    outs = [torch.zeros(2, 2) for _ in range(n)]
+    dist.all_gather(outs, torch.full((2, 2), float(me)))
+    assert all(torch.equal(o, torch.full((2, 2), float(r))) for r, o in enumerate(outs))
+    out = torch.zeros(3)
+    dist.reduce_scatter(out, [torch.full((3,), float(r + me)) for r in range(n)])
+    assert torch.equal(out, torch.full((3,), float(n * me + n * (n - 1) / 2)))
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    assert work.wait()
+    dist.barrier()
+    with pytest.raises(ValueError, match="BAND|not supported"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
+
+
+def ddp_train(pg, steps=5, hook=None):
+    model = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    if hook is not None:
+        ddp.register_comm_hook(*hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(steps):
+        x, y = full_batch(step)
+        opt.zero_grad()
+        loss_fn(ddp(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+    return model
+
+
+@pytest.fixture(scope="module")
+def gloo_group():
+    return dist.new_group(backend="gloo")
+
+
+def test_ddp_on_gradcomp_equals_ddp_on_gloo(gloo_group):
+    ours = ddp_train(None)
+    theirs = ddp_train(gloo_group)
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_on_every_rank(params_digest(ours))
+
+
+@pytest.mark.parametrize("backend", ["gloo", "gradcomp"])
+def test_ddp_hook_compresses_large_layers_and_keeps_filtered_ones_exact(backend, gloo_group):
+    pg = gloo_group if backend == "gloo" else dist.group.WORLD
+    model = make_model()
+    ref = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    state = hvd.DDPHookState(pg, layer_min_size=64, compression_params={"bits": 2, "bucket_size": 64})
+    ddp.register_comm_hook(state, hvd.ddp_hook)
+    x, y = full_batch(0)
+    torch.nn.functional.cross_entropy(ddp(my_slice(x)), my_slice(y)).backward()
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    # 0.weight (320) and 2.weight (128) are quantized; the biases are exact.
+    for name in ("0.bias", "2.bias"):
+        torch.testing.assert_close(dict(model.named_parameters())[name].grad, dict(ref.named_parameters())[name].grad,
+                                   rtol=1e-5, atol=1e-6, msg=name)
+    for name in ("0.weight", "2.weight"):
+        got, want = dict(model.named_parameters())[name].grad, dict(ref.named_parameters())[name].grad
+        rel = float((got - want).norm() / want.norm())
+        assert 0 < rel < 0.6, (name, rel)
+    assert_same_on_every_rank(hashlib.sha256(model[0].weight.grad.numpy().tobytes()).hexdigest())
+    assert state.bytes_on_wire < state.bytes_in * max(1, hvd.size() - 1)
+    with pytest.raises(ValueError, match="bits"):
+        hvd.DDPHookState(pg, compression_params={"bits": 0})
+    with pytest.raises(ValueError, match="unknown compression_params"):
+        hvd.DDPHookState(pg, compression_params={"bitz": 4})
+
+
+def test_ddp_hook_training_keeps_ranks_identical(gloo_group):
+    state = hvd.DDPHookState(gloo_group, layer_min_size=64, compression_params={"bits": 4, "error_feedback": True})
+    model = ddp_train(gloo_group, steps=10, hook=(state, hvd.ddp_hook))
+    assert_same_on_every_rank(params_digest(model))
+
+
+# -- last: shutdown and re-init -------------------------------------------------------------------------
+
+
+def test_calls_after_shutdown_fail_clearly_and_init_again_works():
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    with pytest.raises(ValueError, match="not been initialized"):
+        hvd.allreduce(torch.ones(2), name="after.shutdown")
+    with pytest.raises(ValueError, match="not been initialized"):
+        hvd.rank()
+    hvd.init()
+    assert hvd.allreduce(torch.ones(2), op=hvd.Sum, name="reinit").tolist() == [hvd.size()] * 2
