@@ -657,6 +657,17 @@ def test_backend_collectives():
     out = torch.zeros(3)
     dist.reduce_scatter(out, [torch.full((3,), float(r + me)) for r in range(n)])
     assert torch.equal(out, torch.full((3,), float(n * me + n * (n - 1) / 2)))
+    inp = torch.arange(n * 2, dtype=torch.float32) + 100 * me
+    out = torch.empty(n * 2)
+    dist.all_to_all_single(out, inp)
+    assert torch.equal(out, torch.cat([torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) + 100 * p
+                                       for p in range(n)]))
+    flat = torch.empty(n * 3)
+    dist._all_gather_base(flat, torch.full((3,), float(me)))
+    assert torch.equal(flat, torch.arange(n, dtype=torch.float32).repeat_interleave(3))
+    part = torch.empty(2)
+    dist._reduce_scatter_base(part, torch.arange(n * 2, dtype=torch.float32))
+    assert torch.equal(part, torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) * n)
     work = dist.all_reduce(torch.ones(2), async_op=True)
     assert work.wait()
     dist.barrier()
