@@ -27,7 +27,7 @@ from gradcomp import basics as _b
 from gradcomp.basics import Average, Max, Min, Product, Sum
 from gradcomp.torch import mpi_ops
 
-_WorkBase = getattr(dist, "_Work", None) or torch._C._distributed_c10d.Work
+_create_work_from_future = torch._C._distributed_c10d._create_work_from_future
 
 
 def _reduce_op(op):
@@ -41,54 +41,30 @@ def _reduce_op(op):
     raise ValueError(f"backend gradcomp: reduce op {op} is not supported (SUM, AVG, PRODUCT, MIN, MAX)")
 
 
-class _Work(_WorkBase):
-    """A c10d Work over one or more gradcomp handles; `finish` runs once, after they complete."""
+class _Pending:
+    """One c10d operation: gradcomp handles, what to do once they complete, and the future
+    (wrapped in the Work that c10d gets) to resolve with `result`."""
 
-    def __init__(self, handles, finish, result, completer):
-        super().__init__()
-        self._handles = handles
-        self._finish = finish
-        self._result = result
-        self._lock = threading.Lock()
-        self._done = False
-        self._error = None
-        self._future = Future()
-        completer.put(self)
+    def __init__(self, handles, finish, result):
+        self.handles, self.finish, self.result = handles, finish, result
+        self.future = Future()
 
-    def _complete(self):
-        with self._lock:
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                return
-            self._done = True
-            try:
-                for h in self._handles:
-                    _b.synchronize(h)
-                if self._finish is not None:
-                    self._finish()
-            except Exception as e:  # noqa: BLE001 - delivered to wait() and the future
-                self._error = e
-                self._future.set_exception(e)
-                raise
-            self._future.set_result(self._result)
+    def complete(self):
+        """Waits for the operations and runs `finish`; returns the error, if any."""
+        try:
+            for h in self.handles:
+                _b.synchronize(h)
+            if self.finish is not None:
+                self.finish()
+        except Exception as e:  # noqa: BLE001 - delivered through the future
+            return e
+        return None
 
-    def wait(self, timeout=None):
-        del timeout
-        self._complete()
-        return True
-
-    def is_completed(self):
-        return self._done
-
-    def is_success(self):
-        return self._done and self._error is None
-
-    def get_future(self):
-        return self._future
-
-    def exception(self):
-        return self._error
+    def resolve(self, error):
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(self.result)
 
 
 class ProcessGroupGradcomp(dist.ProcessGroup):
@@ -120,12 +96,13 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         threading.Thread(target=self._complete_in_order, name="gradcomp-c10d-completer", daemon=True).start()
 
     def _complete_in_order(self):
+        """Waits for the operations in submission order. Each future is resolved on a fresh
+        thread: future callbacks (DDP comm hooks such as PowerSGD's) may issue collectives and
+        wait for them, which needs this thread free."""
         while True:
-            work = self._completer.get()
-            try:
-                work._complete()
-            except Exception:  # noqa: BLE001 - already delivered through the work
-                pass
+            pending = self._completer.get()
+            error = pending.complete()
+            threading.Thread(target=pending.resolve, args=(error,), name="gradcomp-c10d-future", daemon=True).start()
 
     def getBackendName(self):
         return "gradcomp"
@@ -139,7 +116,11 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         return f"c10d.{kind}.{self._seq}"
 
     def _work(self, handles, finish, result):
-        return _Work(handles, finish, result, self._completer)
+        # A Work built by torch from a future: c10d and DDP may keep it after Python has let
+        # go of it (a Python subclass of Work would then lose its overrides).
+        pending = _Pending(handles, finish, result)
+        self._completer.put(pending)
+        return _create_work_from_future(pending.future)
 
     @staticmethod
     def _single(tensors, what):

@@ -1,0 +1,300 @@
+"""gcrun: starts a gradcomp job through mpirun, the way horovodrun does.
+
+    gcrun -np 4 --compression maxmin --bits 4 /usr/bin/python3 train.py --epochs 5
+    gcrun -np 8 -H node1:4,node2:4 --hierarchical python3 train.py
+    gcrun -np 2 --dry-run python3 train.py          # prints the mpirun command only
+
+Every gradcomp flag becomes the GRADCOMP_* variable of the same meaning; GRADCOMP_*/CGX_*
+variables already set, PATH, LD_LIBRARY_PATH and PYTHONPATH reach every rank. Each rank also
+gets what torch.distributed's env:// needs (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE), so an existing DDP script runs unchanged. gcrun exits with the
+exit code of the first rank that failed; Ctrl-C stops every rank.
+"""
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+USAGE = "usage: gcrun -np N [options] COMMAND [ARGS...]   (gcrun --help for the options)"
+
+
+class LaunchError(Exception):
+    """A bad invocation: the message is printed as 'gcrun: error: ...' with exit code 2."""
+
+
+# flag -> (destination, kind, help). kind: "int", "float", "str", "bool" (no value).
+FLAGS = {
+    "-np": ("np", "int", "number of ranks to start"),
+    "-H": ("hosts", "str", "hosts and slots: host1:4,host2:4 (slots default to 1)"),
+    "--hosts": ("hosts", "str", "same as -H"),
+    "--hostfile": ("hostfile", "str", "an Open MPI hostfile ('host slots=N' per line)"),
+    "--compression": ("GRADCOMP_COMPRESSION", "str", "none, fp16, bf16, maxmin or topk"),
+    "--bits": ("GRADCOMP_BITS", "int", "max-min quantization bits (1-8)"),
+    "--bucket-size": ("GRADCOMP_BUCKET_SIZE", "int", "max-min bucket size"),
+    "--topk-ratio": ("GRADCOMP_TOPK_RATIO", "float", "fraction of values top-k keeps"),
+    "--error-feedback": ("GRADCOMP_ERROR_FEEDBACK", "bool", "keep compression residuals per tensor"),
+    "--fusion-threshold-mb": ("GRADCOMP_FUSION_THRESHOLD_MB", "float", "fusion buffer size in MB"),
+    "--cycle-time-ms": ("GRADCOMP_CYCLE_TIME_MS", "float", "coordinator cycle time in ms"),
+    "--hierarchical": ("GRADCOMP_HIERARCHICAL", "bool", "node-local reduce + cross-node allreduce"),
+    "--timeline-filename": ("GRADCOMP_TIMELINE", "str", "write a Chrome-trace timeline here"),
+    "--stall-check-warning-time-seconds": ("GRADCOMP_STALL_CHECK_TIME_SECONDS", "float",
+                                           "warn about tensors some ranks have not submitted after this"),
+    "--stall-check-shutdown-time-seconds": ("GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", "float",
+                                            "stop every rank after a stall this long (0: never)"),
+    "--log-level": ("GRADCOMP_LOG_LEVEL", "str", "trace, debug, info, warning, error or off"),
+    "--verbose": ("verbose", "bool", "print the mpirun command and log at debug level"),
+    "--output-filename": ("output_filename", "str", "directory for per-rank stdout/stderr logs"),
+    "--mpi-args": ("mpi_args", "str", "extra arguments for mpirun, quoted: --mpi-args='--mca btl tcp,self'"),
+    "--mpirun": ("mpirun", "str", "the mpirun to use (default: the one on PATH)"),
+    "--dry-run": ("dry_run", "bool", "print the mpirun command and exit"),
+}
+_ALIASES = {"--num-proc": "-np", "-n": "-np", "--np": "-np"}
+FORWARDED_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def help_text():
+    lines = [__doc__.strip(), "", USAGE, "", "options:"]
+    for flag, (_, kind, text) in FLAGS.items():
+        arg = "" if kind == "bool" else " " + kind.upper()
+        lines.append(f"  {flag + arg:<46} {text}")
+    lines.append(f"  {'-h, --help':<46} show this help")
+    return "\n".join(lines)
+
+
+def _convert(flag, kind, value):
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+    except ValueError:
+        raise LaunchError(f"{flag} expects {'an integer' if kind == 'int' else 'a number'}, got {value!r}") from None
+    return value
+
+
+def parse_args(argv):
+    """Splits argv into gcrun's options (a dict) and the command to run."""
+    opts = {"settings": {}}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("-") or token == "-":
+            break
+        if token in ("-h", "--help"):
+            opts["help"] = True
+            return opts, []
+        flag, value = token, None
+        if token.startswith("--") and "=" in token:
+            flag, value = token.split("=", 1)
+        flag = _ALIASES.get(flag, flag)
+        if flag not in FLAGS:
+            raise LaunchError(f"unknown flag {token} (gcrun --help lists the flags; put the command after them)")
+        dest, kind, _ = FLAGS[flag]
+        if kind == "bool":
+            if value is not None:
+                raise LaunchError(f"{flag} takes no value")
+            converted = True
+        else:
+            if value is None:
+                i += 1
+                if i >= len(argv):
+                    raise LaunchError(f"{flag} needs a value")
+                value = argv[i]
+            converted = _convert(flag, kind, value)
+        if dest.startswith("GRADCOMP_"):
+            opts["settings"][dest] = ("1" if converted is True else str(converted))
+        else:
+            opts[dest] = converted
+        i += 1
+    return opts, argv[i:]
+
+
+def parse_hosts(spec):
+    """'h1:2,h2' -> [('h1', 2), ('h2', 1)]."""
+    hosts = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            raise LaunchError(f"bad host list {spec!r}: empty entry (use host1:slots,host2:slots)")
+        name, _, slots = part.partition(":")
+        if not name or any(c.isspace() for c in name) or ":" in slots:
+            raise LaunchError(f"bad host {part!r} in {spec!r} (use host or host:slots)")
+        if slots == "":
+            n = 1
+        else:
+            try:
+                n = int(slots)
+            except ValueError:
+                raise LaunchError(f"bad slots {slots!r} for host {name!r}: expected a positive integer") from None
+            if n < 1:
+                raise LaunchError(f"bad slots {n} for host {name!r}: expected a positive integer")
+        hosts.append((name, n))
+    return hosts
+
+
+def read_hostfile(path):
+    """An Open MPI hostfile -> [(host, slots)] (for slot counting and MASTER_ADDR)."""
+    if not os.path.isfile(path):
+        raise LaunchError(f"--hostfile {path}: no such file")
+    hosts = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            fields = line.split()
+            slots = 1
+            for field in fields[1:]:
+                key, _, val = field.partition("=")
+                if key == "slots":
+                    try:
+                        slots = int(val)
+                    except ValueError:
+                        raise LaunchError(f"--hostfile {path}:{lineno}: bad slots {val!r}") from None
+            hosts.append((fields[0], slots))
+    if not hosts:
+        raise LaunchError(f"--hostfile {path}: no hosts in it")
+    return hosts
+
+
+def _is_local(host):
+    return host in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn())
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def find_mpirun(explicit=None):
+    path = explicit or shutil.which("mpirun")
+    if not path or not os.access(path, os.X_OK):
+        raise LaunchError("mpirun not found" + (f" at {explicit}" if explicit else " on PATH") +
+                          "; install Open MPI (apt-get install openmpi-bin) or pass --mpirun PATH")
+    return path
+
+
+# Sets what torch.distributed's env:// reads from Open MPI's per-rank variables, then runs the command.
+_RANK_SHIM = ('export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
+              'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; exec "$@"')
+
+
+def build_command(opts, command, env=None, is_root=None, cpu_count=None, port=None):
+    """The mpirun argv, the environment it runs with, and the variables gcrun set in it."""
+    env = dict(os.environ if env is None else env)
+    before = dict(env)
+    is_root = (os.geteuid() == 0) if is_root is None else is_root
+    cpu_count = (os.cpu_count() or 1) if cpu_count is None else cpu_count
+    if not command:
+        raise LaunchError("no command to run (gcrun -np N COMMAND ...)")
+    np_ = opts.get("np")
+    if np_ is None:
+        raise LaunchError("-np is required (the number of ranks)")
+    if np_ < 1:
+        raise LaunchError(f"-np must be at least 1, got {np_}")
+    if opts.get("hosts") and opts.get("hostfile"):
+        raise LaunchError("use either -H/--hosts or --hostfile, not both")
+    hosts = parse_hosts(opts["hosts"]) if opts.get("hosts") else None
+    if opts.get("hostfile"):
+        hosts = read_hostfile(opts["hostfile"])
+    slots = sum(n for _, n in hosts) if hosts else cpu_count
+
+    args = [find_mpirun(opts.get("mpirun")), "-np", str(np_)]
+    if is_root:
+        args.append("--allow-run-as-root")
+    if hosts and opts.get("hosts"):
+        args += ["-H", ",".join(f"{h}:{n}" for h, n in hosts)]
+    if opts.get("hostfile"):
+        args += ["--hostfile", opts["hostfile"]]
+    if np_ > slots:
+        args.append("--oversubscribe")
+    args += ["--bind-to", "none", "--map-by", "slot"]
+    if opts.get("output_filename"):
+        args += ["--output-filename", opts["output_filename"]]
+    if opts.get("mpi_args"):
+        args += shlex.split(opts["mpi_args"])
+
+    # Settings from flags override the caller's environment.
+    env.update(opts["settings"])
+    if opts.get("verbose") and "GRADCOMP_LOG_LEVEL" not in opts["settings"]:
+        env["GRADCOMP_LOG_LEVEL"] = "debug"
+    # The package built in this checkout, when gcrun runs from one.
+    built = os.path.join(REPO_ROOT, "build", "python")
+    if os.path.isdir(os.path.join(built, "gradcomp")):
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if built not in parts:
+            env["PYTHONPATH"] = os.pathsep.join([built] + parts)
+    master = "127.0.0.1"
+    if hosts and not all(_is_local(h) for h, _ in hosts):
+        master = hosts[0][0]
+    env.setdefault("MASTER_ADDR", master)
+    env.setdefault("MASTER_PORT", str(port if port is not None else free_port()))
+
+    names = sorted(k for k in env if k.startswith(("GRADCOMP_", "CGX_")))
+    names += [k for k in FORWARDED_VARIABLES + ("MASTER_ADDR", "MASTER_PORT") if k in env]
+    for name in names:
+        args += ["-x", name]
+    args += ["/bin/sh", "-c", _RANK_SHIM, "gcrun-rank"] + list(command)
+    assigned = {k: v for k, v in env.items() if before.get(k) != v}
+    return args, env, assigned
+
+
+def run(argv):
+    opts, command = parse_args(argv)
+    if opts.get("help"):
+        print(help_text())
+        return 0
+    args, env, assigned = build_command(opts, command)
+    if opts.get("dry_run") or opts.get("verbose"):
+        # A shell line that runs the same job: the variables gcrun sets, then mpirun.
+        shown = " ".join([f"{k}={shlex.quote(v)}" for k, v in sorted(assigned.items())] +
+                         [shlex.quote(a) for a in args])
+        print(shown, file=sys.stdout if opts.get("dry_run") else sys.stderr, flush=True)
+        if opts.get("dry_run"):
+            return 0
+    # mpirun in its own process group: on Ctrl-C gcrun forwards the signal once (mpirun then
+    # stops every rank it started) and waits for it; a second Ctrl-C kills the group.
+    proc = subprocess.Popen(args, env=env, start_new_session=True)
+    interrupted = []
+
+    def forward(signum, frame):
+        del frame
+        if interrupted:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            interrupted.append(signum)
+            try:
+                proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+        try:  # anything mpirun left behind in its process group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if interrupted:
+        return 128 + interrupted[0]
+    return code if code >= 0 else 128 - code
+
+
+def main(argv=None):
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except LaunchError as e:
+        print(f"gcrun: error: {e}\n{USAGE}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
