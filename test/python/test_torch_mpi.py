@@ -663,10 +663,10 @@ def test_backend_collectives():
     assert torch.equal(out, torch.cat([torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) + 100 * p
                                        for p in range(n)]))
     flat = torch.empty(n * 3)
-    dist._all_gather_base(flat, torch.full((3,), float(me)))
+    dist.all_gather_into_tensor(flat, torch.full((3,), float(me)))
     assert torch.equal(flat, torch.arange(n, dtype=torch.float32).repeat_interleave(3))
     part = torch.empty(2)
-    dist._reduce_scatter_base(part, torch.arange(n * 2, dtype=torch.float32))
+    dist.reduce_scatter_tensor(part, torch.arange(n * 2, dtype=torch.float32))
     assert torch.equal(part, torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) * n)
     work = dist.all_reduce(torch.ones(2), async_op=True)
     assert work.wait()
@@ -675,8 +675,8 @@ def test_backend_collectives():
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
 
 
-def ddp_train(pg, steps=5, hook=None):
-    model = make_model()
+def ddp_train(pg, steps=5, hook=None, bn=False):
+    model = make_model(bn=bn)
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
     if hook is not None:
         ddp.register_comm_hook(*hook)
@@ -695,12 +695,27 @@ def gloo_group():
     return dist.new_group(backend="gloo")
 
 
-def test_ddp_on_gradcomp_equals_ddp_on_gloo(gloo_group):
-    ours = ddp_train(None)
-    theirs = ddp_train(gloo_group)
-    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+@pytest.mark.parametrize("bn", [False, True])
+def test_ddp_on_gradcomp_equals_ddp_on_gloo(gloo_group, bn):
+    # With batch norm, DDP also broadcasts the buffers before every forward.
+    ours = ddp_train(None, bn=bn)
+    theirs = ddp_train(gloo_group, bn=bn)
+    for (name, p), q in zip(ours.state_dict().items(), theirs.state_dict().values()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
     assert_same_on_every_rank(params_digest(ours))
+
+
+def test_torch_powersgd_hook_on_the_gradcomp_backend_equals_gloo(gloo_group):
+    # PowerSGD's hook issues collectives from inside future callbacks and waits for them.
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+
+    def run(pg):
+        state = powerSGD.PowerSGDState(process_group=pg, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        return ddp_train(pg, steps=6, hook=(state, powerSGD.powerSGD_hook))
+
+    ours, theirs = run(None), run(gloo_group)
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("backend", ["gloo", "gradcomp"])
