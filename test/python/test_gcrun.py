@@ -1,0 +1,269 @@
+"""gcrun: command construction for every flag and host form, --dry-run, every error, the exit
+code of the first failing rank, Ctrl-C cleanup, an end-to-end run of the digits example, and
+the timeline tool on a trace recorded by that run. Run by ctest with plain pytest (gcrun
+itself starts mpirun)."""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GCRUN = os.path.join(ROOT, "gcrun")
+sys.path.insert(0, os.path.join(ROOT, "launcher"))
+import gcrun  # noqa: E402
+
+PY = "/usr/bin/python3"
+
+
+def build(argv, env=None, is_root=True, cpu_count=2):
+    opts, command = gcrun.parse_args(argv)
+    args, run_env, assigned = gcrun.build_command(opts, command, env=env or {"PATH": os.environ["PATH"]},
+                                                  is_root=is_root, cpu_count=cpu_count, port=12345)
+    return args, run_env, assigned
+
+
+def exported(args):
+    return [args[i + 1] for i, a in enumerate(args) if a == "-x"]
+
+
+def run_gcrun(argv, timeout=120, **kw):
+    return subprocess.run([GCRUN] + argv, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+# -- command construction ---------------------------------------------------------------------
+
+
+def test_basic_command():
+    args, env, _ = build(["-np", "2", PY, "train.py", "--epochs", "3"])
+    assert os.path.basename(args[0]) == "mpirun" and args[1:3] == ["-np", "2"]
+    assert "--allow-run-as-root" in args and "--oversubscribe" not in args
+    assert args[-4:] == ["gcrun-rank", PY, "train.py", "--epochs", "3"][-4:]
+    assert args[args.index("gcrun-rank") + 1:] == [PY, "train.py", "--epochs", "3"]
+    # torch.distributed's env:// variables
+    shim = args[args.index("-c") + 1]
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        assert f'{var}="$OMPI_COMM_WORLD_' in shim
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "12345"
+    assert {"PATH", "MASTER_ADDR", "MASTER_PORT"} <= set(exported(args))
+
+
+def test_not_root_and_oversubscribe():
+    args, _, _ = build(["-np", "3", PY, "x.py"], is_root=False, cpu_count=2)
+    assert "--allow-run-as-root" not in args and "--oversubscribe" in args
+    args, _, _ = build(["-np", "2", PY, "x.py"], is_root=False, cpu_count=2)
+    assert "--oversubscribe" not in args
+
+
+@pytest.mark.parametrize("flag,value,var,expected", [
+    ("--compression", "maxmin", "GRADCOMP_COMPRESSION", "maxmin"),
+    ("--bits", "4", "GRADCOMP_BITS", "4"),
+    ("--bucket-size", "256", "GRADCOMP_BUCKET_SIZE", "256"),
+    ("--topk-ratio", "0.001", "GRADCOMP_TOPK_RATIO", "0.001"),
+    ("--error-feedback", None, "GRADCOMP_ERROR_FEEDBACK", "1"),
+    ("--fusion-threshold-mb", "32", "GRADCOMP_FUSION_THRESHOLD_MB", "32.0"),
+    ("--cycle-time-ms", "2.5", "GRADCOMP_CYCLE_TIME_MS", "2.5"),
+    ("--hierarchical", None, "GRADCOMP_HIERARCHICAL", "1"),
+    ("--timeline-filename", "/tmp/t.json", "GRADCOMP_TIMELINE", "/tmp/t.json"),
+    ("--stall-check-warning-time-seconds", "30", "GRADCOMP_STALL_CHECK_TIME_SECONDS", "30.0"),
+    ("--stall-check-shutdown-time-seconds", "120", "GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", "120.0"),
+    ("--log-level", "debug", "GRADCOMP_LOG_LEVEL", "debug"),
+])
+def test_each_setting_flag_becomes_its_variable(flag, value, var, expected):
+    argv = ["-np", "2", flag] + ([value] if value is not None else []) + [PY, "x.py"]
+    args, env, assigned = build(argv)
+    assert env[var] == expected and assigned[var] == expected and var in exported(args)
+    if value is not None:  # --flag=value works too
+        _, env2, _ = build(["-np", "2", f"{flag}={value}", PY, "x.py"])
+        assert env2[var] == expected
+
+
+def test_caller_variables_are_forwarded_and_flags_win():
+    env = {"PATH": os.environ["PATH"], "GRADCOMP_BITS": "8", "CGX_COMPRESSION_BUCKET_SIZE": "128",
+           "LD_LIBRARY_PATH": "/opt/lib", "PYTHONPATH": "/opt/py", "UNRELATED": "x"}
+    args, run_env, _ = build(["-np", "2", "--bits", "2", PY, "x.py"], env=env)
+    names = exported(args)
+    assert {"GRADCOMP_BITS", "CGX_COMPRESSION_BUCKET_SIZE", "LD_LIBRARY_PATH", "PYTHONPATH", "PATH"} <= set(names)
+    assert "UNRELATED" not in names
+    assert run_env["GRADCOMP_BITS"] == "2"
+    assert "/opt/py" in run_env["PYTHONPATH"].split(os.pathsep)
+
+
+def test_verbose_sets_debug_logging_unless_a_level_is_given():
+    _, env, _ = build(["-np", "1", "--verbose", PY, "x.py"])
+    assert env["GRADCOMP_LOG_LEVEL"] == "debug"
+    _, env, _ = build(["-np", "1", "--verbose", "--log-level", "warning", PY, "x.py"])
+    assert env["GRADCOMP_LOG_LEVEL"] == "warning"
+
+
+@pytest.mark.parametrize("hosts,expected,slots", [
+    ("a:4,b:4", "a:4,b:4", 8), ("a,b", "a:1,b:1", 2), ("node-1:2", "node-1:2", 2), ("localhost:8", "localhost:8", 8)])
+def test_host_forms(hosts, expected, slots):
+    for flag in ("-H", "--hosts"):
+        args, env, _ = build(["-np", str(slots), flag, hosts, PY, "x.py"])
+        assert args[args.index("-H") + 1] == expected
+        assert "--oversubscribe" not in args
+        args, _, _ = build(["-np", str(slots + 1), flag, hosts, PY, "x.py"])
+        assert "--oversubscribe" in args
+    _, env, _ = build(["-np", "2", "-H", hosts, PY, "x.py"])
+    assert env["MASTER_ADDR"] == ("127.0.0.1" if hosts.startswith("localhost") else hosts.split(":")[0].split(",")[0])
+
+
+def test_hostfile(tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_text("# cluster\nn1 slots=2\nn2 slots=3\n\n")
+    args, env, _ = build(["-np", "5", "--hostfile", str(hf), PY, "x.py"])
+    assert args[args.index("--hostfile") + 1] == str(hf) and "--oversubscribe" not in args
+    assert env["MASTER_ADDR"] == "n1"
+    args, _, _ = build(["-np", "6", "--hostfile", str(hf), PY, "x.py"])
+    assert "--oversubscribe" in args
+
+
+def test_output_filename_and_mpi_args():
+    args, _, _ = build(["-np", "2", "--output-filename", "/tmp/logs", "--mpi-args=--mca btl tcp,self -v", PY,
+                        "x.py"])
+    assert args[args.index("--output-filename") + 1] == "/tmp/logs"
+    i = args.index("--mca")
+    assert args[i:i + 4] == ["--mca", "btl", "tcp,self", "-v"]
+
+
+def test_dry_run_prints_a_runnable_command_and_starts_nothing():
+    r = run_gcrun(["-np", "2", "--compression", "maxmin", "--bits", "4", "--dry-run", PY, "-c", "print(1)"])
+    assert r.returncode == 0 and r.stderr == ""
+    words = shlex.split(r.stdout)
+    assert "GRADCOMP_COMPRESSION=maxmin" in words and "GRADCOMP_BITS=4" in words
+    mpirun = next(i for i, w in enumerate(words) if w.endswith("mpirun"))
+    assert words[mpirun + 1:mpirun + 3] == ["-np", "2"] and words[-3:] == [PY, "-c", "print(1)"]
+
+
+def test_help():
+    r = run_gcrun(["--help"])
+    assert r.returncode == 0
+    for flag in gcrun.FLAGS:
+        assert flag in r.stdout
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-np", "0", PY, "x.py"], "-np must be at least 1, got 0"),
+    (["-np", "-3", PY, "x.py"], "-np must be at least 1, got -3"),
+    (["-np", "two", PY, "x.py"], "-np expects an integer, got 'two'"),
+    ([PY, "x.py"], "-np is required"),
+    (["-np", "2"], "no command to run"),
+    (["-np", "2", "--bogus", PY, "x.py"], "unknown flag --bogus"),
+    (["-np", "2", "-H", "a:x", PY, "x.py"], "bad slots 'x' for host 'a'"),
+    (["-np", "2", "-H", "a:0", PY, "x.py"], "bad slots 0 for host 'a'"),
+    (["-np", "2", "-H", "a,,b", PY, "x.py"], "empty entry"),
+    (["-np", "2", "-H", "a:1:2", PY, "x.py"], "bad host 'a:1:2'"),
+    (["-np", "2", "-H", "a:1", "--hostfile", "/etc/hostname", PY, "x.py"], "either -H/--hosts or --hostfile"),
+    (["-np", "2", "--hostfile", "/no/such/file", PY, "x.py"], "--hostfile /no/such/file: no such file"),
+    (["-np", "2", "--bits"], "--bits needs a value"),
+    (["-np", "2", "--hierarchical=1", PY, "x.py"], "--hierarchical takes no value"),
+    (["-np", "2", "--mpirun", "/no/mpirun", PY, "x.py"], "mpirun not found at /no/mpirun"),
+])
+def test_errors(argv, message):
+    r = run_gcrun(argv)
+    assert r.returncode == 2, r.stderr
+    assert f"gcrun: error: " in r.stderr and message in r.stderr, r.stderr
+
+
+def test_no_mpirun_on_path():
+    env = dict(os.environ, PATH="/nonexistent")
+    r = subprocess.run([PY, GCRUN, "-np", "2", PY, "x.py"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "mpirun not found on PATH" in r.stderr and "openmpi-bin" in r.stderr
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+def test_exit_code_is_that_of_the_failing_rank():
+    r = run_gcrun(["-np", "2", "/bin/sh", "-c", 'if [ "$RANK" = 1 ]; then exit 7; fi; sleep 2'])
+    assert r.returncode == 7, (r.returncode, r.stderr[-500:])
+    r = run_gcrun(["-np", "2", "/bin/sh", "-c", 'echo "rank $RANK of $WORLD_SIZE local $LOCAL_RANK"'])
+    assert r.returncode == 0
+    assert sorted(line for line in r.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 of 2 local 0", "rank 1 of 2 local 1"]
+
+
+def _marked(marker):
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    return [p for p in out if int(p) != os.getpid()]
+
+
+def test_ctrl_c_stops_every_rank():
+    marker = f"gcrun_ctrl_c_{os.getpid()}"
+    proc = subprocess.Popen([GCRUN, "-np", "2", PY, "-c", f"import time; time.sleep(600)  # {marker}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while len(_marked(marker)) < 3 and time.time() < deadline:  # gcrun/mpirun + 2 ranks
+        time.sleep(0.2)
+    assert len(_marked(marker)) >= 2, "the ranks never started"
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=60)
+    deadline = time.time() + 20
+    while _marked(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _marked(marker) == [], "rank processes left behind"
+    assert code == 128 + signal.SIGINT
+
+
+def test_digits_example_end_to_end_with_a_timeline(tmp_path):
+    timeline = tmp_path / "timeline.json"
+    r = run_gcrun(["-np", "2", "--compression", "maxmin", "--bits", "4", "--timeline-filename", str(timeline),
+                   PY, os.path.join(ROOT, "examples", "torch_digits.py"), "--epochs", "1", "--max-steps", "6",
+                   "--log-dir", str(tmp_path / "logs")], timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "final test accuracy: top-1" in r.stdout
+    assert "compressed gradients (gradcomp runtime" in r.stdout and "x less" in r.stdout
+    assert "final test accuracy" in (tmp_path / "logs" / "digits_train.log").read_text()
+    events = json.loads(timeline.read_text())
+    assert any(e.get("name") == "COMPRESS" for e in events)
+
+    # The timeline tool on that trace.
+    png = tmp_path / "timeline.png"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "build", "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    t = subprocess.run([PY, "-m", "gradcomp.timeline", str(timeline), "--png", str(png)], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert t.returncode == 0, t.stderr
+    for section in ("Time per phase", "Per tensor", "Slowest negotiations"):
+        assert section in t.stdout
+    assert "| COMPRESS |" in t.stdout and "maxmin(bits=4" in t.stdout
+    assert "allreduce.fc1.weight" in t.stdout
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_tool_on_a_handmade_trace(tmp_path):
+    events = [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "w"}},
+        {"name": "NEGOTIATE", "ph": "B", "ts": 0, "pid": 0, "tid": 1},
+        {"name": "rank 0 ready", "ph": "i", "ts": 1, "pid": 0, "tid": 1, "s": "t"},
+        {"name": "rank 2 ready", "ph": "i", "ts": 3000, "pid": 0, "tid": 1, "s": "t"},
+        {"name": "rank 1 ready", "ph": "i", "ts": 500, "pid": 0, "tid": 1, "s": "t"},
+        {"name": "NEGOTIATE", "ph": "E", "ts": 3010, "pid": 0, "tid": 1},
+        {"name": "ALLREDUCE", "ph": "B", "ts": 3020, "pid": 0, "tid": 1},
+        {"name": "COMPRESS", "ph": "B", "ts": 3030, "pid": 0, "tid": 1},
+        {"name": "COMPRESS", "ph": "E", "ts": 3530, "pid": 0, "tid": 1},
+        {"name": "ALLREDUCE", "ph": "E", "ts": 5020, "pid": 0, "tid": 1,
+         "args": {"bytes": 4000, "wire_bytes": 500, "ratio": 8, "codec": "maxmin(bits=4, bucket=512)"}},
+    ]
+    path = tmp_path / "t.json"
+    # A trace cut off mid-write (no closing bracket) is read as far as it goes.
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
+    sys.path.insert(0, os.path.join(ROOT, "build", "python"))
+    from gradcomp import timeline
+    trace = timeline.load(str(path))
+    assert timeline.negotiations(trace) == [("w", 3010, 2, 2999)]
+    phases = {name: (n, us) for name, n, us in timeline.phase_table(trace)}
+    assert phases == {"NEGOTIATE": (1, 3010), "ALLREDUCE": (1, 2000), "COMPRESS": (1, 500)}
+    assert timeline.tensor_table(trace) == [("w", 1, 5010, 4000, 500, "maxmin(bits=4, bucket=512)")]
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    assert timeline.main([str(empty)]) == 1
+    assert timeline.main([str(tmp_path / "missing.json")]) == 2
