@@ -2,6 +2,7 @@
 # and the full test suite.
 #   docker build -t gradcomp .
 #   docker run --rm gradcomp            # runs the tests again
+#   docker run --rm gradcomp ./gcrun -np 4 --compression maxmin --bits 4 /usr/bin/python3 examples/torch_digits.py
 FROM debian:bookworm
 ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /opt/gradcomp
