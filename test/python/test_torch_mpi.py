@@ -350,6 +350,22 @@ def my_slice(t, per_rank=8):
     return t[me * per_rank:(me + 1) * per_rank]
 
 
+def lockstep(ref, ref_opts, model, opt, steps):
+    """Trains `ref` on the full batch and `model` on this rank's slice with the distributed
+    optimizer, step by step; then their parameters must agree."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(steps):
+        x, y = full_batch(step)
+        for o in ref_opts:
+            o.zero_grad()
+        loss_fn(ref(x), y).backward()
+        for o in ref_opts:
+            o.step()
+        opt.zero_grad()
+        loss_fn(model(my_slice(x)), my_slice(y)).backward()
+        opt.step()
+
+
 @pytest.mark.parametrize("groups", [None, 2])
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
 def test_distributed_optimizer_equals_single_process_training(opt_name, groups):
@@ -363,15 +379,7 @@ def test_distributed_optimizer_equals_single_process_training(opt_name, groups):
     model = make_model()
     opt = hvd.DistributedOptimizer(make_opt(model.parameters()), named_parameters=model.named_parameters(),
                                    compression=hvd.Compression.none, groups=groups)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for step in range(20):
-        x, y = full_batch(step)
-        ref_opt.zero_grad()
-        loss_fn(ref(x), y).backward()
-        ref_opt.step()
-        opt.zero_grad()
-        loss_fn(model(my_slice(x)), my_slice(y)).backward()
-        opt.step()
+    lockstep(ref, [ref_opt], model, opt, 20)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -508,17 +516,7 @@ def test_dgc_takes_over_the_optimizers_momentum():
     biases = [p for n, p in ref.named_parameters() if n.endswith("bias")]
     ref_opts = [torch.optim.SGD(weights, lr=0.05, weight_decay=1e-4),
                 torch.optim.SGD(biases, lr=0.05, momentum=0.9, weight_decay=1e-4)]
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for step in range(10):
-        x, y = full_batch(step)
-        for o in ref_opts:
-            o.zero_grad()
-        loss_fn(ref(x), y).backward()
-        for o in ref_opts:
-            o.step()
-        opt.zero_grad()
-        loss_fn(model(my_slice(x)), my_slice(y)).backward()
-        opt.step()
+    lockstep(ref, ref_opts, model, opt, 10)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -532,15 +530,7 @@ def test_powersgd_at_full_rank_equals_uncompressed_and_respects_start_iter():
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(), compression=psgd)
     before = hvd.stats()["executed_tensors"]
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for step in range(6):
-        x, y = full_batch(step)
-        ref_opt.zero_grad()
-        loss_fn(ref(x), y).backward()
-        ref_opt.step()
-        opt.zero_grad()
-        loss_fn(model(my_slice(x)), my_slice(y)).backward()
-        opt.step()
+    lockstep(ref, [ref_opt], model, opt, 6)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5)
     # 3 plain steps of 4 tensors, then 3 PowerSGD steps: 2 biases + 2 P + 2 Q per step.
