@@ -1,6 +1,6 @@
 // Scalar float16 / bfloat16 <-> float32 conversions with round-to-nearest-even.
-// Plain inline functions with no dependencies, so vectorized loops and (later) CUDA
-// kernels reproduce exactly the same bits. NaN keeps its sign and the top payload bits
+// Plain inline functions with no dependencies, so vectorized loops and the CUDA kernels
+// (ops/compression/cuda) reproduce exactly the same bits. NaN keeps its sign and the top payload bits
 // and is made quiet, exactly like the F16C instructions, so scalar and SIMD paths agree.
 // The functions are `static inline`: translation units compiled for different instruction
 // sets (kernels_avx2.cc vs the rest) each keep their own copy, so the linker can never hand
@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ops/common/hd.h"
+
 namespace gradcomp {
 
 /// Bit-casts between same-sized trivially copyable types (std::bit_cast is C++20).
 template <typename To, typename From>
-static inline To BitCast(const From& from) {
+GC_HD static inline To BitCast(const From& from) {
   static_assert(sizeof(To) == sizeof(From), "BitCast needs equal sizes");
   To to;
   std::memcpy(&to, &from, sizeof(To));
@@ -22,7 +24,7 @@ static inline To BitCast(const From& from) {
 }
 
 /// float32 -> IEEE binary16 bits, round to nearest even; overflow gives infinity.
-static inline uint16_t FloatToHalfBits(float value) {
+GC_HD static inline uint16_t FloatToHalfBits(float value) {
   uint32_t bits = BitCast<uint32_t>(value);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   bits &= 0x7fffffffu;
@@ -46,7 +48,7 @@ static inline uint16_t FloatToHalfBits(float value) {
 }
 
 /// IEEE binary16 bits -> float32 (exact).
-static inline float HalfBitsToFloat(uint16_t half) {
+GC_HD static inline float HalfBitsToFloat(uint16_t half) {
   const uint32_t shifted_exp = 0x7c00u << 13;
   uint32_t bits = (static_cast<uint32_t>(half) & 0x7fffu) << 13;
   const uint32_t exp = shifted_exp & bits;
@@ -62,7 +64,7 @@ static inline float HalfBitsToFloat(uint16_t half) {
 }
 
 /// float32 -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
-static inline uint16_t FloatToBFloat16Bits(float value) {
+GC_HD static inline uint16_t FloatToBFloat16Bits(float value) {
   uint32_t bits = BitCast<uint32_t>(value);
   if ((bits & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<uint16_t>((bits >> 16) | 0x40u);
@@ -72,7 +74,7 @@ static inline uint16_t FloatToBFloat16Bits(float value) {
 }
 
 /// bfloat16 bits -> float32 (exact).
-static inline float BFloat16BitsToFloat(uint16_t bf16) {
+GC_HD static inline float BFloat16BitsToFloat(uint16_t bf16) {
   return BitCast<float>(static_cast<uint32_t>(bf16) << 16);
 }
 

@@ -1,29 +1,31 @@
 // Per-element arithmetic of max-min quantization, exactly as DESIGN.md fixes it. Plain
-// `static inline` functions with no dependencies so the scalar codec, the AVX2 codec and
-// (later) CUDA kernels compute the same bits. Compile users with -ffp-contract=off: no
-// multiply-add may be fused.
+// `static inline` functions with no dependencies so the scalar codec, the AVX2 codec and the
+// CUDA kernels (ops/compression/cuda) compute the same bits. Compile users with
+// -ffp-contract=off (nvcc: --fmad=false): no multiply-add may be fused.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#include "ops/common/hd.h"
+
 namespace gradcomp::maxmin {
 
 /// Largest code for `bits` bits per value: 2^bits - 1.
-static inline uint32_t Levels(int bits) { return (1u << bits) - 1u; }
+GC_HD static inline uint32_t Levels(int bits) { return (1u << bits) - 1u; }
 
 /// Number of buckets that carry a (min, unit) meta for a segment of n values.
-static inline size_t MetaBuckets(size_t n, size_t bucket_size, bool skip_incomplete) {
+GC_HD static inline size_t MetaBuckets(size_t n, size_t bucket_size, bool skip_incomplete) {
   return skip_incomplete ? n / bucket_size : (n + bucket_size - 1) / bucket_size;
 }
 
 /// Number of values of a segment that are quantized (the rest travel as raw float32).
-static inline size_t QuantizedValues(size_t n, size_t bucket_size, bool skip_incomplete) {
+GC_HD static inline size_t QuantizedValues(size_t n, size_t bucket_size, bool skip_incomplete) {
   return skip_incomplete ? (n / bucket_size) * bucket_size : n;
 }
 
 /// Encoded size of one segment: metas, packed codes, raw tail.
-static inline size_t WireBytes(size_t n, int bits, size_t bucket_size, bool skip_incomplete) {
+GC_HD static inline size_t WireBytes(size_t n, int bits, size_t bucket_size, bool skip_incomplete) {
   const size_t nq = QuantizedValues(n, bucket_size, skip_incomplete);
   return 8 * MetaBuckets(n, bucket_size, skip_incomplete) + (nq * static_cast<size_t>(bits) + 7) / 8 +
          4 * (n - nq);
@@ -38,7 +40,7 @@ struct Meta {
   float min;
   float unit;
 };
-static inline Meta MakeMeta(float lo, float hi, bool finite, int bits) {
+GC_HD static inline Meta MakeMeta(float lo, float hi, bool finite, int bits) {
   Meta m;
   const float range = hi - lo;
   if (!finite || !(range - range == 0.0f)) {
@@ -55,26 +57,30 @@ static inline Meta MakeMeta(float lo, float hi, bool finite, int bits) {
 }
 
 /// 1 / unit, or 0 for a unit of 0 (all codes are then 0).
-static inline float Inverse(float unit) { return unit == 0.0f ? 0.0f : 1.0f / unit; }
+GC_HD static inline float Inverse(float unit) { return unit == 0.0f ? 0.0f : 1.0f / unit; }
 
 /// Code of one value: floor((x - min) * inv + r) clamped to [0, levels]; r = 0.5 for
 /// round-to-nearest, a uniform [0, 1) draw for stochastic rounding.
-static inline uint32_t Quantize(float x, float min, float inv, float r, uint32_t levels) {
+GC_HD static inline uint32_t Quantize(float x, float min, float inv, float r, uint32_t levels) {
   const float t = (x - min) * inv;
+#if defined(__CUDA_ARCH__)
+  const float f = floorf(t + r);
+#else
   const float f = __builtin_floorf(t + r);
+#endif
   if (!(f > 0.0f)) return 0;  // also maps NaN (impossible in a finite bucket) to 0
   const float top = static_cast<float>(levels);
   return f >= top ? levels : static_cast<uint32_t>(f);
 }
 
 /// Value of a code: min + unit * q.
-static inline float Dequantize(uint32_t q, float min, float unit) {
+GC_HD static inline float Dequantize(uint32_t q, float min, float unit) {
   const float scaled = unit * static_cast<float>(q);
   return min + scaled;
 }
 
 /// murmur3's 32-bit finalizer: a bijection with good avalanche.
-static inline uint32_t Mix32(uint32_t h) {
+GC_HD static inline uint32_t Mix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;
   h ^= h >> 13;
@@ -84,7 +90,7 @@ static inline uint32_t Mix32(uint32_t h) {
 }
 
 /// Key of the stochastic-rounding generator for (seed, step, high 32 bits of the index).
-static inline uint32_t StreamKey(uint64_t seed, uint64_t step, uint32_t index_hi) {
+GC_HD static inline uint32_t StreamKey(uint64_t seed, uint64_t step, uint32_t index_hi) {
   uint32_t k = Mix32(static_cast<uint32_t>(step >> 32) ^ 0x9e3779b9u);
   k = Mix32(k ^ static_cast<uint32_t>(step));
   k = Mix32(k ^ static_cast<uint32_t>(seed >> 32));
@@ -94,14 +100,14 @@ static inline uint32_t StreamKey(uint64_t seed, uint64_t step, uint32_t index_hi
 
 /// The counter-based uniform draw in [0, 1) for element `index_lo` under `key`: 24 random
 /// bits, exact in float32.
-static inline float Uniform(uint32_t key, uint32_t index_lo) {
+GC_HD static inline float Uniform(uint32_t key, uint32_t index_lo) {
   const uint32_t h = Mix32(index_lo ^ key);
   return static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
 }
 
 /// Packs 8 codes held one per byte of `codes` (byte j = code j < 2^bits) so that code j
 /// occupies bits [j*bits, (j+1)*bits) of the result.
-static inline uint64_t PackGroup(uint64_t codes, int bits) {
+GC_HD static inline uint64_t PackGroup(uint64_t codes, int bits) {
   const unsigned b = static_cast<unsigned>(bits);
   codes = (codes & 0x00ff00ff00ff00ffull) | ((codes & 0xff00ff00ff00ff00ull) >> (8 - b));
   codes = (codes & 0x0000ffff0000ffffull) | ((codes & 0xffff0000ffff0000ull) >> (16 - 2 * b));
@@ -110,7 +116,7 @@ static inline uint64_t PackGroup(uint64_t codes, int bits) {
 }
 
 /// Inverse of PackGroup: spreads 8 packed codes back to one per byte.
-static inline uint64_t UnpackGroup(uint64_t packed, int bits) {
+GC_HD static inline uint64_t UnpackGroup(uint64_t packed, int bits) {
   const unsigned b = static_cast<unsigned>(bits);
   const uint64_t m4 = (1ull << (4 * b)) - 1;
   uint64_t x = (packed & m4) | (((packed >> (4 * b)) & m4) << 32);

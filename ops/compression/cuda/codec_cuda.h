@@ -1,0 +1,35 @@
+// Device versions of the codec kernels: max-min encode / decode / decode-accumulate and the
+// float casts, for buffers in CUDA device memory, enqueued on a caller's stream. They compute
+// exactly the bytes and values of the CPU kernels (ops/compression/kernels.h) for the same
+// arguments: the per-element arithmetic is maxmin_math.h's and half.h's, compiled with
+// --fmad=false. Built only when CMake finds CUDA (GRADCOMP_HAVE_CUDA_KERNELS in config.h);
+// no CUDA header leaks out of this file (streams are passed as void*).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ops/common/dtype.h"
+#include "ops/compression/kernels.h"
+
+namespace gradcomp::cuda {
+
+/// Encodes n values of `in` (float32, float16 or bfloat16, on the device) into `out` (device
+/// memory of maxmin::WireBytes(n, ...) bytes). Returns the bytes written. Asynchronous on
+/// `stream` (a cudaStream_t; nullptr = the legacy default stream).
+size_t MaxMinEncode(const void* in, DataType dtype, size_t n, const codec_kernels::MaxMinArgs& a, uint8_t* out,
+                    void* stream);
+
+/// Decodes one segment from device `wire` into device `out` (assign, or add when `accumulate`).
+void MaxMinDecode(const uint8_t* wire, size_t n, const codec_kernels::MaxMinArgs& a, DataType out_dtype, void* out,
+                  bool accumulate, void* stream);
+
+/// out = in converted between float32 / float16 / bfloat16 (or out += in), on the device.
+void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
+          void* stream);
+
+/// Throws gradcomp::Error naming `what` and CUDA's message if the last launch failed.
+void CheckLaunch(const std::string& what);
+
+}  // namespace gradcomp::cuda
