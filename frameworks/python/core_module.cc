@@ -131,8 +131,9 @@ PYBIND11_MODULE(_core, m) {
     d["version"] = GRADCOMP_VERSION;
     d["cuda_toolkit_found"] = GRADCOMP_HAVE_CUDA == 1;
     d["nccl_found"] = GRADCOMP_HAVE_NCCL == 1;
-    // GPU data paths (CUDA codec kernels, NCCL communicators) are not built yet: tensors on a
-    // GPU are staged through host memory.
+    // The CUDA codec kernels may be compiled in, but the runtime has no GPU data path yet
+    // (tensors on a GPU are staged through host memory) and no NCCL communicator.
+    d["cuda_kernels"] = GRADCOMP_HAVE_CUDA_KERNELS == 1;
     d["cuda"] = false;
     d["nccl"] = false;
     return d;

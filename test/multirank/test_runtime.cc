@@ -297,6 +297,7 @@ TEST(RuntimeErrors, DuplicateNameBadArgumentsAndUseAfterShutdown) {
         if (std::string(e.what()).find(text) == std::string::npos) return std::string("message: ") + e.what();
       }
     }
+    rt.Barrier()->Wait();  // every rank is done with the calls above before any shuts down
     rt.Shutdown();
     try {
       rt.Allreduce("late", DataType::kFloat32, {1}, &a, &a, ReduceOp::kSum);
