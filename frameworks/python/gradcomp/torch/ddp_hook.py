@@ -6,15 +6,13 @@
     model.register_comm_hook(state, ddp_hook)
 
 DDP hands the hook flat buckets holding several layers. The hook max-min quantizes each layer
-of at least `layer_min_size` elements and two or more dimensions on its own (so bucket
-boundaries never mix layers' ranges) and leaves the other layers (biases, norms, small layers)
-exact. It works with any backend (gloo, nccl, mpi, gradcomp): every rank's payload (the
-quantized layers plus the exact ones) travels in one all_gather of the state's process group,
-then every rank decodes the payloads in rank order and averages, so all ranks hold identical
-gradients. Bytes received per rank are (world size - 1) x payload, which is below a ring
-allreduce's 2 x uncompressed bytes while world size < 2 x compression ratio (16 ranks at 4
-bits). The gradcomp runtime (backend "gradcomp" or DistributedOptimizer) uses the
-bandwidth-optimal scatter-reduce-allgather instead.
+of at least `layer_min_size` elements and two or more dimensions on its own (so buckets never
+mix layers' ranges) and leaves the other layers (biases, norms, small layers) exact. It works
+with any backend that has all_to_all and all_gather (gloo, nccl, mpi, gradcomp): the compressed
+layers go through scatter-reduce-allgather as in the runtime (each value quantized twice,
+whatever the number of ranks, reduced in float32; every rank ends with the same values, and
+each rank sends about 2 (n-1)/n of the compressed size, like a ring allreduce of it), the exact
+layers through one all_reduce.
 """
 import numpy as np
 import torch
@@ -49,12 +47,11 @@ class DDPHookState:
             raise ValueError(f"DDPHookState: layer_min_size must be >= 0, got {self.layer_min_size}")
         self.iteration = 0
         self.residuals = {}
-        self.bytes_in = 0
-        self.bytes_on_wire = 0
+        self.bytes_in = 0  # float bytes of the compressed layers
+        self.bytes_on_wire = 0  # bytes this rank sent for them
 
     def codec_params(self):
-        return {"bits": self.bits, "bucket_size": self.bucket_size, "stochastic": self.stochastic,
-                "step": self.iteration}
+        return {"bits": self.bits, "bucket_size": self.bucket_size, "stochastic": self.stochastic}
 
     def compresses(self, param, grad):
         return (grad.dtype in _FLOATS and param.dim() >= 2 and grad.numel() >= self.layer_min_size)
@@ -65,59 +62,123 @@ def _layers(bucket):
     return list(zip(bucket.parameters(), bucket.gradients()))
 
 
+def _chunks(n, world):
+    """(start, length) of each rank's chunk of n values (the first n % world get one more)."""
+    base, extra = divmod(n, world)
+    out, at = [], 0
+    for r in range(world):
+        length = base + (1 if r < extra else 0)
+        out.append((at, length))
+        at += length
+    return out
+
+
+class _Layer:
+    """A compressed layer of a bucket: where it lies in the bucket buffer, its values to send
+    (float32, error-compensated), its chunk per rank and each chunk's encoded size."""
+
+    def __init__(self, key, offset, values, world, params):
+        self.key, self.offset, self.values = key, offset, values
+        self.chunks = _chunks(values.size, world)
+        self.sizes = [_codec.wire_size(length, "maxmin", **params) for _, length in self.chunks]
+
+
 def ddp_hook(state, bucket):
     """Compresses each large layer of `bucket` with max-min quantization, keeps the rest exact,
-    and returns a future of the averaged bucket."""
+    and returns a future of the averaged bucket.
+
+    Scatter-reduce-allgather per layer, as the runtime does: each rank encodes every peer's chunk
+    of every compressed layer and exchanges them in one all_to_all; each rank sums its chunk in
+    float32 in rank order, averages, encodes it once; one all_gather brings every reduced chunk
+    to every rank, which decodes them (so every rank holds the same values). The exact layers
+    are averaged by one all_reduce of the process group, started alongside."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    step = state.iteration
+    state.iteration += 1
     params = state.codec_params()
-    layers = _layers(bucket)
-    pieces, plan = [], []
-    for i, (param, grad) in enumerate(layers):
-        g = grad.detach().reshape(-1).to(torch.float32)
+    # Each rank and stage rounds with its own stream when rounding is stochastic.
+    send_params = dict(params, seed=me, step=step)
+    reduce_params = dict(params, seed=world + me, step=step)
+    buffer = bucket.buffer()
+    flat = buffer.view(-1)
+    layers, exact = [], []
+    offset = 0
+    for i, (param, grad) in enumerate(_layers(bucket)):
+        n = grad.numel()
         if state.compresses(param, grad):
-            values = g.numpy()
+            values = grad.detach().reshape(-1).to(torch.float32).numpy()
             key = (bucket.index(), i)
             if state.error_feedback:
                 r = state.residuals.get(key)
                 if r is not None and r.shape == values.shape:
                     values = values + r
-            wire = np.frombuffer(_codec.encode(values, "maxmin", **params), dtype=np.uint8)
-            if state.error_feedback:
-                state.residuals[key] = values - _codec.decode(wire, values.size, "maxmin", **params)
-            pieces.append(wire)
-            plan.append(("maxmin", values.size, wire.size))
+            layers.append(_Layer(key, offset, values, world, params))
+            state.bytes_in += n * grad.element_size()
         else:
-            raw = np.ascontiguousarray(g.numpy()).view(np.uint8)
-            pieces.append(raw)
-            plan.append(("exact", g.numel(), raw.size))
-        state.bytes_in += grad.numel() * grad.element_size()
-    payload = torch.from_numpy(np.concatenate(pieces) if pieces else np.zeros(0, np.uint8))
-    state.bytes_on_wire += payload.numel() * (world - 1)
-    state.iteration += 1
-    outputs = [torch.empty_like(payload) for _ in range(world)]
-    fut = dist.all_gather(outputs, payload, group=group, async_op=True).get_future()
-    buffer = bucket.buffer()
+            exact.append((offset, n))
+        offset += n
 
-    def decode(f):
-        f.wait()  # raises the collective's error, if any; `outputs` now hold every rank's payload
-        sums = [np.zeros(n, np.float32) for _, n, _ in plan]
-        for rank_payload in outputs:
-            data = rank_payload.numpy()
-            at = 0
-            for (kind, n, size), acc in zip(plan, sums):
-                chunk = data[at:at + size]
-                if kind == "maxmin":
-                    _codec.decode_accumulate(chunk, acc, "maxmin", **params)
-                else:
-                    acc += chunk.view(np.float32)
-                at += size
-        flat = buffer.view(-1)
-        at = 0
-        with torch.no_grad():  # the bucket buffer holds the layers' gradients back to back
-            for acc in sums:
-                flat[at:at + acc.size].copy_(torch.from_numpy(acc / world))
-                at += acc.size
+    # Phase 1 payload: for each peer, every layer's chunk for that peer, encoded.
+    parts = []
+    for p in range(world):
+        encoded = []
+        for layer in layers:
+            start, length = layer.chunks[p]
+            chunk = layer.values[start:start + length]
+            wire = np.frombuffer(_codec.encode(chunk, "maxmin", first_index=start, **send_params), dtype=np.uint8)
+            if state.error_feedback:
+                lost = chunk - _codec.decode(wire, length, "maxmin", **send_params)
+                state.residuals.setdefault(layer.key, np.zeros_like(layer.values))[start:start + length] = lost
+            encoded.append(wire)
+        parts.append(np.concatenate(encoded) if encoded else np.zeros(0, np.uint8))
+    mine = sum(layer.sizes[me] for layer in layers)  # what every rank sends me
+    send = torch.from_numpy(np.concatenate(parts))
+    recv = torch.empty(mine * world, dtype=torch.uint8)
+    in_splits = [part.size for part in parts]
+    reduced_sizes = [sum(layer.sizes[p] for layer in layers) for p in range(world)]
+    state.bytes_on_wire += sum(in_splits) - in_splits[me] + reduced_sizes[me] * (world - 1)
+
+    exact_values = torch.cat([flat[o:o + n].to(torch.float32) for o, n in exact]) if exact else None
+    exact_work = dist.all_reduce(exact_values, group=group, async_op=True) if exact else None
+    fut = dist.all_to_all_single(recv, send, [mine] * world, in_splits, group=group, async_op=True).get_future()
+
+    def reduce_and_gather(f):
+        f.wait()  # raises the exchange's error, if any
+        received = recv.numpy()
+        # My chunk of each layer: every rank's encoding of it, summed in rank order, averaged.
+        reduced = []
+        for li, layer in enumerate(layers):
+            start, length = layer.chunks[me]
+            acc = np.zeros(length, np.float32)
+            for p in range(world):
+                at = p * mine + sum(layers[k].sizes[me] for k in range(li))
+                _codec.decode_accumulate(received[at:at + layer.sizes[me]], acc, "maxmin", **send_params)
+            acc /= np.float32(world)
+            reduced.append(np.frombuffer(_codec.encode(acc, "maxmin", first_index=start, **reduce_params),
+                                         dtype=np.uint8))
+        width = max(reduced_sizes) if reduced_sizes else 0
+        padded = torch.zeros(width, dtype=torch.uint8)
+        if reduced:
+            padded[:reduced_sizes[me]] = torch.from_numpy(np.concatenate(reduced))
+        gathered = [torch.empty(width, dtype=torch.uint8) for _ in range(world)]
+        dist.all_gather(gathered, padded, group=group, async_op=True).wait()
+        with torch.no_grad():
+            for p in range(world):
+                data, at = gathered[p].numpy(), 0
+                owner_params = dict(params, seed=world + p, step=step)
+                for layer in layers:
+                    start, length = layer.chunks[p]
+                    values = _codec.decode(data[at:at + layer.sizes[p]], length, "maxmin", **owner_params)
+                    at += layer.sizes[p]
+                    flat[layer.offset + start:layer.offset + start + length].copy_(torch.from_numpy(values))
+            if exact_work is not None:
+                exact_work.wait()
+                summed, at = exact_values / world, 0
+                for o, n in exact:
+                    flat[o:o + n].copy_(summed[at:at + n])
+                    at += n
         return buffer
 
-    return fut.then(decode)
+    return fut.then(reduce_and_gather)
