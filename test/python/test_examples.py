@@ -55,6 +55,9 @@ def test_torch_digits_ddp_modes(tmp_path):
     r = subprocess.run([GCRUN, "-np", "1", PY, os.path.join(ROOT, "examples", "torch_digits.py"), "--mode", "hvd",
                         "--compression", "powersgd_fp16"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode != 0 and "not available in --mode hvd" in r.stderr
+    r = subprocess.run([GCRUN, "-np", "1", PY, os.path.join(ROOT, "examples", "torch_digits.py"), "--mode", "ddp",
+                        "--compression", "powersgd_fp16"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode != 0 and "which torch does not implement on CPU; use --compression powersgd" in r.stderr
 
 
 def test_torch_dgc_resnet_reads_cifar_pickles(tmp_path):

@@ -306,6 +306,55 @@ def test_bad_arguments_are_value_errors():
     hvd.barrier()
 
 
+def test_more_bad_inputs_name_what_is_wrong():
+    with pytest.raises(ValueError, match="allreduce of 'sp': sparse tensors are not supported"):
+        hvd.allreduce(torch.eye(3).to_sparse(), name="sp")
+    with pytest.raises(ValueError, match="every tensor must have the same dtype"):
+        hvd.grouped_allreduce([torch.ones(2), torch.ones(2, dtype=torch.float64)], name="mixed")
+    with pytest.raises(ValueError, match="needs at least one tensor"):
+        hvd.grouped_allreduce([], name="none")
+    with pytest.raises(ValueError, match="allgather of 'scalar' needs a tensor with at least one dimension"):
+        hvd.allgather(torch.tensor(1.0), name="scalar")
+    with pytest.raises(ValueError, match="reducescatter of 'rs0' needs a tensor with at least one dimension"):
+        hvd.reducescatter(torch.tensor(1.0), name="rs0")
+    with pytest.raises(ValueError, match="momentum must be in \\[0, 1\\), got 1.5"):
+        hvd.allreduce(torch.ones(4, 4), name="m", compression={"codec": "topk", "ratio": 0.5, "momentum": 1.5})
+    with pytest.raises(ValueError, match="Compression.topk: ratio must be in \\(0, 1\\], got 0"):
+        hvd.Compression.topk(0)
+    with pytest.raises(ValueError, match="Compression.topk: momentum must be in \\[0, 1\\), got 1"):
+        hvd.Compression.topk(0.1, momentum=1)
+    with pytest.raises(ValueError, match="Compression.powersgd: rank must be a positive integer, got 0"):
+        hvd.Compression.powersgd(rank=0)
+    with pytest.raises(ValueError, match="Compression.maxmin: bucket_size must be a positive integer, got 0"):
+        hvd.Compression.maxmin(4, bucket_size=0)
+    with pytest.raises(ValueError, match="compression must be None or a gradcomp.torch.Compression choice"):
+        hvd.allreduce(torch.ones(2), name="c", compression=42)
+    with pytest.raises(ValueError, match="broadcast_parameters: 'x' is a int, not a tensor"):
+        hvd.broadcast_parameters({"x": 3}, root_rank=0)
+    with pytest.raises(ValueError, match="expects a state_dict or a list of \\(name, tensor\\) pairs"):
+        hvd.broadcast_parameters(5, root_rank=0)
+    with pytest.raises(ValueError, match="does not support torch.optim.LBFGS"):
+        hvd.broadcast_optimizer_state(torch.optim.LBFGS([torch.zeros(1, requires_grad=True)]), root_rank=0)
+    with pytest.raises(ValueError, match="bucket_size must be positive, got 0"):
+        hvd.DDPHookState(None, compression_params={"bucket_size": 0})
+    with pytest.raises(ValueError, match="layer_min_size must be >= 0, got -1"):
+        hvd.DDPHookState(None, layer_min_size=-1)
+    model = make_model()
+    named = list(model.named_parameters())
+    two = {"0.weight": hvd.Compression.powersgd(1), "2.weight": hvd.Compression.powersgd(2)}
+    with pytest.raises(ValueError, match="one Compression.powersgd configuration per optimizer"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named,
+                                 compression=two)
+    with pytest.raises(ValueError, match="DGC momentum correction needs dampening=0"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.1),
+                                 named_parameters=named, compression=hvd.Compression.topk(0.1))
+    mixed = {"0.weight": hvd.Compression.topk(0.1), "0.bias": hvd.Compression.powersgd(1)}
+    with pytest.raises(ValueError, match="parameter '0.bias': PowerSGD and DGC cannot share a param group"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=named,
+                                 compression=mixed)
+    hvd.barrier()
+
+
 # -- compression on single tensors ---------------------------------------------------------------
 
 

@@ -201,7 +201,7 @@ def allgather_async(tensor, name=None):
     """Concatenates every rank's `tensor` along the first dimension (which may differ per rank)."""
     name = _b.auto_name("allgather", name)
     staged = _Staged(tensor, f"allgather of '{name}'")
-    if tensor.dim() == 0:
+    if staged.host.dim() == 0:
         raise ValueError(f"allgather of '{name}' needs a tensor with at least one dimension")
     native = _b.runtime().allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,))
     return _b.register(native, lambda: _from_bytes(native, tensor.dtype, tensor.device))
@@ -216,9 +216,9 @@ def _first_dims(n, name):
 class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name):
+        gathered = synchronize(allgather_async(tensor, name))  # validates the tensor first
         ctx.dim = tensor.shape[0]
-        ctx.name = name
-        return synchronize(allgather_async(tensor, name))
+        return gathered
 
     @staticmethod
     def backward(ctx, grad_output):
