@@ -108,7 +108,7 @@ def ddp_hook(state, bucket):
     for i, (param, grad) in enumerate(_layers(bucket)):
         n = grad.numel()
         if state.compresses(param, grad):
-            values = grad.detach().reshape(-1).to(torch.float32).numpy()
+            values = grad.detach().reshape(-1).to(device="cpu", dtype=torch.float32).numpy()  # codecs run on the CPU
             key = (bucket.index(), i)
             if state.error_feedback:
                 r = state.residuals.get(key)

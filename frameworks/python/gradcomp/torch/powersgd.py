@@ -48,12 +48,12 @@ class PowerSGDState:
         r = min(self.config.rank, n, m)
         return n * m >= self.config.min_compression_rate * (n + m) * r
 
-    def _q(self, name, index, m, r):
+    def _q(self, name, index, m, r, device):
         q = self.qs.get(name)
         if q is None or q.shape != (m, r) or not self.config.warm_start:
             # The same random start on every rank: seeded by the configuration and the tensor's index.
             g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + index)
-            q = torch.randn(m, r, generator=g)
+            q = torch.randn(m, r, generator=g).to(device)
             self.qs[name] = q
         return q
 
@@ -65,7 +65,7 @@ class PowerSGDState:
         err = self.errors.get(name)
         if err is not None and err.shape == mat.shape:
             mat = mat + err
-        q = self._q(name, index, m, r)
+        q = self._q(name, index, m, r, mat.device)
         orthonormalize(q)
         p = mat @ q
         handle = allreduce_async_(p, name=f"powersgd.P.{name}", op=Average, compression=Compression.none)

@@ -22,7 +22,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         c = x.shape[1]
         dims = [d for d in range(x.dim()) if d != 1]
         x64 = x.detach().to(torch.float64)
-        local = torch.cat([torch.tensor([x.numel() / c], dtype=torch.float64), x64.sum(dims), (x64 * x64).sum(dims)])
+        n_local = torch.tensor([x.numel() / c], dtype=torch.float64, device=x.device)
+        local = torch.cat([n_local, x64.sum(dims), (x64 * x64).sum(dims)])
         stats = _allreduce_sum(local, f"{name}.stats")
         count = stats[0]
         if count <= 1:
