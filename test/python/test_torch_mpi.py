@@ -267,10 +267,17 @@ def test_broadcast_gradient_flows_to_the_root_only():
 
 
 def test_duplicate_pending_name_is_a_value_error():
-    h = hvd.allreduce_async(torch.ones(2), name="dup")
-    with pytest.raises(ValueError, match="dup"):
-        hvd.allreduce_async(torch.ones(2), name="dup")
-    hvd.synchronize(h)
+    # Each rank's own tensor stays pending until the other ranks submit it too, which they do
+    # only after the barrier: the second submission is certain to find it pending.
+    me, n = hvd.rank(), hvd.size()
+    handles = {me: hvd.allreduce_async(torch.ones(2), name=f"dup.{me}", op=hvd.Sum)}
+    with pytest.raises(ValueError, match=f"'dup.{me}' is already pending on rank {me}"):
+        hvd.allreduce_async(torch.ones(2), name=f"dup.{me}", op=hvd.Sum)
+    hvd.barrier()
+    for r in range(n):
+        if r != me:
+            handles[r] = hvd.allreduce_async(torch.ones(2), name=f"dup.{r}", op=hvd.Sum)
+    assert all(torch.equal(hvd.synchronize(h), torch.full((2,), float(n))) for h in handles.values())
 
 
 def test_shape_mismatch_fails_on_every_rank_naming_each_rank():
