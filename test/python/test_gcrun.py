@@ -170,7 +170,7 @@ def test_help():
 def test_errors(argv, message):
     r = run_gcrun(argv)
     assert r.returncode == 2, r.stderr
-    assert f"gcrun: error: " in r.stderr and message in r.stderr, r.stderr
+    assert "gcrun: error: " in r.stderr and message in r.stderr, r.stderr
 
 
 def test_no_mpirun_on_path():
