@@ -122,10 +122,14 @@ std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void
 }
 
 CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const {
-  CompressionSpec spec;
   const bool compressible = IsCodecDataType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
-  if (settings_.compression == "none" || !compressible) return spec;
-  if (shape.size() <= 1 || NumElements(shape) < settings_.min_size) return spec;  // the layer filter
+  if (settings_.compression == "none" || !compressible) return CompressionSpec{};
+  if (shape.size() <= 1 || NumElements(shape) < settings_.min_size) return CompressionSpec{};  // the layer filter
+  return SettingsCompression();
+}
+
+CompressionSpec Runtime::SettingsCompression() const {
+  CompressionSpec spec;
   spec.codec = settings_.compression;
   spec.bits = static_cast<int32_t>(settings_.bits);
   spec.bucket_size = settings_.bucket_size;

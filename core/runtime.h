@@ -93,6 +93,8 @@ class Runtime {
   /// dtypes, ops other than sum/average, tensors with fewer than GRADCOMP_MIN_SIZE elements
   /// and one-dimensional tensors (biases, norms); the configured codec otherwise.
   CompressionSpec CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const;
+  /// The settings' compression spec (codec and parameters) without the layer filter.
+  CompressionSpec SettingsCompression() const;
   /// Concatenation along the first dimension, which may differ per rank (output in the handle).
   std::shared_ptr<Handle> Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     const void* input);

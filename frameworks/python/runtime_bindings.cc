@@ -96,6 +96,21 @@ std::optional<CompressionSpec> SpecFrom(const py::object& obj) {
   return spec;
 }
 
+/// The inverse of SpecFrom: a spec as the dict the adapters pass in.
+py::dict SpecDict(const CompressionSpec& spec) {
+  py::dict d;
+  d["codec"] = spec.codec;
+  d["bits"] = spec.bits;
+  d["bucket_size"] = spec.bucket_size;
+  d["stochastic"] = spec.stochastic;
+  d["skip_incomplete_buckets"] = spec.skip_incomplete_buckets;
+  d["error_feedback"] = spec.error_feedback;
+  d["ratio"] = spec.topk_ratio;
+  d["momentum"] = spec.topk_momentum;
+  d["nesterov"] = spec.topk_nesterov;
+  return d;
+}
+
 std::map<std::string, std::string> EnvironmentWith(const std::map<std::string, std::string>& overrides) {
   std::map<std::string, std::string> vars;
   for (char** env = environ; env && *env; ++env) {
@@ -207,20 +222,7 @@ void BindRuntime(py::module& m) {
       .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
       .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; })
       .def("default_compression",
-           [](const Runtime& rt) {
-             const Settings& st = rt.settings();
-             py::dict d;
-             d["codec"] = st.compression;
-             d["bits"] = st.bits;
-             d["bucket_size"] = st.bucket_size;
-             d["stochastic"] = st.stochastic;
-             d["skip_incomplete_buckets"] = st.skip_incomplete_buckets;
-             d["error_feedback"] = st.error_feedback;
-             d["ratio"] = st.topk_ratio;
-             d["momentum"] = st.topk_momentum;
-             d["nesterov"] = st.topk_nesterov;
-             return py::make_tuple(d, st.min_size);
-           },
+           [](const Runtime& rt) { return py::make_tuple(SpecDict(rt.SettingsCompression()), rt.settings().min_size); },
            "(the settings' compression spec, the layer filter's minimum size)")
       .def("forget_compression_state", &Runtime::ForgetCompressionState,
            "Drops error-feedback and DGC state kept for these tensor names (local)")
