@@ -149,12 +149,14 @@ def ddp_hook(state, bucket):
         received = recv.numpy()
         # My chunk of each layer: every rank's encoding of it, summed in rank order, averaged.
         reduced = []
-        for li, layer in enumerate(layers):
+        within = 0  # where the layer's bytes start in each rank's part
+        for layer in layers:
             start, length = layer.chunks[me]
             acc = np.zeros(length, np.float32)
             for p in range(world):
-                at = p * mine + sum(layers[k].sizes[me] for k in range(li))
+                at = p * mine + within
                 _codec.decode_accumulate(received[at:at + layer.sizes[me]], acc, "maxmin", **send_params)
+            within += layer.sizes[me]
             acc /= np.float32(world)
             reduced.append(np.frombuffer(_codec.encode(acc, "maxmin", first_index=start, **reduce_params),
                                          dtype=np.uint8))

@@ -112,6 +112,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._momentum = {}  # param -> local momentum buffer
         self._allreduce_delay = {p: backward_passes_per_step for p in all_params}
         self._requires_update = {p for p in all_params if p.requires_grad}
+        self._group_sizes = {}  # group index -> parameters that get a gradient
+        for p, gi in self._groups.items():
+            if p in self._requires_update:
+                self._group_sizes[gi] = self._group_sizes.get(gi, 0) + 1
         self._synchronized = False
         self._should_synchronize = True
         self._grad_accs = []
@@ -266,8 +270,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._handles[p] = ("waiting",)
             ready = self._group_ready.setdefault(gi, {})
             ready[p] = send
-            members = [q for q, g in self._groups.items() if g == gi and q in self._requires_update]
-            if len(ready) == len(members):
+            if len(ready) == self._group_sizes[gi]:
                 self._start_group(gi)
             return
         handle = allreduce_async_(send, name=f"allreduce.{plan.name}", op=self._op,
