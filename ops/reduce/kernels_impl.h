@@ -58,35 +58,38 @@ struct AndOp {
   T operator()(T a, T b) const { return static_cast<T>(a & b); }
 };
 
+// dst may equal a (an in-place reduction); the compiler checks the overlap at run time.
 template <typename T, typename Op>
-void Loop(T* __restrict dst, const T* __restrict src, size_t n, Op op) {
-  for (size_t i = 0; i < n; ++i) dst[i] = op(dst[i], src[i]);
+void Loop(T* dst, const T* a, const T* b, size_t n, Op op) {
+  for (size_t i = 0; i < n; ++i) dst[i] = op(a[i], b[i]);
 }
 
 template <typename T>
-void ReduceTyped(void* dst, const void* src, size_t n, ReduceOp op) {
+void ReduceTyped(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   T* d = static_cast<T*>(dst);
-  const T* s = static_cast<const T*>(src);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
   switch (op) {
-    case ReduceOp::kSum: Loop(d, s, n, SumOp<T>()); return;
-    case ReduceOp::kProduct: Loop(d, s, n, ProdOp<T>()); return;
-    case ReduceOp::kMin: Loop(d, s, n, MinOp<T>()); return;
-    case ReduceOp::kMax: Loop(d, s, n, MaxOp<T>()); return;
+    case ReduceOp::kSum: Loop(d, x, y, n, SumOp<T>()); return;
+    case ReduceOp::kProduct: Loop(d, x, y, n, ProdOp<T>()); return;
+    case ReduceOp::kMin: Loop(d, x, y, n, MinOp<T>()); return;
+    case ReduceOp::kMax: Loop(d, x, y, n, MaxOp<T>()); return;
     case ReduceOp::kBitwiseAnd:
-      if constexpr (std::is_integral_v<T>) Loop(d, s, n, AndOp<T>());
+      if constexpr (std::is_integral_v<T>) Loop(d, x, y, n, AndOp<T>());
       return;  // floats are rejected by the dispatcher in reduce.cc
     case ReduceOp::kAverage: return;  // lowered by the caller (reduce.cc), never reaches here
   }
 }
 
-void ReduceBool(void* dst, const void* src, size_t n, ReduceOp op) {
+void ReduceBool(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   uint8_t* d = static_cast<uint8_t*>(dst);
-  const uint8_t* s = static_cast<const uint8_t*>(src);
+  const uint8_t* x = static_cast<const uint8_t*>(a);
+  const uint8_t* y = static_cast<const uint8_t*>(b);
   const bool is_or = (op == ReduceOp::kSum || op == ReduceOp::kMax);  // AND for Product, Min, BitwiseAnd
   if (is_or) {
-    for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>((d[i] | s[i]) != 0);
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>((x[i] | y[i]) != 0);
   } else {
-    for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>((d[i] != 0) & (s[i] != 0));
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>((x[i] != 0) & (y[i] != 0));
   }
 }
 
@@ -120,16 +123,17 @@ inline float ApplyScalar(float a, float b, ReduceOp op) {
 }
 
 template <typename Elem>
-void Reduce16(void* dst, const void* src, size_t n, ReduceOp op) {
+void Reduce16(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* s = static_cast<const uint16_t*>(src);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
   size_t i = 0;
 #if GC_KERNELS_SIMD
   for (; i + 8 <= n; i += 8) {
-    Elem::Store8(d + i, ApplySimd(Elem::Load8(d + i), Elem::Load8(s + i), op));
+    Elem::Store8(d + i, ApplySimd(Elem::Load8(x + i), Elem::Load8(y + i), op));
   }
 #endif
-  for (; i < n; ++i) Elem::Store1(d + i, ApplyScalar(Elem::Load1(d + i), Elem::Load1(s + i), op));
+  for (; i < n; ++i) Elem::Store1(d + i, ApplyScalar(Elem::Load1(x + i), Elem::Load1(y + i), op));
 }
 
 template <typename Elem>
@@ -157,17 +161,17 @@ void ScaleInt(void* buf, size_t n, double factor) {
 
 }  // namespace
 
-void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
+void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::kUInt8: return ReduceTyped<uint8_t>(dst, src, n, op);
-    case DataType::kInt8: return ReduceTyped<int8_t>(dst, src, n, op);
-    case DataType::kInt32: return ReduceTyped<int32_t>(dst, src, n, op);
-    case DataType::kInt64: return ReduceTyped<int64_t>(dst, src, n, op);
-    case DataType::kFloat32: return ReduceTyped<float>(dst, src, n, op);
-    case DataType::kFloat64: return ReduceTyped<double>(dst, src, n, op);
-    case DataType::kFloat16: return Reduce16<F16>(dst, src, n, op);
-    case DataType::kBFloat16: return Reduce16<BF16>(dst, src, n, op);
-    case DataType::kBool: return ReduceBool(dst, src, n, op);
+    case DataType::kUInt8: return ReduceTyped<uint8_t>(dst, a, b, n, op);
+    case DataType::kInt8: return ReduceTyped<int8_t>(dst, a, b, n, op);
+    case DataType::kInt32: return ReduceTyped<int32_t>(dst, a, b, n, op);
+    case DataType::kInt64: return ReduceTyped<int64_t>(dst, a, b, n, op);
+    case DataType::kFloat32: return ReduceTyped<float>(dst, a, b, n, op);
+    case DataType::kFloat64: return ReduceTyped<double>(dst, a, b, n, op);
+    case DataType::kFloat16: return Reduce16<F16>(dst, a, b, n, op);
+    case DataType::kBFloat16: return Reduce16<BF16>(dst, a, b, n, op);
+    case DataType::kBool: return ReduceBool(dst, a, b, n, op);
   }
 }
 

@@ -6,20 +6,28 @@
 
 namespace gradcomp {
 
-void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op, Isa isa) {
+void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Isa isa) {
   GC_ENFORCE(op != ReduceOp::kAverage, "Average must be lowered to Sum + ScaleInPlace");
   GC_ENFORCE(op != ReduceOp::kBitwiseAnd || !IsFloatingPoint(dtype), "bitwise AND of ", DataTypeName(dtype));
   (void)DataTypeSize(dtype);  // throws for an unknown dtype code before entering a kernel
   if (n == 0) return;
   if (isa == Isa::kAvx2) {
-    kernels_avx2::ReduceInto(dst, src, n, dtype, op);
+    kernels_avx2::ReduceTwo(dst, a, b, n, dtype, op);
   } else {
-    kernels_scalar::ReduceInto(dst, src, n, dtype, op);
+    kernels_scalar::ReduceTwo(dst, a, b, n, dtype, op);
   }
 }
 
+void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
+  ReduceTwo(dst, a, b, n, dtype, op, BestIsa());
+}
+
+void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op, Isa isa) {
+  ReduceTwo(dst, dst, src, n, dtype, op, isa);
+}
+
 void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op) {
-  ReduceInto(dst, src, n, dtype, op, BestIsa());
+  ReduceTwo(dst, dst, src, n, dtype, op, BestIsa());
 }
 
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor, Isa isa) {
@@ -40,10 +48,13 @@ void ReduceMany(void* dst, const std::vector<const void*>& srcs, size_t offset_b
                 DataType dtype, ReduceOp op) {
   GC_ENFORCE(!srcs.empty(), "ReduceMany needs at least one source");
   if (n == 0) return;
-  const size_t bytes = n * DataTypeSize(dtype);
   const char* first = static_cast<const char*>(srcs[0]) + offset_bytes;
-  if (dst != first) std::memcpy(dst, first, bytes);
-  for (size_t r = 1; r < srcs.size(); ++r) {
+  if (srcs.size() == 1) {
+    if (dst != first) std::memcpy(dst, first, n * DataTypeSize(dtype));
+    return;
+  }
+  ReduceTwo(dst, first, static_cast<const char*>(srcs[1]) + offset_bytes, n, dtype, op);
+  for (size_t r = 2; r < srcs.size(); ++r) {
     ReduceInto(dst, static_cast<const char*>(srcs[r]) + offset_bytes, n, dtype, op);
   }
 }

@@ -17,6 +17,9 @@ namespace gradcomp {
 void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op);
 /// Same, with an explicit instruction set (tests compare the variants).
 void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op, Isa isa);
+/// dst[i] = a[i] (op) b[i] for i < n, in one pass; `dst` may equal `a`.
+void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
+void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Isa isa);
 
 /// dst = srcs[0] (op) srcs[1] (op) ... in that order, each source holding n elements at the
 /// given byte offset. The fixed order makes every rank that computes a slice get the same bits.
@@ -44,11 +47,11 @@ void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor, Isa isa);
 
 namespace kernels_scalar {
-void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op);
+void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
 }  // namespace kernels_scalar
 namespace kernels_avx2 {
-void ReduceInto(void* dst, const void* src, size_t n, DataType dtype, ReduceOp op);
+void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
 }  // namespace kernels_avx2
 
