@@ -50,10 +50,10 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
         total += NumElements(r.shapes[i]);
         any_missing = any_missing || !entries[i];
       }
+      // Sized here, before the ranks agree to run: an allocation failure then fails the
+      // tensors on every rank instead of leaving the others inside the collective.
       const size_t bytes = static_cast<size_t>(total) * esize;
-      const bool compressed = r.compression.codec != "none";
-      if ((r.names.size() > 1 || (compressed && any_missing)) && fusion_.size() < bytes) fusion_.resize(bytes);
-      if (any_missing && scratch_.size() < bytes) scratch_.resize(bytes);
+      if ((r.names.size() > 1 || any_missing) && fusion_.size() < bytes) fusion_.resize(bytes);
       return;
     }
     case RequestType::kBroadcast:
@@ -91,11 +91,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   const bool record = timeline_.active();
   const size_t n = r.names.size();
   int64_t total = 0;
-  std::vector<size_t> offsets(n);
-  for (size_t i = 0; i < n; ++i) {
-    offsets[i] = static_cast<size_t>(total) * esize;
-    total += NumElements(r.shapes[i]);
-  }
+  for (size_t i = 0; i < n; ++i) total += NumElements(r.shapes[i]);
   if (r.compression.codec != "none") return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
   AllreduceOptions o;
   o.count = static_cast<size_t>(total);
@@ -104,65 +100,26 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   o.prescale = r.prescale;
   o.postscale = r.postscale;
   o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
-  // A fused buffer is unfused and scaled in the same pass: the collective only sums.
-  const bool fold_scaling = n > 1 && IsFloatingPoint(r.dtype) && (r.op == ReduceOp::kAverage || r.postscale != 1.0);
-  const double unfuse_factor = r.op == ReduceOp::kAverage ? r.postscale / topo_.size() : r.postscale;
-  if (fold_scaling) {
-    o.op = r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op;
-    o.postscale = 1.0;
-  }
-  if (n == 1) {
-    if (entries[0]) {
-      o.input = entries[0]->input;
-      o.output = entries[0]->output;
-    } else {  // joined: contribute zeros
-      std::memset(scratch_.data(), 0, o.count * esize);
-      o.input = o.output = scratch_.data();
+  // The tensors are reduced where they lie, as one buffer: the communicator fuses them (or
+  // stages them straight into shared memory); a joined rank contributes zeros.
+  std::vector<BufferPiece> pieces(n);
+  for (size_t i = 0; i < n; ++i) {
+    pieces[i].count = static_cast<size_t>(NumElements(r.shapes[i]));
+    if (entries[i]) {
+      pieces[i].input = entries[i]->input;
+      pieces[i].output = entries[i]->output;
     }
-  } else {
-    if (record) {
-      for (const auto& name : r.names) timeline_.Begin(name, "FUSE");
-    }
-    for (size_t i = 0; i < n; ++i) {
-      const size_t bytes = static_cast<size_t>(NumElements(r.shapes[i])) * esize;
-      if (entries[i]) {
-        if (bytes) std::memcpy(fusion_.data() + offsets[i], entries[i]->input, bytes);
-      } else {
-        std::memset(fusion_.data() + offsets[i], 0, bytes);
-      }
-    }
-    if (record) {
-      for (const auto& name : r.names) timeline_.End(name, "FUSE");
-    }
-    o.input = o.output = fusion_.data();
   }
   if (record) {
     for (const auto& name : r.names) timeline_.Begin(name, "COMMUNICATE");
   }
   const bool hierarchical = settings_.hierarchical && topo_.homogeneous && topo_.local_size() > 1 &&
                             topo_.cross_size() > 1;
-  if (hierarchical) {
-    HierarchicalAllreduce(topo_, o);
-  } else {
-    Allreduce(*topo_.world, o);
-  }
+  FusedAllreduce(topo_, hierarchical, pieces, o, fusion_);
   if (record) {
     for (size_t i = 0; i < n; ++i) {
       const int64_t bytes = NumElements(r.shapes[i]) * static_cast<int64_t>(esize);
       timeline_.End(r.names[i], "COMMUNICATE", EndArgs(r.dtype, r.shapes[i], bytes));
-    }
-  }
-  if (n > 1) {
-    if (record) {
-      for (const auto& name : r.names) timeline_.Begin(name, "UNFUSE");
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (!entries[i]) continue;
-      const size_t count = static_cast<size_t>(NumElements(r.shapes[i]));
-      ScaleCopy(entries[i]->output, fusion_.data() + offsets[i], count, r.dtype, fold_scaling ? unfuse_factor : 1.0);
-    }
-    if (record) {
-      for (const auto& name : r.names) timeline_.End(name, "UNFUSE");
     }
   }
   CompleteAll(entries);

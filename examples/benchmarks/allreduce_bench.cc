@@ -104,7 +104,11 @@ int main(int argc, char** argv) {
     o.dtype = gradcomp::DataType::kFloat32;
     o.op = gradcomp::ReduceOp::kSum;
     const auto run_mpi = [&] { MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
-    const auto run_flat = [&] { gradcomp::Allreduce(*topo.world, o); };
+    // What the runtime runs for an unfused tensor (flat: the node's shared memory when the
+    // world is one node).
+    const std::vector<gradcomp::BufferPiece> pieces = {{in.data(), out.data(), count}};
+    std::vector<char> fusion;
+    const auto run_flat = [&] { gradcomp::FusedAllreduce(topo, false, pieces, o, fusion); };
     const auto run_hier = [&] { gradcomp::HierarchicalAllreduce(topo, o); };
     // Warm up every path, then estimate how many repetitions fit in the time budget.
     const double probe = TimeOnce(run_mpi) + TimeOnce(run_flat) + TimeOnce(run_hier);

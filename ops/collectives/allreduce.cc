@@ -65,6 +65,41 @@ void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& o) {
   });
 }
 
+void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<BufferPiece>& pieces,
+                    const AllreduceOptions& o, std::vector<char>& fusion) {
+  WithTensorContext("allreduce", o.name, [&] {
+    AllreduceOptions check = o;
+    check.input = check.output = nullptr;
+    check.count = 0;
+    Validate(check);
+    if (hierarchical) {
+      AllreduceOptions whole = o;
+      if (pieces.size() == 1 && pieces[0].input != nullptr && pieces[0].output != nullptr) {
+        whole.input = pieces[0].input;
+        whole.output = pieces[0].output;
+        whole.count = pieces[0].count;
+        HierarchicalAllreduce(topo, whole);
+        return;
+      }
+      whole.count = FusePieces(pieces, o.dtype, o.prescale, fusion);
+      whole.input = whole.output = fusion.data();
+      whole.prescale = 1.0;
+      HierarchicalAllreduce(topo, whole);
+      UnfusePieces(pieces, o.dtype, fusion.data(), nullptr);
+      return;
+    }
+    FinishFn finish;
+    if (o.op == ReduceOp::kAverage || o.postscale != 1.0) {
+      const int ranks = topo.size();
+      finish = [&o, ranks](void* data, size_t count) {
+        FinishReduction(data, count, o.dtype, o.op, o.postscale, ranks);
+      };
+    }
+    Communicator& comm = topo.cross_size() == 1 ? *topo.local : *topo.world;
+    comm.AllreducePieces(pieces, o.dtype, LoweredOp(o.op), o.prescale, finish, fusion);
+  });
+}
+
 const std::vector<AllreduceAlgorithm>& AllreduceAlgorithms() {
   static const std::vector<AllreduceAlgorithm> table = {
       {"flat", "one MPI_Allreduce over all ranks", &RunFlat},

@@ -34,6 +34,14 @@ void Allreduce(Communicator& comm, const AllreduceOptions& opts);
 /// local rank, allgather inside each node. Needs the same number of ranks on every node.
 void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& opts);
 
+/// Allreduce of several tensors as one (Horovod's tensor fusion). `opts` gives dtype, op,
+/// scale factors and name; its buffers and count are ignored. Flat: the node's
+/// communicator when the whole world is one node (the shared-memory one stages straight
+/// from the pieces, without a fusion buffer), else the world's. Hierarchical: through
+/// `fusion` and HierarchicalAllreduce. Every rank gets the same bits.
+void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<BufferPiece>& pieces,
+                    const AllreduceOptions& opts, std::vector<char>& fusion);
+
 /// One allreduce algorithm of the table: a name, a one-line description and its entry point.
 struct AllreduceAlgorithm {
   const char* name;

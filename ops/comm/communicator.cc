@@ -1,8 +1,10 @@
 #include "ops/comm/communicator.h"
 
 #include <cstdint>
+#include <cstring>
 
 #include "ops/common/enforce.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 
@@ -18,6 +20,56 @@ std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string&
   std::vector<std::string> out;
   for (size_t r = 0; r < n; ++r) out.push_back(all.substr(offsets[r], bytes[r]));
   return out;
+}
+
+size_t FusePieces(const std::vector<BufferPiece>& pieces, DataType dtype, double prescale, std::vector<char>& fusion) {
+  const size_t esize = DataTypeSize(dtype);
+  size_t total = 0;
+  for (const BufferPiece& p : pieces) total += p.count;
+  if (fusion.size() < total * esize) fusion.resize(total * esize);
+  char* cursor = fusion.data();
+  for (const BufferPiece& p : pieces) {
+    if (p.input == nullptr) {
+      std::memset(cursor, 0, p.count * esize);
+    } else {
+      ScaleCopy(cursor, p.input, p.count, dtype, prescale);
+    }
+    cursor += p.count * esize;
+  }
+  return total;
+}
+
+void UnfusePieces(const std::vector<BufferPiece>& pieces, DataType dtype, const void* fused, const FinishFn& finish) {
+  const size_t esize = DataTypeSize(dtype);
+  const char* cursor = static_cast<const char*>(fused);
+  for (const BufferPiece& p : pieces) {
+    // Piece by piece, so `finish` runs on data still in cache.
+    if (p.output != nullptr && p.count > 0) {
+      std::memcpy(p.output, cursor, p.count * esize);
+      if (finish) finish(p.output, p.count);
+    }
+    cursor += p.count * esize;
+  }
+}
+
+void Communicator::AllreducePieces(const std::vector<BufferPiece>& pieces, DataType dtype, ReduceOp op,
+                                   double prescale, const FinishFn& finish, std::vector<char>& fusion) {
+  if (pieces.size() == 1 && pieces[0].input != nullptr && pieces[0].output != nullptr) {
+    const BufferPiece& p = pieces[0];
+    if (p.count == 0) return;
+    const void* src = p.input;
+    if (prescale != 1.0) {
+      ScaleCopy(p.output, p.input, p.count, dtype, prescale);
+      src = p.output;
+    }
+    Allreduce(src, p.output, p.count, dtype, op);
+    if (finish) finish(p.output, p.count);
+    return;
+  }
+  const size_t total = FusePieces(pieces, dtype, prescale, fusion);
+  if (total == 0) return;
+  Allreduce(fusion.data(), fusion.data(), total, dtype, op);
+  UnfusePieces(pieces, dtype, fusion.data(), finish);
 }
 
 std::vector<size_t> EvenSplit(size_t count, int parts) {

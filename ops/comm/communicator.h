@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,18 @@ namespace gradcomp {
 /// How ranks of one node talk to each other in hierarchical algorithms
 /// (CGX_INNER_COMMUNICATOR_TYPE): through a shared-memory window or through MPI messages.
 enum class LocalTransport { kSharedMemory, kMessages };
+
+/// One tensor of a fused allreduce: `count` elements read from `input` (nullptr: zeros, the
+/// contribution of a rank that has joined) whose result goes to `output` (nullptr: dropped).
+/// `input == output` is allowed.
+struct BufferPiece {
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;
+};
+
+/// Applied to reduced elements before they reach the outputs (Average's division, postscale).
+using FinishFn = std::function<void(void* data, size_t count)>;
 
 /// A group of ranks that can exchange bytes and run the few collectives we delegate.
 /// Every collective must be called by all ranks of the communicator in the same order.
@@ -44,6 +57,14 @@ class Communicator {
   virtual void Barrier() = 0;
   /// out[i] = op over ranks of in[i]; `in == out` is allowed. op is Sum, Min, Max or Product.
   virtual void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) = 0;
+  /// Allreduce of the concatenation of `pieces` (Horovod's fusion): inputs are multiplied by
+  /// `prescale` (when it is not 1) before the reduction and `finish` (may be empty) is applied
+  /// to every reduced element before it reaches its output. This default builds the
+  /// concatenation in `fusion` (grown as needed), runs Allreduce on it and copies the results
+  /// out; a single piece with an input is reduced in place. The shared-memory communicator
+  /// overrides it to stage straight from the inputs and write straight to the outputs.
+  virtual void AllreducePieces(const std::vector<BufferPiece>& pieces, DataType dtype, ReduceOp op,
+                               double prescale, const FinishFn& finish, std::vector<char>& fusion);
   /// Reduces `in` (sum of counts elements) over ranks; rank r receives the slice that starts at
   /// the prefix sum of counts[0..r) and holds counts[r] elements. `out` must not overlap `in`.
   virtual void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
@@ -78,5 +99,11 @@ std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string&
 std::vector<size_t> EvenSplit(size_t count, int parts);
 /// Prefix sums: offsets[i] = sum of sizes[0..i).
 std::vector<size_t> Offsets(const std::vector<size_t>& sizes);
+
+/// Copies the pieces' inputs (times `prescale`; zeros for a null input) one after another
+/// into `fusion` (grown as needed); returns the number of elements.
+size_t FusePieces(const std::vector<BufferPiece>& pieces, DataType dtype, double prescale, std::vector<char>& fusion);
+/// Copies `fused` back to the pieces' outputs, applying `finish` (may be empty) to each.
+void UnfusePieces(const std::vector<BufferPiece>& pieces, DataType dtype, const void* fused, const FinishFn& finish);
 
 }  // namespace gradcomp

@@ -15,6 +15,36 @@ size_t SlabLength(size_t count, size_t slab, size_t round) {
   const size_t start = round * slab;
   return start >= count ? 0 : std::min(slab, count - start);
 }
+
+// The concatenation of pieces, addressed by element index.
+class PieceRange {
+ public:
+  explicit PieceRange(const std::vector<BufferPiece>& pieces) : pieces_(pieces), starts_(pieces.size()) {
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      starts_[i] = total_;
+      total_ += pieces[i].count;
+    }
+  }
+  size_t total() const { return total_; }
+  // Calls fn(piece, first element in the piece, elements, elements done before) for each
+  // part of the concatenation's elements [begin, begin + len).
+  template <typename Fn>
+  void ForEach(size_t begin, size_t len, Fn&& fn) const {
+    if (len == 0) return;
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+    for (size_t done = 0; done < len; ++i) {
+      const size_t at = begin + done - starts_[i];
+      const size_t n = std::min(pieces_[i].count - at, len - done);
+      if (n > 0) fn(pieces_[i], at, n, done);
+      done += n;
+    }
+  }
+
+ private:
+  const std::vector<BufferPiece>& pieces_;
+  std::vector<size_t> starts_;
+  size_t total_ = 0;
+};
 }  // namespace
 
 ShmCommunicator::ShmCommunicator(MPI_Comm node, size_t staging_bytes)
@@ -85,22 +115,82 @@ void ShmCommunicator::ReduceScatter(const void* in, void* out, const std::vector
 }
 
 void ShmCommunicator::Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
+  StagedAllreduce({BufferPiece{in, out, count}}, dtype, op, 1.0, nullptr);
+}
+
+void ShmCommunicator::AllreducePieces(const std::vector<BufferPiece>& pieces, DataType dtype, ReduceOp op,
+                                      double prescale, const FinishFn& finish, std::vector<char>& fusion) {
+  size_t total = 0;
+  for (const BufferPiece& p : pieces) total += p.count;
+  if (total * DataTypeSize(dtype) < kMinStagedBytes) {
+    mpi_.AllreducePieces(pieces, dtype, op, prescale, finish, fusion);
+    return;
+  }
+  StagedAllreduce(pieces, dtype, op, prescale, finish);
+}
+
+void ShmCommunicator::StagedAllreduce(const std::vector<BufferPiece>& pieces, DataType dtype, ReduceOp op,
+                                      double prescale, const FinishFn& finish) {
   const size_t esize = DataTypeSize(dtype);
-  const std::vector<size_t> counts = EvenSplit(count, size());
+  const PieceRange range(pieces);
+  const std::vector<size_t> counts = EvenSplit(range.total(), size());
   const std::vector<size_t> offsets = Offsets(counts);
   const size_t slab = std::max<size_t>(1, staging_bytes_ / (esize * counts.size()));
   const size_t rounds = CeilDiv(MaxOf(counts), slab);
+  const size_t me = static_cast<size_t>(rank_);
+  // My own slice is read from the inputs where they lie, unless they must be scaled or a
+  // piece has no input (zeros): then it is staged like the others.
+  bool read_own_inputs = prescale == 1.0;
+  range.ForEach(offsets[me], counts[me], [&](const BufferPiece& p, size_t, size_t, size_t) {
+    read_own_inputs = read_own_inputs && p.input != nullptr;
+  });
+  std::vector<const void*> sources(segments_.size());
   for (size_t k = 0; k < rounds; ++k) {
-    ReduceRound(static_cast<const char*>(in), counts, offsets, slab, k, dtype, op, Result(rank_));
-    Sync();  // every rank's reduced slab is ready; all inputs of this round were read
-    for (int r = 0; r < size(); ++r) {
-      const size_t len = SlabLength(counts[static_cast<size_t>(r)], slab, k);
-      if (len > 0) {
-        std::memcpy(static_cast<char*>(out) + (offsets[static_cast<size_t>(r)] + k * slab) * esize, Result(r),
-                    len * esize);
-      }
+    char* stage = Stage(rank_);
+    for (size_t s = 0; s < counts.size(); ++s) {
+      if (s == me && read_own_inputs) continue;
+      char* dst = stage + s * slab * esize;
+      range.ForEach(offsets[s] + k * slab, SlabLength(counts[s], slab, k),
+                    [&](const BufferPiece& p, size_t at, size_t n, size_t done) {
+                      if (p.input == nullptr) {
+                        std::memset(dst + done * esize, 0, n * esize);
+                      } else {
+                        ScaleCopy(dst + done * esize, static_cast<const char*>(p.input) + at * esize, n, dtype,
+                                  prescale);
+                      }
+                    });
     }
-    Sync();  // result areas are free again
+    Sync();  // every rank's slabs are staged
+    // Reduce my slab in rank order (the same bits whichever rank computes a slice), in blocks
+    // that stay in cache while they are finished and copied to my own outputs.
+    char* result = Result(rank_);
+    range.ForEach(offsets[me] + k * slab, SlabLength(counts[me], slab, k),
+                  [&](const BufferPiece& p, size_t at, size_t n, size_t done) {
+                    for (size_t b = 0; b < n; b += kBlockElements) {
+                      const size_t len = std::min(kBlockElements, n - b);
+                      const size_t in_slab = (me * slab + done + b) * esize;
+                      for (size_t r = 0; r < sources.size(); ++r) sources[r] = segments_[r] + in_slab;
+                      if (read_own_inputs) sources[me] = static_cast<const char*>(p.input) + (at + b) * esize;
+                      char* dst = result + (done + b) * esize;
+                      ReduceMany(dst, sources, 0, len, dtype, op);
+                      if (finish) finish(dst, len);
+                      if (p.output != nullptr) std::memcpy(static_cast<char*>(p.output) + (at + b) * esize, dst, len * esize);
+                    }
+                  });
+    Sync();  // every reduced slab is ready; every staged input was read
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (r == me) continue;
+      const char* src = Result(static_cast<int>(r));
+      range.ForEach(offsets[r] + k * slab, SlabLength(counts[r], slab, k),
+                    [&](const BufferPiece& p, size_t at, size_t n, size_t done) {
+                      if (p.output != nullptr) {
+                        std::memcpy(static_cast<char*>(p.output) + at * esize, src + done * esize, n * esize);
+                      }
+                    });
+    }
+    // No barrier here: a rank writes result areas again only after the next round's (or
+    // the next allreduce's) first Sync, which every rank reaches after its copies out, and
+    // no other collective writes them.
   }
 }
 

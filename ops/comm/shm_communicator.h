@@ -37,6 +37,14 @@ class ShmCommunicator final : public Communicator {
   }
   void Barrier() override { mpi_.Barrier(); }
   void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
+  /// Without a fusion buffer: each rank stages its slices of the concatenation straight from
+  /// the pieces' inputs into its window area, reduces its own slice from every rank's area,
+  /// applies `finish` to it there (so each rank scales only its slice), and copies every
+  /// rank's reduced slice straight to the pieces' outputs. Per rank that is one staging copy,
+  /// a reduction of 1/size of the data and one copy out, where fusion + MPI_Allreduce +
+  /// unfusion copy the whole buffer four times. Small buffers go to MPI (fewer barriers).
+  void AllreducePieces(const std::vector<BufferPiece>& pieces, DataType dtype, ReduceOp op, double prescale,
+                       const FinishFn& finish, std::vector<char>& fusion) override;
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
@@ -55,6 +63,14 @@ class ShmCommunicator final : public Communicator {
   }
 
  private:
+  /// Below this many bytes a fused allreduce goes through MPI: the staged path's two barriers
+  /// cost more than the copies they save.
+  static constexpr size_t kMinStagedBytes = size_t{2} << 10;
+  /// Elements reduced, finished and copied out together (stays in the L1/L2 cache).
+  static constexpr size_t kBlockElements = 4096;
+  /// The staged allreduce of AllreducePieces, in rounds of the staging area.
+  void StagedAllreduce(const std::vector<BufferPiece>& pieces, DataType dtype, ReduceOp op, double prescale,
+                       const FinishFn& finish);
   /// Makes every rank's writes to its segment visible to all, and waits for all ranks.
   void Sync();
   char* Stage(int r) const { return segments_[static_cast<size_t>(r)]; }

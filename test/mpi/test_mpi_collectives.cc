@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -94,6 +95,81 @@ TEST(Mpi, SharedMemoryWindowInManyRounds) {
     std::vector<char> buf = MakeInput(DataType::kFloat32, ReduceOp::kSum, 1000, rank);
     shm.Broadcast(buf.data(), buf.size(), root);
     EXPECT_EQ(buf, MakeInput(DataType::kFloat32, ReduceOp::kSum, 1000, root)) << "root " << root;
+  }
+}
+
+// Cuts `count` elements into pieces of uneven lengths (some empty) over `in` and `out`.
+std::vector<BufferPiece> CutIntoPieces(const char* in, char* out, size_t count, size_t esize) {
+  static const size_t kLengths[] = {0, 1, 3, 0, 1000, 17, 4096, 5};
+  std::vector<BufferPiece> pieces;
+  for (size_t at = 0, k = 0; at < count || pieces.empty(); ++k) {
+    const size_t n = std::min(kLengths[k % 8], count - at);
+    pieces.push_back(BufferPiece{in + at * esize, out + at * esize, n});
+    at += n;
+    if (count == 0) break;
+  }
+  return pieces;
+}
+
+TEST(Mpi, FusedAllreduceOfPiecesEqualsTheReference) {
+  // The runtime's fused path: tensors reduced where they lie. On one node through the
+  // shared-memory window (with 256-byte areas: many rounds, slices cutting through pieces),
+  // across forced nodes through the world's collective or the hierarchical algorithm.
+  const Settings settings = Settings::FromEnvironment();
+  for (size_t staging : {size_t{256}, size_t{1} << 20}) {
+    Topology topo = BuildTopology(CreateMpiWorld(), static_cast<int>(settings.local_size),
+                                  LocalTransport::kSharedMemory, staging);
+    for (bool hierarchical : {false, true}) {
+      if (hierarchical && topo.cross_size() == 1) continue;
+      std::vector<char> fusion;
+      for (const ReduceCase& c : AllReduceCases({0, 1, 700, 5000})) {
+        std::vector<char> in = MakeInput(c.dtype, c.op, c.count, topo.rank());
+        std::vector<char> out(in.size());
+        const auto pieces = CutIntoPieces(in.data(), out.data(), c.count, DataTypeSize(c.dtype));
+        FusedAllreduce(topo, hierarchical, pieces, ToAllreduceOptions(c, nullptr, nullptr), fusion);
+        ASSERT_EQ(CompareReduction(c, topo.size(), out.data(), ExpectedReduction(c, topo.size(), 0, c.count)), "")
+            << "staging " << staging << (hierarchical ? " hierarchical" : " flat");
+      }
+      // In place, as the runtime reduces most gradients.
+      for (const ReduceCase& c : AllReduceCases({5000})) {
+        std::vector<char> buf = MakeInput(c.dtype, c.op, c.count, topo.rank());
+        const auto pieces = CutIntoPieces(buf.data(), buf.data(), c.count, DataTypeSize(c.dtype));
+        FusedAllreduce(topo, hierarchical, pieces, ToAllreduceOptions(c, nullptr, nullptr), fusion);
+        ASSERT_EQ(CompareReduction(c, topo.size(), buf.data(), ExpectedReduction(c, topo.size(), 0, c.count)), "");
+      }
+    }
+  }
+}
+
+TEST(Mpi, FusedAllreduceOfPiecesWithoutInputsOrOutputs) {
+  // A rank that joined has no tensor: it contributes zeros and keeps no result.
+  const Settings settings = Settings::FromEnvironment();
+  for (size_t staging : {size_t{256}, size_t{1} << 20}) {
+    Topology topo = BuildTopology(CreateMpiWorld(), static_cast<int>(settings.local_size),
+                                  LocalTransport::kSharedMemory, staging);
+    const int n = topo.size(), me = topo.rank();
+    const std::vector<size_t> counts = {3000, 0, 5, 20000};
+    std::vector<std::vector<int32_t>> in, out;
+    std::vector<BufferPiece> pieces;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      in.emplace_back(counts[k], me + 1);
+      out.emplace_back(counts[k], -7);
+    }
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const bool absent = me == 0 && k == 3;  // rank 0 lacks the last tensor
+      pieces.push_back(BufferPiece{absent ? nullptr : in[k].data(), absent ? nullptr : out[k].data(), counts[k]});
+    }
+    AllreduceOptions o;
+    o.dtype = DataType::kInt32;
+    o.op = ReduceOp::kSum;
+    std::vector<char> fusion;
+    FusedAllreduce(topo, false, pieces, o, fusion);
+    const int32_t all = n * (n + 1) / 2;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const bool absent = me == 0 && k == 3;
+      const int32_t want = absent ? -7 : k == 3 ? all - 1 : all;
+      for (size_t i = 0; i < counts[k]; ++i) ASSERT_EQ(out[k][i], want) << "tensor " << k << " element " << i;
+    }
   }
 }
 
