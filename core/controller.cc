@@ -106,20 +106,25 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
     }
     cache_.Erase(pos);
   }
-  std::vector<Response> from_cache;
-  for (size_t pos = 0; pos < cap; ++pos) {
-    if (!TestBit(words, 1, pos) || !TestBit(words, 1 + nw, pos)) continue;
-    from_cache.push_back(cache_.Get(pos));
-    cached_pending_.erase(from_cache.back().names[0]);
-    ++cache_hits_;
+  const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
+  FusionPlanner from_cache(threshold);
+  for (size_t w = 0; w < nw; ++w) {
+    // Positions ready everywhere and kept everywhere, a word at a time.
+    for (uint64_t bits = words[1 + w] & words[1 + nw + w]; bits != 0; bits &= bits - 1) {
+      const size_t pos = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+      if (pos >= cap) break;
+      const Response& cached = cache_.Get(pos);
+      cached_pending_.erase(cached.names[0]);
+      from_cache.Add(cached);
+      ++cache_hits_;
+    }
   }
   if (join_active) {
     // Joined ranks set no ready bits: cached tensors are matched by the coordinator instead.
     for (auto& [name, p] : cached_pending_) to_coordinator_.push_back(std::move(p.request));
     cached_pending_.clear();
   }
-  const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
-  out.responses = FuseResponses(from_cache, threshold);
+  out.responses = from_cache.Take();
   out.from_cache = out.responses.size();
   if (!(words[0] & kNoUncached) || erased_any || join_active) {
     std::vector<Request> mine;
@@ -177,7 +182,7 @@ std::vector<Response> Controller::Coordinate(const std::vector<Request>& mine, s
     last_stall_check_ = now;
     for (const std::string& w : report.warnings) log_.warn("{}", w);
     const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
-    reply = SerializeResponses(FuseResponses(ready, threshold));
+    reply = SerializeResponses(FuseResponses(std::move(ready), threshold));
     header[0] = reply.size();
     header[1] = report.shutdown.size();
     reply += report.shutdown;

@@ -1,5 +1,10 @@
 #include "core/fusion.h"
 
+#include <algorithm>
+#include <iterator>
+#include <type_traits>
+#include <utility>
+
 namespace gradcomp {
 
 bool Fusable(const Response& a, const Response& b) {
@@ -8,27 +13,43 @@ bool Fusable(const Response& a, const Response& b) {
          a.postscale == b.postscale && a.compression == b.compression;
 }
 
-std::vector<Response> FuseResponses(const std::vector<Response>& responses, int64_t threshold_bytes) {
-  std::vector<Response> out;
-  std::vector<size_t> open;  // indices into `out` of allreduce groups that may still grow
-  for (const Response& r : responses) {
-    bool placed = false;
-    if (threshold_bytes > 0 && r.type == RequestType::kAllreduce && r.error.empty()) {
-      const int64_t bytes = r.PayloadBytes();
-      for (size_t idx : open) {
-        Response& group = out[idx];
-        if (Fusable(group, r) && group.PayloadBytes() + bytes <= threshold_bytes) {
+template <typename R>
+void FusionPlanner::AddImpl(R&& r) {
+  if (threshold_ > 0 && r.type == RequestType::kAllreduce && r.error.empty()) {
+    const int64_t bytes = r.PayloadBytes();
+    for (Open& g : open_) {
+      Response& group = out_[g.index];
+      if (g.bytes + bytes <= threshold_ && Fusable(group, r)) {
+        if constexpr (std::is_lvalue_reference_v<R>) {
           group.names.insert(group.names.end(), r.names.begin(), r.names.end());
           group.shapes.insert(group.shapes.end(), r.shapes.begin(), r.shapes.end());
-          placed = true;
-          break;
+        } else {
+          std::move(r.names.begin(), r.names.end(), std::back_inserter(group.names));
+          std::move(r.shapes.begin(), r.shapes.end(), std::back_inserter(group.shapes));
         }
+        g.bytes += bytes;
+        return;
       }
-      if (!placed && bytes < threshold_bytes) open.push_back(out.size());
     }
-    if (!placed) out.push_back(r);
+    if (bytes < threshold_) open_.push_back(Open{out_.size(), bytes});
   }
+  out_.push_back(std::forward<R>(r));
+}
+
+void FusionPlanner::Add(const Response& r) { AddImpl(r); }
+void FusionPlanner::Add(Response&& r) { AddImpl(std::move(r)); }
+
+std::vector<Response> FusionPlanner::Take() {
+  open_.clear();
+  std::vector<Response> out;
+  out.swap(out_);
   return out;
+}
+
+std::vector<Response> FuseResponses(std::vector<Response> responses, int64_t threshold_bytes) {
+  FusionPlanner planner(threshold_bytes);
+  for (Response& r : responses) planner.Add(std::move(r));
+  return planner.Take();
 }
 
 }  // namespace gradcomp

@@ -13,10 +13,33 @@ namespace gradcomp {
 /// True when `a` and `b` may share a fusion buffer.
 bool Fusable(const Response& a, const Response& b);
 
+/// Builds a fusion plan one response at a time (what FuseResponses does for a whole list):
+/// a response joins the earliest open group it fits; appending to a group copies only the
+/// tensor's name and shape.
+class FusionPlanner {
+ public:
+  explicit FusionPlanner(int64_t threshold_bytes) : threshold_(threshold_bytes) {}
+  void Add(const Response& r);
+  void Add(Response&& r);
+  /// The plan so far; the planner is empty afterwards.
+  std::vector<Response> Take();
+
+ private:
+  template <typename R>
+  void AddImpl(R&& r);
+  struct Open {
+    size_t index;   // into out_
+    int64_t bytes;  // payload so far
+  };
+  int64_t threshold_;
+  std::vector<Response> out_;
+  std::vector<Open> open_;  // allreduce groups that may still grow
+};
+
 /// Merges fusable allreduce responses, each fused response holding at most `threshold_bytes`
 /// of payload (a single larger tensor still goes alone; 0 disables fusion). A response joins
 /// the earliest open group it fits, so the result is a pure function of the input order and
 /// every rank computes the same plan.
-std::vector<Response> FuseResponses(const std::vector<Response>& responses, int64_t threshold_bytes);
+std::vector<Response> FuseResponses(std::vector<Response> responses, int64_t threshold_bytes);
 
 }  // namespace gradcomp

@@ -11,9 +11,32 @@ bool Handle::Poll() const {
   return done_;
 }
 
+bool Handle::BlockUntilDone(std::unique_lock<std::mutex>& lock,
+                            const std::chrono::steady_clock::time_point* deadline) const {
+  const auto wait = [&] {
+    if (deadline == nullptr) {
+      cv_.wait(lock, [&] { return done_; });
+      return true;
+    }
+    return cv_.wait_until(lock, *deadline, [&] { return done_; });
+  };
+  if (done_) return true;
+  const std::shared_ptr<WaitObserver> observer = observer_.lock();
+  if (observer == nullptr) return wait();
+  // The observer is told without holding mu_ (it takes its own lock).
+  lock.unlock();
+  observer->WaitBegins();
+  lock.lock();
+  const bool done = wait();
+  lock.unlock();
+  observer->WaitEnds();
+  lock.lock();
+  return done;
+}
+
 void Handle::Wait() const {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_; });
+  BlockUntilDone(lock, nullptr);
   if (error_.empty()) return;
   if (invalid_argument_) throw InvalidArgument(error_);
   throw Error(error_);
@@ -21,7 +44,9 @@ void Handle::Wait() const {
 
 bool Handle::WaitFor(double seconds) const {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done_; })) return false;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  if (!BlockUntilDone(lock, &deadline)) return false;
   lock.unlock();
   Wait();
   return true;

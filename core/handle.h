@@ -2,19 +2,35 @@
 // blocks on a condition variable (never spins) and rethrows the operation's error.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace gradcomp {
 
+/// Told when a caller starts and stops blocking on an unfinished handle. A blocked caller
+/// submits nothing until it wakes, so the runtime need not wait for more of its tensors
+/// before negotiating (the end of a burst is known at once instead of after a quiet time).
+class WaitObserver {
+ public:
+  virtual ~WaitObserver() = default;
+  virtual void WaitBegins() = 0;
+  virtual void WaitEnds() = 0;
+};
+
 /// Completion state of one operation, shared between the caller and the background thread.
 class Handle {
  public:
+  Handle() = default;
+  /// `observer` hears of callers blocking in Wait/WaitFor (it may be gone by then).
+  explicit Handle(std::weak_ptr<WaitObserver> observer) : observer_(std::move(observer)) {}
+
   /// True once the operation finished (successfully or not). Never blocks.
   bool Poll() const;
   /// Blocks until the operation finished; rethrows its error (InvalidArgument or Error).
@@ -52,6 +68,11 @@ class Handle {
   /// Marks done without waking; returns the callbacks to run (nothing if already done).
   bool MarkDone(std::vector<std::function<void()>>* callbacks);
 
+  /// Blocks on cv_ until done_ or `deadline` (nullptr: no deadline), telling the observer;
+  /// `lock` holds mu_. Returns done_.
+  bool BlockUntilDone(std::unique_lock<std::mutex>& lock, const std::chrono::steady_clock::time_point* deadline) const;
+
+  std::weak_ptr<WaitObserver> observer_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;

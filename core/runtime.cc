@@ -111,13 +111,11 @@ Request Runtime::NewRequest(RequestType type, const std::string& name, DataType 
 
 std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void* output) {
   TensorEntry entry;
-  entry.request = std::move(request);
   entry.input = input;
   entry.output = output;
-  entry.handle = std::make_shared<Handle>();
-  entry.enqueued = std::chrono::steady_clock::now();
+  entry.handle = std::make_shared<Handle>(std::weak_ptr<WaitObserver>(queue_));
   std::shared_ptr<Handle> handle = entry.handle;
-  queue_.Push(std::move(entry));
+  queue_->Push(std::move(request), std::move(entry));
   return handle;
 }
 
@@ -192,17 +190,17 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
     throw InvalidArgument("grouped allreduce needs one shape, input and output per name");
   }
   // Pushed together: the background thread negotiates (and fuses) the group in one cycle.
+  std::vector<Request> requests;
   std::vector<TensorEntry> entries(names.size());
   std::vector<std::shared_ptr<Handle>> handles;
   for (size_t i = 0; i < names.size(); ++i) {
-    entries[i].request = AllreduceRequest(names[i], dtype, shapes[i], op, prescale, postscale, compression);
+    requests.push_back(AllreduceRequest(names[i], dtype, shapes[i], op, prescale, postscale, compression));
     entries[i].input = inputs[i];
     entries[i].output = outputs[i];
-    entries[i].handle = std::make_shared<Handle>();
-    entries[i].enqueued = std::chrono::steady_clock::now();
+    entries[i].handle = std::make_shared<Handle>(std::weak_ptr<WaitObserver>(queue_));
     handles.push_back(entries[i].handle);
   }
-  queue_.PushGroup(std::move(entries));
+  queue_->PushGroup(std::move(requests), std::move(entries));
   return handles;
 }
 
@@ -302,7 +300,7 @@ double Runtime::BackgroundCpuSeconds() const {
 
 void Runtime::Shutdown() {
   stop_requested_.store(true);
-  queue_.Wake();
+  queue_->Wake();
   if (background_.joinable()) background_.join();
   {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -321,7 +319,7 @@ void Runtime::BackgroundLoop() {
     while (true) {
       const auto start = steady_clock::now();
       Controller::CycleInput in;
-      in.fresh = queue_.TakeNewRequests();
+      in.fresh = queue_->TakeNewRequests();
       in.shutdown = stop_requested_.load();
       Controller::CycleOutput out = controller_.RunCycle(std::move(in));
       {
@@ -339,14 +337,14 @@ void Runtime::BackgroundLoop() {
         // soon as this rank gets one.
         idle_cycles = 0;
         const duration<double> left = (start + cycle) - steady_clock::now();
-        if (!queue_.WaitForNew(std::max(left, duration<double>(0)))) continue;
+        if (!queue_->WaitForNew(std::max(left, duration<double>(0)))) continue;
       } else {
         // Every rank is idle: back off (alone, sleep until work arrives).
         ++idle_cycles;
         const double wait = topo_.size() == 1 ? 3600.0
                                               : std::min(kMaxIdleWaitSeconds,
                                                          cycle.count() * double(1 << std::min(idle_cycles, 16)));
-        if (!queue_.WaitForNew(duration<double>(wait))) continue;
+        if (!queue_->WaitForNew(duration<double>(wait))) continue;
       }
       GatherBurst(cycle);
     }
@@ -359,23 +357,16 @@ void Runtime::BackgroundLoop() {
     stopped_reason_ = reason;
   }
   running_.store(false);
-  queue_.FailAll(reason);
+  queue_->FailAll(reason);
 }
 
 void Runtime::GatherBurst(std::chrono::duration<double> cycle) {
   // Tensors arrive in bursts (a backward pass, a loop of enqueues). Negotiate once the burst
-  // has gone quiet for a fraction of the cycle time, but never later than one cycle time, so
-  // the tensors of a step are negotiated, and fused, together.
-  const auto deadline = std::chrono::steady_clock::now() + cycle;
+  // is over: its producer blocks on a handle, or no tensor came for a fraction of the cycle
+  // time; never later than one cycle time. So the tensors of a step are negotiated, and
+  // fused, together.
   const std::chrono::duration<double> quiet = std::min(cycle / 10, std::chrono::duration<double>(5e-5));
-  uint64_t seen = queue_.pushes();
-  while (!stop_requested_.load()) {
-    const std::chrono::duration<double> left = deadline - std::chrono::steady_clock::now();
-    if (left <= left.zero() || !queue_.WaitForPushAfter(seen, std::min(quiet, left))) {
-      return;
-    }
-    seen = queue_.pushes();
-  }
+  queue_->WaitForBurstEnd(quiet, cycle);
 }
 
 void Runtime::ForgetCompressionState(const std::vector<std::string>& names) {
@@ -401,7 +392,7 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
   bool any_collective = false;
   for (const Response& r : responses) {
     Work w{&r, {}, {}};
-    for (const std::string& name : r.names) w.entries.push_back(queue_.Take(name));
+    for (const std::string& name : r.names) w.entries.push_back(queue_->Take(name));
     if (r.error.empty()) {
       any_collective = true;
       try {

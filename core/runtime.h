@@ -143,7 +143,7 @@ class Runtime {
   Topology topo_;
   std::shared_ptr<spdlog::logger> log_;
   Timeline timeline_;
-  TensorQueue queue_;
+  std::shared_ptr<TensorQueue> queue_ = std::make_shared<TensorQueue>();  // handles observe it weakly
   Controller controller_;
   Executor executor_;
   std::function<void(const std::string&)> fault_injector_;

@@ -1,53 +1,78 @@
 #include "core/tensor_queue.h"
 
+#include <algorithm>
 #include <set>
 
 #include "ops/common/enforce.h"
 
 namespace gradcomp {
 
-void TensorQueue::Push(TensorEntry entry) {
-  std::vector<TensorEntry> one;
-  one.push_back(std::move(entry));
-  PushGroup(std::move(one));
+void TensorQueue::ThrowPending(const Request& request, RequestType pending_type) const {
+  throw InvalidArgument("a " + std::string(RequestTypeName(pending_type)) + " of tensor '" + request.name +
+                        "' is already pending on rank " + std::to_string(request.rank) +
+                        "; wait for it (synchronize) before submitting the same name again");
 }
 
-void TensorQueue::PushGroup(std::vector<TensorEntry> group) {
+void TensorQueue::Add(Request request, TensorEntry entry) {
+  entry.type = request.type;
+  entries_.emplace(request.name, std::make_unique<TensorEntry>(std::move(entry)));
+  fresh_.push_back(std::move(request));
+  ++pushes_;
+}
+
+void TensorQueue::Push(Request request, TensorEntry entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(request.name);
+  if (it != entries_.end()) ThrowPending(request, it->second->type);
+  Add(std::move(request), std::move(entry));
+  if (consumer_waiting_for_new_) cv_.notify_one();
+}
+
+void TensorQueue::PushGroup(std::vector<Request> requests, std::vector<TensorEntry> entries) {
+  GC_ENFORCE(requests.size() == entries.size(), "PushGroup needs one entry per request");
   std::lock_guard<std::mutex> lock(mu_);
   std::set<std::string> names;
-  for (const TensorEntry& entry : group) {
-    const std::string& name = entry.request.name;
-    auto it = entries_.find(name);
-    if (it != entries_.end() || !names.insert(name).second) {
-      const RequestType type = it != entries_.end() ? it->second->request.type : entry.request.type;
-      throw InvalidArgument("a " + std::string(RequestTypeName(type)) + " of tensor '" + name +
-                            "' is already pending on rank " + std::to_string(entry.request.rank) +
-                            "; wait for it (synchronize) before submitting the same name again");
-    }
+  for (const Request& request : requests) {
+    auto it = entries_.find(request.name);
+    if (it != entries_.end()) ThrowPending(request, it->second->type);
+    if (!names.insert(request.name).second) ThrowPending(request, request.type);
   }
-  for (TensorEntry& entry : group) {
-    const std::string name = entry.request.name;
-    fresh_.push_back(entry.request);
-    entries_.emplace(name, std::make_unique<TensorEntry>(std::move(entry)));
-    ++pushes_;
-  }
-  cv_.notify_one();
+  for (size_t i = 0; i < requests.size(); ++i) Add(std::move(requests[i]), std::move(entries[i]));
+  if (consumer_waiting_for_new_) cv_.notify_one();
 }
 
-uint64_t TensorQueue::pushes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pushes_;
-}
-
-bool TensorQueue::WaitForPushAfter(uint64_t seen, std::chrono::duration<double> timeout) {
+void TensorQueue::WaitForBurstEnd(std::chrono::duration<double> quiet, std::chrono::duration<double> longest) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(longest);
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return pushes_ > seen || woken_; }) && pushes_ > seen;
+  uint64_t seen = pushes_;
+  while (blocked_callers_ == 0 && !woken_) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return;
+    consumer_gathering_ = true;
+    const auto until = std::min(deadline, now + std::chrono::duration_cast<Clock::duration>(quiet));
+    cv_.wait_until(lock, until, [&] { return blocked_callers_ > 0 || woken_; });
+    consumer_gathering_ = false;
+    if (pushes_ == seen) return;  // quiet for `quiet`
+    seen = pushes_;
+  }
+}
+
+void TensorQueue::WaitBegins() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++blocked_callers_;
+  if (consumer_gathering_) cv_.notify_one();
+}
+
+void TensorQueue::WaitEnds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --blocked_callers_;
 }
 
 std::vector<Request> TensorQueue::TakeNewRequests() {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Request> out(fresh_.begin(), fresh_.end());
-  fresh_.clear();
+  std::vector<Request> out;
+  out.swap(fresh_);
   return out;
 }
 
@@ -77,7 +102,9 @@ void TensorQueue::FailAll(const std::string& message) {
 
 bool TensorQueue::WaitForNew(std::chrono::duration<double> timeout) {
   std::unique_lock<std::mutex> lock(mu_);
+  consumer_waiting_for_new_ = true;
   cv_.wait_for(lock, timeout, [&] { return !fresh_.empty() || woken_; });
+  consumer_waiting_for_new_ = false;
   woken_ = false;
   return !fresh_.empty();
 }

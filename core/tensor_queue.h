@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,25 +14,26 @@
 
 namespace gradcomp {
 
-/// One enqueued tensor: its request, the caller's buffers and the handle to complete.
+/// One enqueued tensor: the caller's buffers and the handle to complete (its request goes to
+/// the background thread's negotiation).
 struct TensorEntry {
-  Request request;
+  RequestType type = RequestType::kAllreduce;  // for error messages
   const void* input = nullptr;
   /// allreduce / broadcast destination (may equal input); other types allocate in the handle.
   void* output = nullptr;
   std::shared_ptr<Handle> handle;
-  std::chrono::steady_clock::time_point enqueued;
 };
 
 /// Thread-safe store of pending tensors. Framework threads Push; the background thread
 /// takes new requests each cycle and takes entries out when it executes them.
-class TensorQueue {
+class TensorQueue final : public WaitObserver {
  public:
-  /// Adds an entry; throws InvalidArgument when a tensor with the same name is pending.
-  void Push(TensorEntry entry);
-  /// Adds entries at once (the background thread sees all or none of them); throws, adding
+  /// Adds the tensor of `request`; throws InvalidArgument when one with the same name is
+  /// pending.
+  void Push(Request request, TensorEntry entry);
+  /// Adds tensors at once (the background thread sees all or none of them); throws, adding
   /// none, when any name is pending or repeated.
-  void PushGroup(std::vector<TensorEntry> entries);
+  void PushGroup(std::vector<Request> requests, std::vector<TensorEntry> entries);
   /// Requests pushed since the previous call, in push order.
   std::vector<Request> TakeNewRequests();
   /// Removes and returns the entry of `name`; nullptr when this rank has none (joined).
@@ -47,18 +47,32 @@ class TensorQueue {
   bool WaitForNew(std::chrono::duration<double> timeout);
   /// Wakes WaitForNew (shutdown, timeline changes).
   void Wake();
-  /// Number of pushes so far (a monotonic counter).
-  uint64_t pushes() const;
-  /// Blocks until the push counter exceeds `seen` or `timeout` passes; true on a new push.
-  bool WaitForPushAfter(uint64_t seen, std::chrono::duration<double> timeout);
+  /// Blocks while a burst of pushes goes on: returns once no push came for `quiet`, a caller
+  /// blocks on a pending handle (WaitBegins: it submits nothing more for now), Wake() is
+  /// called, or `longest` passes.
+  void WaitForBurstEnd(std::chrono::duration<double> quiet, std::chrono::duration<double> longest);
+
+  // WaitObserver: callers blocking on pending handles.
+  void WaitBegins() override;
+  void WaitEnds() override;
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  /// Throws the duplicate-name error (mu_ held).
+  [[noreturn]] void ThrowPending(const Request& request, RequestType pending_type) const;
+  /// Adds one checked tensor (mu_ held).
+  void Add(Request request, TensorEntry entry);
+
   std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
-  std::deque<Request> fresh_;
+  std::vector<Request> fresh_;
   bool woken_ = false;
   uint64_t pushes_ = 0;
+  int blocked_callers_ = 0;
+  // The background thread sleeps in WaitForNew / WaitForBurstEnd: only then do pushes and
+  // blocking callers notify (a notify per push would wake it once per tensor of a burst).
+  bool consumer_waiting_for_new_ = false;
+  bool consumer_gathering_ = false;
 };
 
 }  // namespace gradcomp

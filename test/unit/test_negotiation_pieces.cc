@@ -1,15 +1,18 @@
 // Pieces of the controller in isolation: message encoding, fusion planning, the response
-// cache (hits, mismatches, LRU eviction) and the stall inspector.
+// cache (hits, mismatches, LRU eviction), the stall inspector and the tensor queue's burst
+// gathering.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/fusion.h"
 #include "core/message.h"
 #include "core/response_cache.h"
 #include "core/stall_inspector.h"
+#include "core/tensor_queue.h"
 #include "core/timeline.h"
 #include "ops/common/enforce.h"
 
@@ -95,6 +98,57 @@ TEST(Fusion, FusesCompatibleTensorsUpToTheThreshold) {
   EXPECT_EQ(FuseResponses(in, 0).size(), in.size());  // 0 disables fusion
   // A tensor larger than the threshold travels alone.
   EXPECT_EQ(FuseResponses({Allreduce("big", 1 << 20), Allreduce("s", 1)}, 4096).size(), 2u);
+  // The planner fed with references (the controller's cache) plans the same, copying.
+  FusionPlanner planner(4096);
+  for (const Response& r : in) planner.Add(r);
+  const std::vector<Response> by_reference = planner.Take();
+  ASSERT_EQ(by_reference.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_EQ(by_reference[i].names, out[i].names);
+    EXPECT_EQ(by_reference[i].shapes, out[i].shapes);
+  }
+  EXPECT_EQ(in[0].names, std::vector<std::string>{"f0"});  // inputs left alone
+  EXPECT_TRUE(planner.Take().empty());
+}
+
+TEST(TensorQueue, BurstEndsWhenACallerBlocksOrThePushesStop) {
+  auto queue = std::make_shared<TensorQueue>();
+  const auto push = [&](const std::string& name) {
+    Request r;
+    r.name = name;
+    TensorEntry e;
+    e.handle = std::make_shared<Handle>(std::weak_ptr<WaitObserver>(queue));
+    std::shared_ptr<Handle> handle = e.handle;
+    queue->Push(r, std::move(e));
+    return handle;
+  };
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  // Quiet time and limit of a minute: only the blocked caller can end the gathering early.
+  std::shared_ptr<Handle> h = push("a");
+  std::thread caller([&] { EXPECT_FALSE(h->WaitFor(0.3)); });
+  const auto t0 = Clock::now();
+  queue->WaitForBurstEnd(std::chrono::seconds(60), std::chrono::seconds(60));
+  EXPECT_LT(seconds_since(t0), 30.0);
+  caller.join();
+  // No caller blocked: the gathering ends once pushes stop for the quiet time...
+  const auto t1 = Clock::now();
+  queue->WaitForBurstEnd(std::chrono::milliseconds(50), std::chrono::seconds(60));
+  const double quiet = seconds_since(t1);
+  EXPECT_GE(quiet, 0.045);
+  EXPECT_LT(quiet, 30.0);
+  // ...and keeps going while they go on.
+  std::thread producer([&] {
+    for (int i = 0; i < 8; ++i) {
+      push("p" + std::to_string(i));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const auto t2 = Clock::now();
+  queue->WaitForBurstEnd(std::chrono::milliseconds(100), std::chrono::seconds(60));
+  EXPECT_GE(seconds_since(t2), 0.15);
+  producer.join();
+  EXPECT_EQ(queue->TakeNewRequests().size(), 9u);
 }
 
 TEST(ResponseCache, HitsMismatchesAndLeastRecentlyUsedEviction) {
