@@ -1,7 +1,10 @@
 // Coordinator overhead: per step, 100 tensors of 16 KB float32 allreduced asynchronously then
 // waited (steady state, after warm-up), against one MPI_Allreduce per tensor and one
-// MPI_Allreduce of a single pre-fused buffer (the floor). Each step is timed as the slowest
-// rank's time; the table shows medians. Also the background thread's CPU use while idle.
+// MPI_Allreduce of a single pre-fused buffer (the floor). Also gradcomp's own collective on
+// the pre-fused buffer (what the runtime runs once the step is negotiated; on one node it is
+// the shared-memory path), so the table separates the data path from the coordination. Each
+// step is timed as the slowest rank's time; the table shows medians. Also the background
+// thread's CPU use while idle.
 //
 //   mpirun -np 2 build/examples/runtime_bench [--steps 300] [--tensors 100] [--kb 16]
 #include <mpi.h>
@@ -15,6 +18,8 @@
 #include <vector>
 
 #include "core/runtime.h"
+#include "ops/collectives/allreduce.h"
+#include "ops/comm/mpi_environment.h"
 
 namespace {
 
@@ -70,20 +75,28 @@ int main(int argc, char** argv) {
   const auto prefused = [&] {
     MPI_Allreduce(MPI_IN_PLACE, fused.data(), static_cast<int>(fused.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   };
+  // The runtime's own collective, outside the runtime, on its own topology.
+  gradcomp::Topology topo = gradcomp::BuildTopology(gradcomp::CreateMpiWorld(), 0, gradcomp::LocalTransport::kSharedMemory);
+  const std::vector<gradcomp::BufferPiece> fused_piece = {{fused.data(), fused.data(), fused.size()}};
+  std::vector<char> fusion;
+  gradcomp::AllreduceOptions fused_opts;
+  fused_opts.name = "pre-fused";
+  const auto prefused_ours = [&] { gradcomp::FusedAllreduce(topo, false, fused_piece, fused_opts, fusion); };
   // Variants run in alternating blocks of consecutive steps (a training loop runs one step
   // after another); the first 20 steps of each block are warm-up (negotiation, cache, caches).
-  std::vector<double> t_ours, t_per, t_floor;
+  std::vector<double> t_ours, t_per, t_floor, t_data;
   const int rounds = 3, per_block = steps / rounds + 20;
   for (int round = 0; round < rounds; ++round) {
-    for (int which = 0; which < 3; ++which) {
+    for (int which = 0; which < 4; ++which) {
       for (int s = 0; s < per_block; ++s) {
         MPI_Barrier(MPI_COMM_WORLD);
         const auto t0 = std::chrono::steady_clock::now();
         if (which == 0) ours();
         if (which == 1) per_tensor();
         if (which == 2) prefused();
+        if (which == 3) prefused_ours();
         const double dt = Slowest(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        if (s >= 20) (which == 0 ? t_ours : which == 1 ? t_per : t_floor).push_back(dt);
+        if (s >= 20) (which == 0 ? t_ours : which == 1 ? t_per : which == 2 ? t_floor : t_data).push_back(dt);
       }
     }
   }
@@ -95,12 +108,14 @@ int main(int argc, char** argv) {
   const double idle_cpu = Slowest(rt.BackgroundCpuSeconds() - cpu0);
   if (rt.rank() == 0) {
     const double ours_ms = Median(t_ours) * 1e3, per_ms = Median(t_per) * 1e3, floor_ms = Median(t_floor) * 1e3;
+    const double data_ms = Median(t_data) * 1e3;
     std::printf("runtime_bench: %d ranks, %d tensors x %d KB float32 per step, median of %d steps\n", rt.size(),
                 tensors, kb, steps);
     std::printf("%-40s %10s %12s\n", "variant", "ms/step", "vs floor");
     std::printf("%-40s %10.3f %11.2fx\n", "gradcomp async + wait (fused, cached)", ours_ms, ours_ms / floor_ms);
     std::printf("%-40s %10.3f %11.2fx\n", "one MPI_Allreduce per tensor", per_ms, per_ms / floor_ms);
     std::printf("%-40s %10.3f %11.2fx\n", "one MPI_Allreduce, pre-fused buffer", floor_ms, 1.0);
+    std::printf("%-40s %10.3f %11.2fx\n", "gradcomp collective, pre-fused buffer", data_ms, data_ms / floor_ms);
     std::printf("cache hits %llu, coordinator responses %llu, executed %llu tensors in %llu responses\n",
                 static_cast<unsigned long long>(stats.cache_hits),
                 static_cast<unsigned long long>(stats.coordinator_responses),
