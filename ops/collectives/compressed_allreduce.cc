@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "ops/collectives/context.h"
@@ -67,6 +68,22 @@ std::vector<Piece> PiecesIn(size_t begin, size_t len, const std::vector<size_t>&
     if (a < b) pieces.push_back({a, b - a});
   }
   return pieces;
+}
+
+// Pieces longer than a block are cut into blocks of whole buckets (and whole 8-value code
+// groups), so each step of the reduction works on data that stays in cache. The buckets, the
+// values and the bytes on the wire stay the same; each block is an encoded segment of its own.
+constexpr size_t kBlockValues = size_t{1} << 14;
+
+std::vector<Piece> CutIntoBlocks(const std::vector<Piece>& pieces, size_t bucket_size) {
+  const size_t unit = std::lcm(std::max<size_t>(bucket_size, 1), size_t{8});
+  if (unit > kBlockValues) return pieces;
+  const size_t block = kBlockValues / unit * unit;
+  std::vector<Piece> out;
+  for (const Piece& pc : pieces) {
+    for (size_t at = 0; at < pc.len; at += block) out.push_back({pc.start + at, std::min(block, pc.len - at)});
+  }
+  return out;
 }
 
 size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<Piece>& pieces) {
@@ -270,7 +287,7 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
     for (size_t c = 0; c < ranks; ++c) {
       size_t begin, len;
       stripe_range(c, s, &begin, &len);
-      pieces[s][c] = PiecesIn(begin, len, bounds);
+      pieces[s][c] = CutIntoBlocks(PiecesIn(begin, len, bounds), o.params.bucket_size);
       bytes[s][c] = EncodedSize(codec, o.params, pieces[s][c]);
     }
   }
@@ -293,8 +310,6 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
   ws.recv.resize(recv_total);
   ws.own.resize(own_total);
   ws.all.resize(all_total);
-  std::vector<float>& acc = ws.acc;
-  acc.assign(x + coff[mine], x + coff[mine] + chunks[mine]);
   float* rr = o.reduced_residual ? o.reduced_residual + coff[mine] : nullptr;
   const CodecParams p1 = StreamFor(o.params, static_cast<uint32_t>(me));
   const CodecParams p2 = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(me));
@@ -322,42 +337,58 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
       for (size_t k = 0; k < len; ++k) r[k] = x[begin + k] - r[k];
     }
   };
-  // 2 + 3. Sum this rank's stripe in float32 (rank order), scale, compensate, encode once.
+  // 2 + 3. Sum this rank's stripe in float32 (own values, then the peers' in rank order),
+  // scale, compensate and encode once: block by block, so the sum never leaves the cache.
   const auto reduce_own = [&](size_t s) {
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     const std::vector<size_t> off = Offsets(sizes(s, false));
-    for (size_t p = 0; p < ranks; ++p) {
-      if (p != mine) {
-        DecodePieces(codec, p1, ws.recv.data() + recv_at[s] + off[p], pieces[s][mine], coff[mine],
-                     DataType::kFloat32, acc.data(), true);
+    std::vector<float>& acc = ws.acc;
+    acc.resize(kBlockValues);
+    size_t wire_at = 0;  // of this block in every peer's message, and in our own encoding
+    for (const Piece& pc : pieces[s][mine]) {
+      float* a = pc.len <= acc.size() ? acc.data() : (acc.resize(pc.len), acc.data());
+      std::memcpy(a, x + pc.start, pc.len * sizeof(float));
+      const size_t block_bytes = codec.MaxWireSize(pc.len, p1);
+      for (size_t p = 0; p < ranks; ++p) {
+        if (p == mine) continue;
+        codec.DecodeAccumulate(ws.recv.data() + recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1,
+                               DataType::kFloat32, a);
       }
-    }
-    size_t begin, len;
-    stripe_range(mine, s, &begin, &len);
-    float* a = acc.data() + (begin - coff[mine]);
-    ScaleInPlace(a, len, DataType::kFloat32, scale);
-    if (rr) ReduceInto(a, rr + (begin - coff[mine]), len, DataType::kFloat32, ReduceOp::kSum);
-    uint8_t* dst = ws.own.data() + own_at[s];
-    EncodePieces(codec, p2, acc.data(), coff[mine], pieces[s][mine], dst);
-    if (rr) {
-      std::vector<float> dec(len);
-      DecodePieces(codec, p2, dst, pieces[s][mine], begin, DataType::kFloat32, dec.data(), false);
-      for (size_t k = 0; k < len; ++k) rr[begin - coff[mine] + k] = a[k] - dec[k];
+      ScaleInPlace(a, pc.len, DataType::kFloat32, scale);
+      float* r = rr ? rr + (pc.start - coff[mine]) : nullptr;
+      if (r) ReduceInto(a, r, pc.len, DataType::kFloat32, ReduceOp::kSum);
+      uint8_t* dst = ws.own.data() + own_at[s] + wire_at;
+      codec.Encode(a, DataType::kFloat32, pc.len, p2, pc.start, dst);
+      // This rank's share of the result is its encoding decoded, as on every other rank;
+      // decoded here while it is in cache (x's block was read above, so out may alias x).
+      float* result = out + pc.start;
+      codec.Decode(dst, block_bytes, pc.len, p2, DataType::kFloat32, result);
+      if (r) {
+        for (size_t k = 0; k < pc.len; ++k) r[k] = a[k] - result[k];
+      }
+      wire_at += block_bytes;
     }
   };
-  // 5. Decode every rank's stripe into the output.
+  // 5. Decode every other rank's stripe into the output (this rank's is decoded already).
   const auto decode_all = [&](size_t s) {
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     std::vector<size_t> stripe_bytes(ranks);
     for (size_t c = 0; c < ranks; ++c) stripe_bytes[c] = bytes[s][c];
     const std::vector<size_t> off = Offsets(stripe_bytes);
     for (size_t c = 0; c < ranks; ++c) {
+      if (c == mine) continue;
       const CodecParams pc = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(c));
       DecodePieces(codec, pc, ws.all.data() + all_at[s] + off[c], pieces[s][c], 0, DataType::kFloat32, out, false);
     }
   };
 
   Pipeline pipe(stripes == 1);
+  // With a helper thread, this thread's waits must leave it the core.
+  struct YieldingWaits {
+    Communicator& comm;
+    explicit YieldingWaits(Communicator& c, bool on) : comm(c) { comm.SetYieldingWaits(on); }
+    ~YieldingWaits() { comm.SetYieldingWaits(false); }
+  } yielding(comm, stripes > 1);
   std::vector<size_t> encoded(stripes), reduced(stripes), decoded(stripes);
   for (size_t s = 0; s < stripes; ++s) encoded[s] = pipe.Submit([&, s] { encode_peers(s); });
   for (size_t s = 0; s < stripes; ++s) {

@@ -35,7 +35,7 @@ namespace gradcomp {
 /// Scratch buffers reused across calls (large fresh allocations cost a page fault per 4 KB
 /// on every call). One per caller thread; optional.
 struct CompressionWorkspace {
-  std::vector<float> x, out, acc, dec, shard, shard_out;
+  std::vector<float> x, out, acc, shard, shard_out;
   std::vector<uint8_t> send, recv, own, all;
 };
 

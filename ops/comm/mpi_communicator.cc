@@ -1,8 +1,10 @@
 #include "ops/comm/mpi_communicator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "ops/comm/shm_communicator.h"
 #include "ops/reduce/reduce.h"
@@ -152,12 +154,34 @@ void MpiCommunicator::ReduceScatter(const void* in, void* out, const std::vector
   GC_MPI_CHECK(MPI_Reduce_scatter(in, out, icounts.data(), MpiDataType(dtype), OpFor(dtype, op), comm_));
 }
 
+void MpiCommunicator::WaitYielding(MPI_Request* request, const char* operation) {
+  // Short operations finish within the spin phase at full speed; long ones (a slow link)
+  // poll every ~50 us, which the kernel's socket buffers absorb without stalling the link.
+  constexpr auto kSpin = std::chrono::microseconds(100);
+  constexpr auto kNap = std::chrono::microseconds(50);
+  const auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  while (true) {
+    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, operation, rank_));
+    if (done) return;
+    if (std::chrono::steady_clock::now() - start > kSpin) std::this_thread::sleep_for(kNap);
+  }
+}
+
 void MpiCommunicator::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
   GC_ENFORCE(bytes.size() == static_cast<size_t>(size_), "allgather needs one size per rank");
   const std::vector<int> counts = ToInts(bytes, "allgather size", rank_);
   const std::vector<int> displs = ToInts(Offsets(bytes), "allgather offset", rank_);
   const void* src = in;
   if (static_cast<const char*>(out) + displs[static_cast<size_t>(rank_)] == in) src = MPI_IN_PLACE;
+  if (yielding_) {
+    MPI_Request request;
+    GC_MPI_CHECK(MPI_Iallgatherv(src, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(),
+                                 displs.data(), MPI_BYTE, comm_, &request));
+    WaitYielding(&request, "MPI_Iallgatherv");
+    return;
+  }
   GC_MPI_CHECK(MPI_Allgatherv(src, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(),
                               displs.data(), MPI_BYTE, comm_));
 }
@@ -185,6 +209,13 @@ void MpiCommunicator::Alltoallv(const void* in, const std::vector<size_t>& send_
   const std::vector<int> sd = ToInts(Offsets(send_bytes), "alltoall send offset", rank_);
   const std::vector<int> rc = ToInts(recv_bytes, "alltoall receive size", rank_);
   const std::vector<int> rd = ToInts(Offsets(recv_bytes), "alltoall receive offset", rank_);
+  if (yielding_) {
+    MPI_Request request;
+    GC_MPI_CHECK(MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_,
+                                &request));
+    WaitYielding(&request, "MPI_Ialltoallv");
+    return;
+  }
   GC_MPI_CHECK(MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_));
 }
 

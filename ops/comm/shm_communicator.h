@@ -56,6 +56,7 @@ class ShmCommunicator final : public Communicator {
                  const std::vector<size_t>& recv_bytes) override {
     mpi_.Alltoallv(in, send_bytes, out, recv_bytes);
   }
+  void SetYieldingWaits(bool yielding) override { mpi_.SetYieldingWaits(yielding); }
   std::unique_ptr<Communicator> Split(int color, int key) override { return mpi_.Split(color, key); }
   std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport,
                                            size_t staging_bytes) override {

@@ -173,6 +173,47 @@ TEST(Mpi, FusedAllreduceOfPiecesWithoutInputsOrOutputs) {
   }
 }
 
+TEST(Mpi, YieldingWaitsGiveTheSameAllgatherAndAlltoall) {
+  // The pipelined compressed allreduce waits by testing and sleeping: same bytes, on the
+  // world communicator and on the shared-memory one (which forwards to its MPI part).
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.push_back(CreateMpiWorld());
+  comms.push_back(std::make_unique<ShmCommunicator>(MPI_COMM_WORLD, 256));
+  for (auto& comm : comms) {
+    const int n = comm->size(), me = comm->rank();
+    comm->SetYieldingWaits(true);
+    // Large enough to outlast the spin phase on a loaded machine, small enough to be quick.
+    const auto part = [](int from, int to) {
+      return MakeInput(DataType::kUInt8, ReduceOp::kSum, 100000 + 1000 * static_cast<size_t>(from) + static_cast<size_t>(to),
+                       from * 16 + to);
+    };
+    std::vector<size_t> send_bytes, recv_bytes;
+    std::vector<char> send, expected;
+    for (int p = 0; p < n; ++p) {
+      const std::vector<char> out = part(me, p), in = part(p, me);
+      send.insert(send.end(), out.begin(), out.end());
+      expected.insert(expected.end(), in.begin(), in.end());
+      send_bytes.push_back(out.size());
+      recv_bytes.push_back(in.size());
+    }
+    std::vector<char> received(expected.size());
+    comm->Alltoallv(send.data(), send_bytes, received.data(), recv_bytes);
+    EXPECT_EQ(received, expected) << comm->kind();
+    std::vector<size_t> bytes;
+    std::vector<char> all;
+    for (int r = 0; r < n; ++r) {
+      const std::vector<char> mine = part(r, r);
+      bytes.push_back(mine.size());
+      all.insert(all.end(), mine.begin(), mine.end());
+    }
+    const std::vector<char> mine = part(me, me);
+    std::vector<char> gathered(all.size());
+    comm->Allgatherv(mine.data(), gathered.data(), bytes);
+    EXPECT_EQ(gathered, all) << comm->kind();
+    comm->SetYieldingWaits(false);
+  }
+}
+
 TEST(Mpi, AllgatherBroadcastAlltoallReducescatter) {
   auto world = CreateMpiWorld();
   const int n = world->size(), me = world->rank();
@@ -251,6 +292,20 @@ bool SameOnEveryRank(Communicator& comm, const std::vector<float>& out) {
   return same == 1;
 }
 
+// Average of `in` into `out` with `codec` (bits for maxmin), as the runtime would ask for it.
+CompressedAllreduceOptions AverageWith(const std::vector<float>& in, std::vector<float>& out, const char* codec,
+                                       int bits = 4) {
+  CompressedAllreduceOptions o;
+  o.input = in.data();
+  o.output = out.data();
+  o.count = in.size();
+  o.op = ReduceOp::kAverage;
+  o.codec = &FindCodec(codec);
+  o.params.bits = bits;
+  o.name = "grad";
+  return o;
+}
+
 TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
   const Settings settings = Settings::FromEnvironment();
   Topology topo = BuildTopology(CreateMpiWorld(), static_cast<int>(settings.local_size),
@@ -263,14 +318,7 @@ TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
   const std::vector<float>& in = parts[static_cast<size_t>(topo.rank())];
   for (int bits : {2, 4, 8}) {
     std::vector<float> out(count);
-    CompressedAllreduceOptions o;
-    o.input = in.data();
-    o.output = out.data();
-    o.count = count;
-    o.op = ReduceOp::kAverage;
-    o.codec = &FindCodec("maxmin");
-    o.params.bits = bits;
-    o.name = "grad";
+    const CompressedAllreduceOptions o = AverageWith(in, out, "maxmin", bits);
     CompressedAllreduce(*topo.world, o);
     ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "flat, bits " << bits;
     const std::vector<double> bound = SraBound(parts, 1.0 / world, bits, 512, false);
@@ -290,16 +338,30 @@ TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
     }
   }
   std::vector<float> out(count);
-  CompressedAllreduceOptions sparse;
-  sparse.input = in.data();
-  sparse.output = out.data();
-  sparse.count = count;
-  sparse.op = ReduceOp::kAverage;
-  sparse.codec = &FindCodec("topk");
+  CompressedAllreduceOptions sparse = AverageWith(in, out, "topk");
   sparse.params.topk_ratio = 1.0;
   SparseAllreduce(*topo.world, sparse);
   ASSERT_TRUE(SameOnEveryRank(*topo.world, out));
   for (size_t i = 0; i < count; ++i) ASSERT_NEAR(out[i], exact[i], 1e-5) << "topk ratio 1, element " << i;
+}
+
+TEST(Mpi, PipelinedCompressedAllreduceGivesTheSameBytesOverMpi) {
+  // Stripes encoded and decoded on a helper thread while this thread waits yielding (the
+  // helper needs the core): the same result as one stripe, over real MPI processes.
+  auto world = CreateMpiWorld();
+  const size_t count = (size_t{1} << 20) + 4097;
+  const std::vector<float> in = Gradient(count, world->rank(), 1e4);
+  std::vector<float> results[2];
+  for (size_t stripes : {size_t{1}, size_t{4}}) {
+    std::vector<float>& out = results[stripes > 1];
+    out.assign(count, 0.0f);
+    CompressedAllreduceOptions o = AverageWith(in, out, "maxmin");
+    o.segments = {1000, count - 1000};
+    o.pipeline_stripes = stripes;
+    CompressedAllreduce(*world, o);
+    ASSERT_TRUE(SameOnEveryRank(*world, out)) << "stripes " << stripes;
+  }
+  EXPECT_EQ(results[1], results[0]);
 }
 
 TEST(Mpi, ErrorsNameRankOperationAndTensor) {

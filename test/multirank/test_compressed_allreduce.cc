@@ -2,6 +2,8 @@
 // against float64 and the analytic error bound, with bit-identical results on every rank.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -120,6 +122,29 @@ TEST(Sra, PipelinedStripesGiveTheSameBytes) {
       EXPECT_EQ(BitIdentical(results[1]), "");
       EXPECT_EQ(results[1], results[0]) << "world " << world << " feedback " << feedback;
       EXPECT_EQ(residuals[1], residuals[0]) << "world " << world << " feedback " << feedback;
+    }
+  }
+}
+
+TEST(Sra, BlocksOfTheReductionKeepTheBuckets) {
+  // The reduction works in cache-sized blocks cut at bucket boundaries. Each bucket of the
+  // result is one decoded bucket of the final encoding, so it holds at most 2^bits distinct
+  // values; a block cut inside a bucket would give its two halves different ranges.
+  const size_t count = 100003;
+  for (int world : {2, 3}) {
+    for (size_t bucket : {size_t{3}, size_t{100}, size_t{512}, size_t{20000}}) {
+      const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+        CompressedAllreduce(comm, Maxmin(in, out, 1, bucket));
+      });
+      ASSERT_EQ(BitIdentical(outs), "");
+      const std::vector<size_t> chunks = EvenSplit(count, world), starts = Offsets(chunks);
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        for (size_t b = 0; b < chunks[c]; b += bucket) {
+          std::set<float> distinct;
+          for (size_t i = b; i < std::min(chunks[c], b + bucket); ++i) distinct.insert(outs[0][starts[c] + i]);
+          ASSERT_LE(distinct.size(), 2u) << "world " << world << " bucket " << bucket << " chunk " << c << " at " << b;
+        }
+      }
     }
   }
 }
