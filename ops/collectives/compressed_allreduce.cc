@@ -201,6 +201,19 @@ class Pipeline {
     cv_.notify_all();
     return submitted_++;
   }
+  // True while tasks are queued or running.
+  bool Busy() {
+    if (inline_) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_ < submitted_;
+  }
+  // True once task `ticket` has run; never blocks; rethrows the first failure of any task.
+  bool Done(size_t ticket) {
+    if (inline_) return true;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_) std::rethrow_exception(error_);
+    return done_ > ticket;
+  }
   // Waits until task `ticket` has run; rethrows the first failure of any task.
   void Wait(size_t ticket) {
     if (inline_) return;
@@ -243,6 +256,11 @@ class Pipeline {
 
 // Only buffers of at least this many values are pipelined in stripes.
 constexpr size_t kPipelineMinValues = size_t{1} << 20;
+// Tags of the striped SRA's point-to-point messages: two per stripe (scatter, gather).
+constexpr int kSraTagBase = 0x5300;
+// Stripes of one step (scatter or gather) a rank has on the wire at once: enough that the
+// next stripe's handshake overlaps the current one's data, few enough not to flood the link.
+constexpr size_t kStripesInFlight = 2;
 
 // SRA of the o.count float32 values x (already prescaled and compensated) into float32 `out`.
 // Each chunk is cut into stripes at bucket boundaries; stripe s goes through encode, exchange,
@@ -383,31 +401,83 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
   };
 
   Pipeline pipe(stripes == 1);
-  // With a helper thread, this thread's waits must leave it the core.
-  struct YieldingWaits {
-    Communicator& comm;
-    explicit YieldingWaits(Communicator& c, bool on) : comm(c) { comm.SetYieldingWaits(on); }
-    ~YieldingWaits() { comm.SetYieldingWaits(false); }
-  } yielding(comm, stripes > 1);
   std::vector<size_t> encoded(stripes), reduced(stripes), decoded(stripes);
   for (size_t s = 0; s < stripes; ++s) encoded[s] = pipe.Submit([&, s] { encode_peers(s); });
-  for (size_t s = 0; s < stripes; ++s) {
-    pipe.Wait(encoded[s]);
+  if (stripes == 1) {
+    pipe.Wait(encoded[0]);
     {
       Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-      comm.Alltoallv(ws.send.data() + send_at[s], sizes(s, true), ws.recv.data() + recv_at[s], sizes(s, false));
+      comm.Alltoallv(ws.send.data(), sizes(0, true), ws.recv.data(), sizes(0, false));
     }
-    reduced[s] = pipe.Submit([&, s] { reduce_own(s); });
-  }
-  for (size_t s = 0; s < stripes; ++s) {
-    pipe.Wait(reduced[s]);
-    std::vector<size_t> stripe_bytes(ranks);
-    for (size_t c = 0; c < ranks; ++c) stripe_bytes[c] = bytes[s][c];
+    reduced[0] = pipe.Submit([&] { reduce_own(0); });
+    pipe.Wait(reduced[0]);
     {
       Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-      comm.Allgatherv(ws.own.data() + own_at[s], ws.all.data() + all_at[s], stripe_bytes);
+      comm.Allgatherv(ws.own.data(), ws.all.data(), bytes[0]);
     }
-    decoded[s] = pipe.Submit([&, s] { decode_all(s); });
+    decoded[0] = pipe.Submit([&] { decode_all(0); });
+  } else {
+    // Stripes travel point to point, every receive posted up front and every send started as
+    // soon as its stripe is encoded (or reduced), so several stripes are in flight at once: a
+    // rendezvous handshake of one overlaps the data of another (over a congested link the
+    // handshakes of one exchange after another left the link idle). This thread only polls,
+    // napping while the helper thread encodes or decodes (it needs the core) and spinning
+    // otherwise (the transport progresses only inside MPI calls).
+    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+    using Transfers = std::vector<std::unique_ptr<PendingTransfer>>;
+    std::vector<Transfers> scatter_in(stripes), gather_in(stripes), scatter_out(stripes), gather_out(stripes);
+    const auto tag = [](size_t s, int step) { return kSraTagBase + static_cast<int>(2 * s) + step; };
+    for (size_t s = 0; s < stripes; ++s) {
+      const std::vector<size_t> roff = Offsets(sizes(s, false)), aoff = Offsets(bytes[s]);
+      for (size_t p = 0; p < ranks; ++p) {
+        if (p == mine) continue;
+        const int peer = static_cast<int>(p);
+        scatter_in[s].push_back(comm.Irecv(ws.recv.data() + recv_at[s] + roff[p], bytes[s][mine], peer, tag(s, 0)));
+        gather_in[s].push_back(comm.Irecv(ws.all.data() + all_at[s] + aoff[p], bytes[s][p], peer, tag(s, 1)));
+      }
+    }
+    const auto all_done = [](Transfers& ts) {
+      bool done = true;
+      for (auto& t : ts) done = t->Test() && done;
+      return done;
+    };
+    size_t scattered = 0, reducing = 0, gathered = 0, decoding = 0;
+    PollUntil([&] {
+      const auto window_free = [&](std::vector<Transfers>& sends, size_t s) {
+        return s < kStripesInFlight || all_done(sends[s - kStripesInFlight]);
+      };
+      if (scattered < stripes && window_free(scatter_out, scattered) && pipe.Done(encoded[scattered])) {
+        const std::vector<size_t> soff = Offsets(sizes(scattered, true));
+        for (size_t p = 0; p < ranks; ++p) {
+          if (p == mine) continue;
+          scatter_out[scattered].push_back(comm.Isend(ws.send.data() + send_at[scattered] + soff[p],
+                                                      bytes[scattered][p], static_cast<int>(p), tag(scattered, 0)));
+        }
+        ++scattered;
+      }
+      if (reducing < stripes && all_done(scatter_in[reducing])) {
+        reduced[reducing] = pipe.Submit([&, s = reducing] { reduce_own(s); });
+        ++reducing;
+      }
+      if (gathered < reducing && window_free(gather_out, gathered) && pipe.Done(reduced[gathered])) {
+        for (size_t p = 0; p < ranks; ++p) {
+          if (p == mine) continue;
+          gather_out[gathered].push_back(comm.Isend(ws.own.data() + own_at[gathered], bytes[gathered][mine],
+                                                    static_cast<int>(p), tag(gathered, 1)));
+        }
+        ++gathered;
+      }
+      if (decoding < stripes && all_done(gather_in[decoding])) {
+        decoded[decoding] = pipe.Submit([&, s = decoding] { decode_all(s); });
+        ++decoding;
+      }
+      // Done once every stripe went out (peers may finish decoding ours later than we finish
+      // decoding theirs) and every stripe came in.
+      if (scattered < stripes || gathered < stripes || decoding < stripes) return false;
+      bool sent = true;
+      for (size_t s = 0; s < stripes; ++s) sent = all_done(scatter_out[s]) && all_done(gather_out[s]) && sent;
+      return sent;
+    }, [&] { return pipe.Busy(); });
   }
   for (size_t s = 0; s < stripes; ++s) pipe.Wait(decoded[s]);
   size_t sent = send_total;

@@ -1,7 +1,9 @@
 #include "ops/comm/communicator.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 
 #include "ops/common/enforce.h"
 #include "ops/reduce/reduce.h"
@@ -20,6 +22,27 @@ std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string&
   std::vector<std::string> out;
   for (size_t r = 0; r < n; ++r) out.push_back(all.substr(offsets[r], bytes[r]));
   return out;
+}
+
+std::unique_ptr<PendingTransfer> Communicator::Isend(const void*, size_t, int, int) {
+  throw InvalidArgument(std::string("the ") + kind() + " communicator has no nonblocking send");
+}
+
+std::unique_ptr<PendingTransfer> Communicator::Irecv(void*, size_t, int, int) {
+  throw InvalidArgument(std::string("the ") + kind() + " communicator has no nonblocking receive");
+}
+
+void PollUntil(const std::function<bool()>& done, const std::function<bool()>& yield_core) {
+  // Short waits finish within the spin phase at full speed; long ones (a slow link) poll
+  // every ~50 us, which the kernel's socket buffers absorb without stalling the link.
+  constexpr auto kSpin = std::chrono::microseconds(100);
+  constexpr auto kNap = std::chrono::microseconds(50);
+  const auto start = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::steady_clock::now() - start > kSpin && (!yield_core || yield_core())) {
+      std::this_thread::sleep_for(kNap);
+    }
+  }
 }
 
 size_t FusePieces(const std::vector<BufferPiece>& pieces, DataType dtype, double prescale, std::vector<char>& fusion) {

@@ -31,6 +31,16 @@ struct BufferPiece {
 /// Applied to reduced elements before they reach the outputs (Average's division, postscale).
 using FinishFn = std::function<void(void* data, size_t count)>;
 
+/// A point-to-point transfer in flight (Communicator::Isend / Irecv). The buffer must stay
+/// valid until Test() has returned true; destroying an unfinished transfer waits for it.
+class PendingTransfer {
+ public:
+  virtual ~PendingTransfer() = default;
+  /// Advances the transport and returns true once the transfer is complete; never blocks.
+  /// Throws gradcomp::Error when the transfer failed.
+  virtual bool Test() = 0;
+};
+
 /// A group of ranks that can exchange bytes and run the few collectives we delegate.
 /// Every collective must be called by all ranks of the communicator in the same order.
 /// Methods throw gradcomp::Error (with rank and operation) on failure.
@@ -52,6 +62,12 @@ class Communicator {
   /// Sends to `dst` and receives from `src` at once, so exchange patterns cannot deadlock.
   virtual void SendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
                         int src, int tag) = 0;
+
+  /// Starts sending `bytes` bytes to `peer` (matched by the peer's Irecv or Recv with the
+  /// same tag, in order). Transports without nonblocking transfers throw InvalidArgument.
+  virtual std::unique_ptr<PendingTransfer> Isend(const void* data, size_t bytes, int peer, int tag);
+  /// Starts receiving exactly `bytes` bytes from `peer`.
+  virtual std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag);
 
   /// Returns once every rank has entered.
   virtual void Barrier() = 0;
@@ -80,11 +96,6 @@ class Communicator {
   /// recv_bytes[p] bytes from each p into consecutive regions of `out`.
   virtual void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                          const std::vector<size_t>& recv_bytes) = 0;
-  /// While true, this rank's allgathers and alltoalls wait by testing and sleeping instead of
-  /// spinning inside the transport, leaving the core to a thread that computes meanwhile (the
-  /// pipelined compressed allreduce's helper thread). Costs up to ~50 us of latency per call
-  /// once a call has lasted longer than its spin phase. Default: no effect.
-  virtual void SetYieldingWaits(bool yielding) { (void)yielding; }
   /// Collective: ranks passing the same color form a new communicator, ordered by (key, rank).
   /// A negative color returns nullptr for that rank.
   virtual std::unique_ptr<Communicator> Split(int color, int key) = 0;
@@ -98,6 +109,12 @@ class Communicator {
 
 /// Collective: every rank's string, in rank order (an allgather of sizes, then of bytes).
 std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string& mine);
+
+/// Polls `done` (which should test pending transfers, so the transport progresses) until it
+/// returns true. While `yield_core` (may be empty: always) says another thread of this rank
+/// needs the core, it sleeps ~50 us between polls once it has spun for a short while;
+/// otherwise it spins (the transport progresses fastest then).
+void PollUntil(const std::function<bool()>& done, const std::function<bool()>& yield_core = nullptr);
 
 /// Splits `count` elements into `parts` contiguous slices whose sizes differ by at most one
 /// (the first count % parts slices get the extra element).

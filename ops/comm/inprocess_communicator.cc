@@ -73,6 +73,18 @@ class InProcessWorld {
     if (bytes > 0) std::memcpy(data, msg.data(), bytes);
   }
 
+  /// Take without waiting: false when no message is there yet.
+  bool TryTake(int src, int dst, int tag, void* data, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      CheckAborted();
+      auto it = mailboxes_.find(std::make_tuple(src, dst, tag));
+      if (it == mailboxes_.end() || it->second.empty()) return false;
+    }
+    Take(src, dst, tag, data, bytes);  // only this rank takes from its mailboxes
+    return true;
+  }
+
   void Abort(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_) abort_reason_ = why;
@@ -107,6 +119,32 @@ class InProcessWorld {
 
 namespace {
 
+class Finished final : public PendingTransfer {
+ public:
+  bool Test() override { return true; }
+};
+
+class Receive final : public PendingTransfer {
+ public:
+  Receive(std::shared_ptr<InProcessWorld> world, int src, int dst, int tag, void* data, size_t bytes)
+      : world_(std::move(world)), src_(src), dst_(dst), tag_(tag), data_(data), bytes_(bytes) {}
+  ~Receive() override {
+    try {
+      if (!done_) world_->Take(src_, dst_, tag_, data_, bytes_);
+    } catch (const std::exception&) {
+      // aborted world: nothing left to wait for
+    }
+  }
+  bool Test() override { return done_ || (done_ = world_->TryTake(src_, dst_, tag_, data_, bytes_)); }
+
+ private:
+  std::shared_ptr<InProcessWorld> world_;
+  const int src_, dst_, tag_;
+  void* data_;
+  const size_t bytes_;
+  bool done_ = false;
+};
+
 class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(std::shared_ptr<InProcessWorld> world, int rank)
@@ -124,6 +162,14 @@ class InProcessCommunicator final : public Communicator {
   void Recv(void* data, size_t bytes, int peer, int tag) override {
     CheckPeer(peer, "recv");
     world_->Take(peer, rank_, tag, data, bytes);
+  }
+  std::unique_ptr<PendingTransfer> Isend(const void* data, size_t bytes, int peer, int tag) override {
+    Send(data, bytes, peer, tag);  // posting is buffered: done at once
+    return std::make_unique<Finished>();
+  }
+  std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override {
+    CheckPeer(peer, "recv");
+    return std::make_unique<Receive>(world_, peer, rank_, tag, data, bytes);
   }
   void SendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes, int src,
                 int tag) override {

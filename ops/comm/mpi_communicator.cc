@@ -1,10 +1,8 @@
 #include "ops/comm/mpi_communicator.h"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstring>
-#include <thread>
 
 #include "ops/comm/shm_communicator.h"
 #include "ops/reduce/reduce.h"
@@ -154,19 +152,53 @@ void MpiCommunicator::ReduceScatter(const void* in, void* out, const std::vector
   GC_MPI_CHECK(MPI_Reduce_scatter(in, out, icounts.data(), MpiDataType(dtype), OpFor(dtype, op), comm_));
 }
 
-void MpiCommunicator::WaitYielding(MPI_Request* request, const char* operation) {
-  // Short operations finish within the spin phase at full speed; long ones (a slow link)
-  // poll every ~50 us, which the kernel's socket buffers absorb without stalling the link.
-  constexpr auto kSpin = std::chrono::microseconds(100);
-  constexpr auto kNap = std::chrono::microseconds(50);
-  const auto start = std::chrono::steady_clock::now();
-  int done = 0;
-  while (true) {
-    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, operation, rank_));
-    if (done) return;
-    if (std::chrono::steady_clock::now() - start > kSpin) std::this_thread::sleep_for(kNap);
+namespace {
+// An MPI_Isend / MPI_Irecv request.
+class MpiTransfer final : public PendingTransfer {
+ public:
+  MpiTransfer(bool receive, int rank, size_t bytes) : receive_(receive), rank_(rank), bytes_(bytes) {}
+  ~MpiTransfer() override {
+    // Abandoned (an error elsewhere): cancel rather than wait for a peer that may never come.
+    if (request_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&request_);
+      MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    }
   }
+  MPI_Request* request() { return &request_; }
+  bool Test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    MPI_Status status;
+    GC_MPI_CHECK(MPI_Test(&request_, &done, &status));
+    if (done && receive_) {
+      int got = 0;
+      GC_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
+      if (static_cast<size_t>(got) != bytes_) {
+        GC_THROW("MPI rank ", rank_, ": message from rank ", status.MPI_SOURCE, " has ", got, " bytes, expected ",
+                 bytes_);
+      }
+    }
+    return done != 0;
+  }
+
+ private:
+  const bool receive_;
+  const int rank_;  // for GC_MPI_CHECK
+  const size_t bytes_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+}  // namespace
+
+std::unique_ptr<PendingTransfer> MpiCommunicator::Isend(const void* data, size_t bytes, int peer, int tag) {
+  auto t = std::make_unique<MpiTransfer>(false, rank_, bytes);
+  GC_MPI_CHECK(MPI_Isend(data, ToInt(bytes, "send size", rank_), MPI_BYTE, peer, tag, comm_, t->request()));
+  return t;
+}
+
+std::unique_ptr<PendingTransfer> MpiCommunicator::Irecv(void* data, size_t bytes, int peer, int tag) {
+  auto t = std::make_unique<MpiTransfer>(true, rank_, bytes);
+  GC_MPI_CHECK(MPI_Irecv(data, ToInt(bytes, "receive size", rank_), MPI_BYTE, peer, tag, comm_, t->request()));
+  return t;
 }
 
 void MpiCommunicator::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
@@ -175,13 +207,6 @@ void MpiCommunicator::Allgatherv(const void* in, void* out, const std::vector<si
   const std::vector<int> displs = ToInts(Offsets(bytes), "allgather offset", rank_);
   const void* src = in;
   if (static_cast<const char*>(out) + displs[static_cast<size_t>(rank_)] == in) src = MPI_IN_PLACE;
-  if (yielding_) {
-    MPI_Request request;
-    GC_MPI_CHECK(MPI_Iallgatherv(src, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(),
-                                 displs.data(), MPI_BYTE, comm_, &request));
-    WaitYielding(&request, "MPI_Iallgatherv");
-    return;
-  }
   GC_MPI_CHECK(MPI_Allgatherv(src, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(),
                               displs.data(), MPI_BYTE, comm_));
 }
@@ -209,13 +234,6 @@ void MpiCommunicator::Alltoallv(const void* in, const std::vector<size_t>& send_
   const std::vector<int> sd = ToInts(Offsets(send_bytes), "alltoall send offset", rank_);
   const std::vector<int> rc = ToInts(recv_bytes, "alltoall receive size", rank_);
   const std::vector<int> rd = ToInts(Offsets(recv_bytes), "alltoall receive offset", rank_);
-  if (yielding_) {
-    MPI_Request request;
-    GC_MPI_CHECK(MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_,
-                                &request));
-    WaitYielding(&request, "MPI_Ialltoallv");
-    return;
-  }
   GC_MPI_CHECK(MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_));
 }
 

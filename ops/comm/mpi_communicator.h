@@ -48,6 +48,8 @@ class MpiCommunicator final : public Communicator {
   void Recv(void* data, size_t bytes, int peer, int tag) override;
   void SendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes, int src,
                 int tag) override;
+  std::unique_ptr<PendingTransfer> Isend(const void* data, size_t bytes, int peer, int tag) override;
+  std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override;
   void Barrier() override;
   void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
@@ -57,22 +59,18 @@ class MpiCommunicator final : public Communicator {
   void Broadcast(void* data, size_t bytes, int root) override;
   void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                  const std::vector<size_t>& recv_bytes) override;
-  void SetYieldingWaits(bool yielding) override { yielding_ = yielding; }
   std::unique_ptr<Communicator> Split(int color, int key) override;
   std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport,
                                            size_t staging_bytes) override;
 
  private:
   MPI_Op OpFor(DataType dtype, ReduceOp op) const;
-  /// Waits for `request`: spins for a short while, then tests and sleeps (yielding waits).
-  void WaitYielding(MPI_Request* request, const char* operation);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = -1;
   int size_ = 0;
   // User-defined reductions for float16 / bfloat16 (MPI has none): [dtype][op].
   MPI_Op half_ops_[2][4];
-  bool yielding_ = false;
 };
 
 }  // namespace gradcomp

@@ -35,6 +35,12 @@ class ShmCommunicator final : public Communicator {
                 int tag) override {
     mpi_.SendRecv(send, send_bytes, dst, recv, recv_bytes, src, tag);
   }
+  std::unique_ptr<PendingTransfer> Isend(const void* data, size_t bytes, int peer, int tag) override {
+    return mpi_.Isend(data, bytes, peer, tag);
+  }
+  std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override {
+    return mpi_.Irecv(data, bytes, peer, tag);
+  }
   void Barrier() override { mpi_.Barrier(); }
   void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
   /// Without a fusion buffer: each rank stages its slices of the concatenation straight from
@@ -56,7 +62,6 @@ class ShmCommunicator final : public Communicator {
                  const std::vector<size_t>& recv_bytes) override {
     mpi_.Alltoallv(in, send_bytes, out, recv_bytes);
   }
-  void SetYieldingWaits(bool yielding) override { mpi_.SetYieldingWaits(yielding); }
   std::unique_ptr<Communicator> Split(int color, int key) override { return mpi_.Split(color, key); }
   std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport,
                                            size_t staging_bytes) override {

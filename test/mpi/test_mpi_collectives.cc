@@ -173,44 +173,61 @@ TEST(Mpi, FusedAllreduceOfPiecesWithoutInputsOrOutputs) {
   }
 }
 
-TEST(Mpi, YieldingWaitsGiveTheSameAllgatherAndAlltoall) {
-  // The pipelined compressed allreduce waits by testing and sleeping: same bytes, on the
-  // world communicator and on the shared-memory one (which forwards to its MPI part).
+TEST(Mpi, NonblockingSendsAndReceivesArriveInOrderPerTag) {
+  // Every rank sends two messages per tag to every other rank, receives posted before the
+  // sends and completed by polling; on the world and on the shared-memory communicator.
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.push_back(CreateMpiWorld());
   comms.push_back(std::make_unique<ShmCommunicator>(MPI_COMM_WORLD, 256));
   for (auto& comm : comms) {
     const int n = comm->size(), me = comm->rank();
-    comm->SetYieldingWaits(true);
-    // Large enough to outlast the spin phase on a loaded machine, small enough to be quick.
-    const auto part = [](int from, int to) {
-      return MakeInput(DataType::kUInt8, ReduceOp::kSum, 100000 + 1000 * static_cast<size_t>(from) + static_cast<size_t>(to),
-                       from * 16 + to);
+    const auto message = [](int from, int to, int k) {
+      return MakeInput(DataType::kUInt8, ReduceOp::kSum, 50000 + 1000 * static_cast<size_t>(from) + static_cast<size_t>(k),
+                       from * 64 + to * 4 + k);
     };
-    std::vector<size_t> send_bytes, recv_bytes;
-    std::vector<char> send, expected;
+    std::vector<std::vector<char>> got, sent;
+    std::vector<std::unique_ptr<PendingTransfer>> transfers;
     for (int p = 0; p < n; ++p) {
-      const std::vector<char> out = part(me, p), in = part(p, me);
-      send.insert(send.end(), out.begin(), out.end());
-      expected.insert(expected.end(), in.begin(), in.end());
-      send_bytes.push_back(out.size());
-      recv_bytes.push_back(in.size());
+      for (int k = 0; k < 4; ++k) {
+        if (p == me) continue;
+        got.emplace_back(message(p, me, k).size());
+        transfers.push_back(comm->Irecv(got.back().data(), got.back().size(), p, 7 + k % 2));
+      }
     }
-    std::vector<char> received(expected.size());
-    comm->Alltoallv(send.data(), send_bytes, received.data(), recv_bytes);
-    EXPECT_EQ(received, expected) << comm->kind();
-    std::vector<size_t> bytes;
-    std::vector<char> all;
-    for (int r = 0; r < n; ++r) {
-      const std::vector<char> mine = part(r, r);
-      bytes.push_back(mine.size());
-      all.insert(all.end(), mine.begin(), mine.end());
+    for (int p = 0; p < n; ++p) {
+      for (int k = 0; k < 4; ++k) {
+        if (p == me) continue;
+        sent.push_back(message(me, p, k));
+      }
     }
-    const std::vector<char> mine = part(me, me);
-    std::vector<char> gathered(all.size());
-    comm->Allgatherv(mine.data(), gathered.data(), bytes);
-    EXPECT_EQ(gathered, all) << comm->kind();
-    comm->SetYieldingWaits(false);
+    for (size_t i = 0, j = 0; i < sent.size(); ++j) {
+      for (int k = 0; k < 4; ++k, ++i) {
+        const int peer = static_cast<int>(j) < me ? static_cast<int>(j) : static_cast<int>(j) + 1;
+        transfers.push_back(comm->Isend(sent[i].data(), sent[i].size(), peer, 7 + k % 2));
+      }
+    }
+    PollUntil([&] {
+      bool done = true;
+      for (auto& t : transfers) done = t->Test() && done;
+      return done;
+    });
+    size_t i = 0;
+    for (int p = 0; p < n; ++p) {
+      for (int k = 0; k < 4; ++k) {
+        if (p == me) continue;
+        EXPECT_EQ(got[i++], message(p, me, k)) << comm->kind() << " from " << p << " message " << k;
+      }
+    }
+    // A receive of the wrong size is an error naming both sizes.
+    if (n >= 2) {
+      const int peer = me ^ 1;
+      if (peer < n) {
+        std::vector<char> small(10), big(20);
+        auto r = comm->Irecv(small.data(), small.size(), peer, 99);
+        auto s = comm->Isend(big.data(), big.size(), peer, 99);
+        EXPECT_THROW(PollUntil([&] { return r->Test() && s->Test(); }), Error) << comm->kind();
+      }
+    }
   }
 }
 
