@@ -9,13 +9,17 @@ namespace gradcomp {
 
 namespace {
 
+void ValidateOp(const AllreduceOptions& o) {
+  if (o.dtype == DataType::kBool && o.op == ReduceOp::kAverage) {
+    throw InvalidArgument("allreduce: op average is not defined for bool tensors (use sum, min or max)");
+  }
+}
+
 void Validate(const AllreduceOptions& o) {
   if (o.count > 0 && (o.input == nullptr || o.output == nullptr)) {
     throw InvalidArgument("allreduce got a null buffer for " + std::to_string(o.count) + " elements");
   }
-  if (o.dtype == DataType::kBool && o.op == ReduceOp::kAverage) {
-    throw InvalidArgument("allreduce: op average is not defined for bool tensors (use sum, min or max)");
-  }
+  ValidateOp(o);
 }
 
 // Copies input to output scaled by prescale when needed; returns the buffer to reduce from.
@@ -68,10 +72,7 @@ void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& o) {
 void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<BufferPiece>& pieces,
                     const AllreduceOptions& o, std::vector<char>& fusion) {
   WithTensorContext("allreduce", o.name, [&] {
-    AllreduceOptions check = o;
-    check.input = check.output = nullptr;
-    check.count = 0;
-    Validate(check);
+    ValidateOp(o);  // the pieces carry the buffers
     if (hierarchical) {
       AllreduceOptions whole = o;
       if (pieces.size() == 1 && pieces[0].input != nullptr && pieces[0].output != nullptr) {
