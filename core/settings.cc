@@ -48,7 +48,7 @@ const std::vector<Entry>& Registry() {
        "64", "largest fusion buffer in MB; tensors ready together are packed up to this size (0 disables fusion)",
        0, 65536},
       {"GRADCOMP_CYCLE_TIME_MS", nullptr, Kind::kFloat, &Settings::cycle_time_ms, "1",
-       "how long the background thread gathers newly enqueued tensors before negotiating them", 0, 10000},
+       "longest the background thread gathers newly enqueued tensors before negotiating them (less once enqueues pause or a caller waits on a handle)", 0, 10000},
       {"GRADCOMP_CACHE_CAPACITY", nullptr, Kind::kInt, &Settings::cache_capacity, "1024",
        "entries of the response cache that skips coordinator round trips in steady state (0 disables it)", 0,
        1e9},
