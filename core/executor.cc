@@ -184,7 +184,13 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
   o.params.step = ++compressed_steps_;
   o.segments = segments;
   o.workspace = &workspace_;
-  o.pipeline_stripes = static_cast<size_t>(settings_.pipeline_stripes);
+  // Stripes overlap encoding and decoding with the network. Automatically only for max-min
+  // across nodes: on one node there is no network time to hide behind (only a helper thread
+  // competing for the cores), and fp16/bf16 casts cost too little to repay the extra messages.
+  const bool auto_stripes = spec.codec == "maxmin" && topo_.cross_size() > 1;
+  o.pipeline_stripes = settings_.pipeline_stripes > 0 ? static_cast<size_t>(settings_.pipeline_stripes)
+                       : auto_stripes                 ? kAutoPipelineStripes
+                                                      : 1;
   o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
   // Error feedback state, assembled in buffer order from each tensor's own.
   std::vector<float> residual, reduced;

@@ -93,10 +93,10 @@ const std::vector<Entry>& Registry() {
        "in hierarchical operations only one rank per node crosses the network, then broadcasts in the node"},
       {"GRADCOMP_SHM_BUFFER_MB", nullptr, Kind::kInt, &Settings::shm_buffer_mb, "16",
        "size of each rank's staging area in the node's shared-memory window", 1, 4096},
-      {"GRADCOMP_PIPELINE_STRIPES", nullptr, Kind::kInt, &Settings::pipeline_stripes, "1",
+      {"GRADCOMP_PIPELINE_STRIPES", nullptr, Kind::kInt, &Settings::pipeline_stripes, "0",
        "compressed allreduces of 1M+ values go in this many stripes whose encoding overlaps the network "
-       "(worth it when every node has a spare core; 1: off)",
-       1, 64},
+       "(0: 4 for max-min allreduces that cross nodes, else none; 1: off)",
+       0, 64},
       {"GRADCOMP_TIMELINE", nullptr, Kind::kString, &Settings::timeline, "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},
       {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, &Settings::timeline_mark_cycles, "0",

@@ -34,6 +34,10 @@ namespace gradcomp {
 
 /// Scratch buffers reused across calls (large fresh allocations cost a page fault per 4 KB
 /// on every call). One per caller thread; optional.
+/// Stripes the runtime uses for max-min allreduces that cross nodes when
+/// GRADCOMP_PIPELINE_STRIPES is 0 (auto).
+constexpr size_t kAutoPipelineStripes = 4;
+
 struct CompressionWorkspace {
   std::vector<float> x, out, acc, shard, shard_out;
   std::vector<uint8_t> send, recv, own, all;
