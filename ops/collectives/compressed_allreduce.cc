@@ -256,6 +256,11 @@ class Pipeline {
 
 // Only buffers of at least this many values are pipelined in stripes.
 constexpr size_t kPipelineMinValues = size_t{1} << 20;
+// A striped allreduce cuts a chunk into stripes whose messages stay near this size, at most
+// kMaxStripes of them. Larger messages made the link stall on the emulated cluster (4-8 MB
+// stripes ran at half the link rate), smaller ones pay more per-message overhead.
+constexpr size_t kStripeBytes = size_t{1} << 20;
+constexpr size_t kMaxStripes = 64;
 // Tags of the striped SRA's point-to-point messages: two per stripe (scatter, gather).
 constexpr int kSraTagBase = 0x5300;
 // Stripes of one step (scatter or gather) a rank has on the wire to each peer at once. One:
@@ -281,7 +286,13 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
   const size_t ranks = static_cast<size_t>(n), mine = static_cast<size_t>(me);
   const std::vector<size_t> bounds = SegmentBounds(o);
   const std::vector<size_t> chunks = EvenSplit(count, n), coff = Offsets(chunks);
-  const size_t stripes = count >= kPipelineMinValues ? std::max<size_t>(1, o.pipeline_stripes) : 1;
+  size_t stripes = count >= kPipelineMinValues ? std::max<size_t>(1, o.pipeline_stripes) : 1;
+  if (stripes > 1) {
+    // Large messages need the transport's progress all along (once the kernel's socket buffer
+    // is full); small stripes are handed to the kernel whole while this thread may be napping.
+    const size_t chunk_wire = codec.MaxWireSize(*std::max_element(chunks.begin(), chunks.end()), o.params);
+    stripes = std::min(kMaxStripes, std::max(stripes, (chunk_wire + kStripeBytes - 1) / kStripeBytes));
+  }
   // Stripe s of chunk c: about chunk/stripes values, cut only where a bucket of the tensor
   // there begins anyway, so striping never changes the quantization (the same bytes).
   const size_t bucket = std::max<size_t>(1, o.params.bucket_size);

@@ -102,10 +102,12 @@ TEST(Sra, PipelinedStripesGiveTheSameBytes) {
   const size_t count = (size_t{1} << 20) + 4097;
   for (int world : {2, 3}) {
     for (bool feedback : {false, true}) {
-      std::vector<std::vector<float>> results[2], residuals[2];
-      for (size_t stripes : {size_t{1}, size_t{4}}) {
-        residuals[stripes > 1].resize(static_cast<size_t>(world));
-        results[stripes > 1] = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+      std::vector<std::vector<float>> results[3], residuals[3];
+      const size_t kStripes[3] = {1, 4, 48};
+      for (size_t k = 0; k < 3; ++k) {
+        const size_t stripes = kStripes[k];
+        residuals[k].resize(static_cast<size_t>(world));
+        results[k] = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
           CompressedAllreduceOptions o = Maxmin(in, out, 4, 512);
           std::vector<float> residual(count, 0.0f), reduced(count, 0.0f);
           if (feedback) {
@@ -116,12 +118,14 @@ TEST(Sra, PipelinedStripesGiveTheSameBytes) {
           o.pipeline_stripes = stripes;
           CompressedAllreduce(comm, o);
           residual.insert(residual.end(), reduced.begin(), reduced.end());
-          residuals[stripes > 1][static_cast<size_t>(comm.rank())] = residual;
+          residuals[k][static_cast<size_t>(comm.rank())] = residual;
         });
       }
-      EXPECT_EQ(BitIdentical(results[1]), "");
-      EXPECT_EQ(results[1], results[0]) << "world " << world << " feedback " << feedback;
-      EXPECT_EQ(residuals[1], residuals[0]) << "world " << world << " feedback " << feedback;
+      for (size_t k = 1; k < 3; ++k) {
+        EXPECT_EQ(BitIdentical(results[k]), "");
+        EXPECT_EQ(results[k], results[0]) << "world " << world << " feedback " << feedback << " stripes " << kStripes[k];
+        EXPECT_EQ(residuals[k], residuals[0]) << "world " << world << " feedback " << feedback << " stripes " << kStripes[k];
+      }
     }
   }
 }
