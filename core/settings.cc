@@ -94,8 +94,8 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_SHM_BUFFER_MB", nullptr, Kind::kInt, &Settings::shm_buffer_mb, "16",
        "size of each rank's staging area in the node's shared-memory window", 1, 4096},
       {"GRADCOMP_PIPELINE_STRIPES", nullptr, Kind::kInt, &Settings::pipeline_stripes, "0",
-       "compressed allreduces of 1M+ values go in this many stripes whose encoding overlaps the network "
-       "(0: 4 for max-min allreduces that cross nodes, else none; 1: off)",
+       "compressed allreduces of 1M+ values go in at least this many stripes (about 1 MB on the wire each) "
+       "whose encoding overlaps the network (0: 4 for max-min allreduces that cross nodes, else none; 1: off)",
        0, 64},
       {"GRADCOMP_TIMELINE", nullptr, Kind::kString, &Settings::timeline, "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},
