@@ -42,7 +42,16 @@ Controller::Controller(Communicator& world, const Settings& settings, spdlog::lo
       cache_(static_cast<size_t>(settings.cache_capacity)),
       cache_stall_seconds_(settings.stall_check_time_seconds > 0 ? std::min(5.0, settings.stall_check_time_seconds / 2)
                                                                   : 5.0),
+      pending_(cache_.capacity()),
       stall_(settings.stall_check_time_seconds, settings.stall_shutdown_time_seconds, world.size()) {}
+
+void Controller::SendPendingToCoordinator(size_t pos) {
+  Pending& p = pending_[pos];
+  if (!p.active) return;
+  to_coordinator_.push_back(std::move(p.request));
+  p.active = false;
+  --pending_count_;
+}
 
 Controller::CycleOutput Controller::RunCycle(CycleInput input) {
   const Clock::time_point now = Clock::now();
@@ -58,18 +67,24 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
     const bool cacheable = r.type != RequestType::kJoin && r.type != RequestType::kBarrier;
     const auto found = cacheable ? cache_.Find(r, rank_, &pos) : ResponseCache::Lookup::kMiss;
     if (found == ResponseCache::Lookup::kHit) {
-      const std::string name = r.name;  // (the right-hand side below is evaluated first)
-      cached_pending_[name] = Pending{std::move(r), pos, now};
+      Pending& p = pending_[pos];
+      if (!p.active) ++pending_count_;  // (active: impossible, names are unique while pending)
+      p.active = true;
+      p.request = std::move(r);
+      p.since = now;
       continue;
     }
     if (found == ResponseCache::Lookup::kMismatch) ClearBit(words, 1 + nw, pos);
     to_coordinator_.push_back(std::move(r));
   }
-  for (const auto& [name, p] : cached_pending_) {
-    SetBit(words, 1, p.position);
-    if (std::chrono::duration<double>(now - p.since).count() > cache_stall_seconds_) ClearBit(words, 1 + nw, p.position);
+  for (size_t pos = 0, seen = 0; seen < pending_count_ && pos < cap; ++pos) {
+    const Pending& p = pending_[pos];
+    if (!p.active) continue;
+    ++seen;
+    SetBit(words, 1, pos);
+    if (std::chrono::duration<double>(now - p.since).count() > cache_stall_seconds_) ClearBit(words, 1 + nw, pos);
   }
-  const bool busy = !cached_pending_.empty() || !to_coordinator_.empty() || !outstanding_.empty() || joined_;
+  const bool busy = pending_count_ > 0 || !to_coordinator_.empty() || !outstanding_.empty() || joined_;
   // The coordinator also asks for a slow path now and then while tensors wait in its table,
   // so the stall inspector runs even when no new requests arrive.
   bool want_slow = !to_coordinator_.empty();
@@ -81,7 +96,7 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
 
   world_.Allreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
   if (log_.should_log(spdlog::level::trace)) {
-    log_.trace("cycle: {} cached pending, {} for the coordinator, {} outstanding, flags {:#x}", cached_pending_.size(),
+    log_.trace("cycle: {} cached pending, {} for the coordinator, {} outstanding, flags {:#x}", pending_count_,
                to_coordinator_.size(), outstanding_.size(), words[0]);
   }
 
@@ -96,14 +111,7 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
   for (size_t pos = 0; pos < cap; ++pos) {
     if (TestBit(words, 1 + nw, pos)) continue;
     erased_any = true;
-    for (auto it = cached_pending_.begin(); it != cached_pending_.end();) {
-      if (it->second.position == pos) {
-        to_coordinator_.push_back(std::move(it->second.request));
-        it = cached_pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    SendPendingToCoordinator(pos);
     cache_.Erase(pos);
   }
   const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
@@ -113,16 +121,19 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
     for (uint64_t bits = words[1 + w] & words[1 + nw + w]; bits != 0; bits &= bits - 1) {
       const size_t pos = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
       if (pos >= cap) break;
-      const Response& cached = cache_.Get(pos);
-      cached_pending_.erase(cached.names[0]);
-      from_cache.Add(cached);
+      Pending& p = pending_[pos];
+      if (p.active) {
+        p.active = false;
+        p.request = Request{};
+        --pending_count_;
+      }
+      from_cache.Add(cache_.Get(pos));
       ++cache_hits_;
     }
   }
   if (join_active) {
     // Joined ranks set no ready bits: cached tensors are matched by the coordinator instead.
-    for (auto& [name, p] : cached_pending_) to_coordinator_.push_back(std::move(p.request));
-    cached_pending_.clear();
+    for (size_t pos = 0; pos < cap && pending_count_ > 0; ++pos) SendPendingToCoordinator(pos);
   }
   out.responses = from_cache.Take();
   out.from_cache = out.responses.size();
@@ -148,11 +159,10 @@ void Controller::Executed(const Response& single, bool from_cache) {
   if (!ResponseCache::Cacheable(single)) return;
   const std::string evicted = cache_.Put(single);
   if (evicted.empty()) return;
-  // A pending hit on the evicted position would now point at another tensor's response.
-  auto it = cached_pending_.find(evicted);
-  if (it != cached_pending_.end()) {
-    to_coordinator_.push_back(std::move(it->second.request));
-    cached_pending_.erase(it);
+  // A pending hit on the evicted position (now this tensor's) would point at the wrong response.
+  size_t pos = 0;
+  if (cache_.PositionOf(single.names[0], &pos) && pending_[pos].active && pending_[pos].request.name == evicted) {
+    SendPendingToCoordinator(pos);
   }
 }
 

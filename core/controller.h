@@ -39,7 +39,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -86,11 +85,14 @@ class Controller {
   const ResponseCache& cache() const { return cache_; }
 
  private:
+  // A cache hit waiting for every rank, at its cache position.
   struct Pending {
+    bool active = false;
     Request request;
-    size_t position = 0;
     Clock::time_point since;
   };
+  // Moves the pending hit at `pos` to the coordinator's next slow path.
+  void SendPendingToCoordinator(size_t pos);
   // Rank 0's view of requests not yet answered.
   struct TableEntry {
     std::map<int, Request> by_rank;
@@ -108,7 +110,8 @@ class Controller {
   const int rank_, size_;
   ResponseCache cache_;
   double cache_stall_seconds_;
-  std::unordered_map<std::string, Pending> cached_pending_;  // hits waiting for every rank
+  std::vector<Pending> pending_;                              // by cache position
+  size_t pending_count_ = 0;
   std::vector<Request> to_coordinator_;                      // sent in the next slow path
   std::set<std::string> outstanding_;                        // sent, not answered yet
   bool joined_ = false;                                      // this rank's join is pending
