@@ -104,16 +104,11 @@ size_t EncodePieces(const Codec& codec, const CodecParams& p, const float* x, si
 
 // Decodes pieces into `out`, whose element 0 is buffer element `base`.
 void DecodePieces(const Codec& codec, const CodecParams& p, const uint8_t* wire, const std::vector<Piece>& pieces,
-                  size_t base, DataType out_dtype, void* out, bool accumulate) {
+                  size_t base, DataType out_dtype, void* out) {
   const size_t esize = DataTypeSize(out_dtype);
   for (const Piece& pc : pieces) {
     const size_t bytes = codec.MaxWireSize(pc.len, p);
-    void* dst = static_cast<char*>(out) + (pc.start - base) * esize;
-    if (accumulate) {
-      codec.DecodeAccumulate(wire, bytes, pc.len, p, out_dtype, dst);
-    } else {
-      codec.Decode(wire, bytes, pc.len, p, out_dtype, dst);
-    }
+    codec.Decode(wire, bytes, pc.len, p, out_dtype, static_cast<char*>(out) + (pc.start - base) * esize);
     wire += bytes;
   }
 }
@@ -364,7 +359,7 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
       size_t begin, len;
       stripe_range(p, s, &begin, &len);
       float* r = o.residual + begin;
-      DecodePieces(codec, p1, dst, pieces[s][p], begin, DataType::kFloat32, r, false);
+      DecodePieces(codec, p1, dst, pieces[s][p], begin, DataType::kFloat32, r);
       for (size_t k = 0; k < len; ++k) r[k] = x[begin + k] - r[k];
     }
   };
@@ -409,7 +404,7 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
     for (size_t c = 0; c < ranks; ++c) {
       if (c == mine) continue;
       const CodecParams pc = StreamFor(o.params, 0x10000u + static_cast<uint32_t>(c));
-      DecodePieces(codec, pc, ws.all.data() + all_at[s] + off[c], pieces[s][c], 0, DataType::kFloat32, out, false);
+      DecodePieces(codec, pc, ws.all.data() + all_at[s] + off[c], pieces[s][c], 0, DataType::kFloat32, out);
     }
   };
 

@@ -71,6 +71,16 @@ int ToInt(size_t n, const char* what, int rank) {
   return static_cast<int>(n);
 }
 
+// Throws when a completed receive got other than `bytes` bytes (MPI accepts shorter messages).
+void CheckReceived(const MPI_Status& status, size_t bytes, int rank) {
+  int got = 0;
+  const int rc = MPI_Get_count(&status, MPI_BYTE, &got);
+  if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Get_count", rank));
+  if (static_cast<size_t>(got) != bytes) {
+    GC_THROW("MPI rank ", rank, ": message from rank ", status.MPI_SOURCE, " has ", got, " bytes, expected ", bytes);
+  }
+}
+
 std::vector<int> ToInts(const std::vector<size_t>& v, const char* what, int rank) {
   std::vector<int> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = ToInt(v[i], what, rank);
@@ -116,11 +126,7 @@ void MpiCommunicator::Send(const void* data, size_t bytes, int peer, int tag) {
 void MpiCommunicator::Recv(void* data, size_t bytes, int peer, int tag) {
   MPI_Status status;
   GC_MPI_CHECK(MPI_Recv(data, ToInt(bytes, "receive size", rank_), MPI_BYTE, peer, tag, comm_, &status));
-  int got = 0;
-  GC_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
-  if (static_cast<size_t>(got) != bytes) {
-    GC_THROW("MPI rank ", rank_, ": message from rank ", peer, " has ", got, " bytes, expected ", bytes);
-  }
+  CheckReceived(status, bytes, rank_);
 }
 
 void MpiCommunicator::SendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
@@ -170,14 +176,7 @@ class MpiTransfer final : public PendingTransfer {
     int done = 0;
     MPI_Status status;
     GC_MPI_CHECK(MPI_Test(&request_, &done, &status));
-    if (done && receive_) {
-      int got = 0;
-      GC_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
-      if (static_cast<size_t>(got) != bytes_) {
-        GC_THROW("MPI rank ", rank_, ": message from rank ", status.MPI_SOURCE, " has ", got, " bytes, expected ",
-                 bytes_);
-      }
-    }
+    if (done && receive_) CheckReceived(status, bytes_, rank_);
     return done != 0;
   }
 
