@@ -80,6 +80,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                              f"{_b.rank()} of {_b.size()}; launch with gcrun or mpirun and let RANK/WORLD_SIZE "
                              "come from it")
         self._seq = 0
+        self._seq_lock = threading.Lock()  # hooks may issue collectives from callback threads
         spec, self._min_size = _b.runtime().default_compression()
         if spec["codec"] == "topk":
             warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=topk needs a per-tensor accumulator across steps, "
@@ -111,9 +112,12 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         return "gradcomp"
 
     def _name(self, kind):
-        """The operation's sequence number in this group: the same on every rank."""
-        self._seq += 1
-        return f"c10d.{kind}.{self._seq}"
+        """The operation's sequence number in this group: the same on every rank as long as
+        every rank issues its collectives in the same order, as c10d requires (a hook that
+        issues them from callbacks can break that; ddp_hook issues them from its caller)."""
+        with self._seq_lock:
+            self._seq += 1
+            return f"c10d.{kind}.{self._seq}"
 
     def _work(self, handles, finish, result):
         # A Work built by torch from a future: c10d and DDP may keep it after Python has let

@@ -13,7 +13,32 @@ layers go through scatter-reduce-allgather as in the runtime (each value quantiz
 whatever the number of ranks, reduced in float32; every rank ends with the same values, and
 each rank sends about 2 (n-1)/n of the compressed size, like a ring allreduce of it), the exact
 layers through one all_reduce.
+
+Collective order. Scatter-reduce-allgather is two collectives with computation between them,
+and backends match collectives by the order in which each rank issues them. Issuing the second
+one from a future callback (as PowerSGD's hook does) lets its place in that order depend on
+timing: with several buckets in flight, one rank's all_gather of bucket 0 meets another's
+all_to_all of bucket 1, which hangs gloo and makes sequence-numbered backends mix buckets up.
+So every collective is issued by the thread that calls the hook, in an order fixed by the
+bucket order alone (DDP launches buckets in index order on every rank):
+
+    hook(bucket k):  all_reduce(k, exact layers), all_to_all(k)      # phase 1 of k
+                     all_gather(k - 1)                               # phase 2 of k - 1
+    hook(last):      ... then all_gather(last)
+
+Between its two phases a bucket's chunk is reduced in a callback of its all_to_all (computation
+only, no collective), so the hook of bucket k waits only for what bucket k - 1 already had
+the whole backward of bucket k's layers to finish. Callbacks never issue or wait for
+collectives; every bucket owns its buffers.
+
+Error feedback keeps each layer's residual by parameter (DDP rebuilds its buckets after the first
+step, so a bucket's index and position do not name a layer across steps). A layer whose values
+(gradient plus residual) are not all finite in a step, such as a mixed-precision step that
+overflowed, is sent as it is (the result shows the inf/NaN, so a loss scaler skips the step)
+and keeps the residual it had before that step: one overflow does not poison later steps.
 """
+import math
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -45,10 +70,12 @@ class DDPHookState:
             raise ValueError(f"DDPHookState: bucket_size must be positive, got {self.bucket_size}")
         if self.layer_min_size < 0:
             raise ValueError(f"DDPHookState: layer_min_size must be >= 0, got {self.layer_min_size}")
-        self.iteration = 0
-        self.residuals = {}
+        self.iteration = 0  # buckets exchanged so far; keys stochastic rounding
+        self.residuals = {}  # id(parameter) -> (parameter, float32 residual)
+        self.nonfinite_steps = 0  # layers sent with non-finite values (their residuals were kept)
         self.bytes_in = 0  # float bytes of the compressed layers
         self.bytes_on_wire = 0  # bytes this rank sent for them
+        self._waiting = []  # exchanges whose all_gather is not issued yet, in bucket order
 
     def codec_params(self):
         return {"bits": self.bits, "bucket_size": self.bucket_size, "stochastic": self.stochastic}
@@ -56,10 +83,13 @@ class DDPHookState:
     def compresses(self, param, grad):
         return (grad.dtype in _FLOATS and param.dim() >= 2 and grad.numel() >= self.layer_min_size)
 
+    def residual(self, param):
+        """The error-feedback residual kept for `param` (a float32 numpy array), or None."""
+        kept = self.residuals.get(id(param))
+        return kept[1] if kept is not None and kept[0] is param else None
 
-def _layers(bucket):
-    """(parameter, gradient view) pairs of the bucket, in bucket order."""
-    return list(zip(bucket.parameters(), bucket.gradients()))
+    def _keep_residual(self, param, residual):
+        self.residuals[id(param)] = (param, residual)
 
 
 def _chunks(n, world):
@@ -73,14 +103,175 @@ def _chunks(n, world):
     return out
 
 
+def _all_finite(values):
+    """True if every value is finite: a float32 sum is NaN or inf otherwise (a finite sum that
+    overflows counts as non-finite too, and such a layer's max - min overflows anyway)."""
+    return math.isfinite(float(values.sum(dtype=np.float32)))
+
+
 class _Layer:
     """A compressed layer of a bucket: where it lies in the bucket buffer, its values to send
     (float32, error-compensated), its chunk per rank and each chunk's encoded size."""
 
-    def __init__(self, key, offset, values, world, params):
-        self.key, self.offset, self.values = key, offset, values
+    def __init__(self, param, offset, values, world, params):
+        self.param, self.offset, self.values = param, offset, values
         self.chunks = _chunks(values.size, world)
         self.sizes = [_codec.wire_size(length, "maxmin", **params) for _, length in self.chunks]
+
+
+class _Exchange:
+    """One bucket's scatter-reduce-allgather, from its hook call until DDP gets the result.
+
+    start(): encodes every peer's chunk and issues the exact all_reduce and the all_to_all;
+    the all_to_all's callback reduces this rank's chunk and encodes it (no collective).
+    gather(): waits for that reduction and issues the all_gather; its callback decodes every
+    chunk into the bucket buffer and completes `future`."""
+
+    def __init__(self, state, bucket, group):
+        self.state, self.group = state, group
+        self.world, self.me = dist.get_world_size(group), dist.get_rank(group)
+        self.step = state.iteration
+        state.iteration += 1
+        self.params = state.codec_params()
+        self.buffer = bucket.buffer()
+        self.flat = self.buffer.view(-1)
+        self.device = self.buffer.device
+        self.layers, self.exact = [], []
+        offset = 0
+        for param, grad in zip(bucket.parameters(), bucket.gradients()):
+            n = grad.numel()
+            if state.compresses(param, grad):
+                # The codecs run on the CPU.
+                values = grad.detach().reshape(-1).to(device="cpu", dtype=torch.float32).numpy()
+                if state.error_feedback:
+                    r = state.residual(param)
+                    if r is not None and r.shape == values.shape:
+                        values = values + r
+                self.layers.append(_Layer(param, offset, values, self.world, self.params))
+                state.bytes_in += n * grad.element_size()
+            else:
+                self.exact.append((offset, n))
+            offset += n
+        self.future = torch.futures.Future()
+        self._reduced = None  # future of this rank's encoded reduced chunk
+        self._exact = None  # (future, values) of the exact layers' all_reduce
+
+    def _seeded(self, seed):
+        """Codec parameters of one rounding stream (each rank and stage has its own)."""
+        return dict(self.params, seed=seed, step=self.step)
+
+    def _encode_for_peers(self):
+        """Phase 1 payload: for each peer, every layer's chunk for that peer, encoded; keeps
+        the residuals (what encoding lost) of layers whose values are finite."""
+        send_params = self._seeded(self.me)
+        parts = [[] for _ in range(self.world)]
+        for layer in self.layers:
+            feedback = self.state.error_feedback
+            if feedback and not _all_finite(layer.values):
+                feedback = False  # keep the residual from before this step
+                self.state.nonfinite_steps += 1
+            residual = np.empty_like(layer.values) if feedback else None
+            for p, (start, length) in enumerate(layer.chunks):
+                chunk = layer.values[start:start + length]
+                wire = np.frombuffer(_codec.encode(chunk, "maxmin", first_index=start, **send_params), np.uint8)
+                if feedback:
+                    residual[start:start + length] = chunk - _codec.decode(wire, length, "maxmin", **send_params)
+                parts[p].append(wire)
+            if feedback:
+                self.state._keep_residual(layer.param, residual)
+        return [np.concatenate(part) if part else np.zeros(0, np.uint8) for part in parts]
+
+    def start(self):
+        world, me = self.world, self.me
+        if self.exact:
+            values = torch.cat([self.flat[o:o + n].to(torch.float32) for o, n in self.exact])
+            work = dist.all_reduce(values, group=self.group, async_op=True)
+            self._exact = (work.get_future(), values)
+        if not self.layers:
+            return
+        parts = self._encode_for_peers()
+        mine = sum(layer.sizes[me] for layer in self.layers)  # what every rank sends me
+        in_splits = [part.size for part in parts]
+        reduced_sizes = [sum(layer.sizes[p] for layer in self.layers) for p in range(world)]
+        self.state.bytes_on_wire += sum(in_splits) - in_splits[me] + reduced_sizes[me] * (world - 1)
+        send = torch.from_numpy(np.concatenate(parts)).to(self.device)
+        recv = torch.empty(mine * world, dtype=torch.uint8, device=self.device)
+        work = dist.all_to_all_single(recv, send, [mine] * world, in_splits, group=self.group, async_op=True)
+        width = max(reduced_sizes)
+        self._reduced = work.get_future().then(lambda f: self._reduce_mine(f, recv, mine, width))
+
+    def _reduce_mine(self, fut, recv, mine, width):
+        """My chunk of each layer: every rank's encoding of it, summed in rank order, averaged,
+        encoded once, padded to the widest rank's payload (all_gather needs equal sizes)."""
+        fut.wait()  # raises the exchange's error, if any
+        received = recv.cpu().numpy()
+        send_params = [self._seeded(p) for p in range(self.world)]
+        reduce_params = self._seeded(self.world + self.me)
+        padded = np.zeros(width, np.uint8)
+        within = 0  # where the layer's bytes start in each rank's part
+        at = 0
+        for layer in self.layers:
+            start, length = layer.chunks[self.me]
+            size = layer.sizes[self.me]
+            acc = np.zeros(length, np.float32)
+            for p in range(self.world):
+                begin = p * mine + within
+                _codec.decode_accumulate(received[begin:begin + size], acc, "maxmin", **send_params[p])
+            within += size
+            acc /= np.float32(self.world)
+            wire = np.frombuffer(_codec.encode(acc, "maxmin", first_index=start, **reduce_params), np.uint8)
+            padded[at:at + wire.size] = wire
+            at += wire.size
+        return torch.from_numpy(padded).to(self.device)
+
+    def gather(self):
+        """Issues phase 2 (on the hook's thread) and arranges for `future` to complete."""
+        waits = []
+        if self._reduced is not None:
+            try:
+                mine = self._reduced.wait()
+            except Exception as e:  # noqa: BLE001 - the exchange failed; DDP gets the error
+                self.future.set_exception(e)
+                return
+            gathered = [torch.empty_like(mine) for _ in range(self.world)]
+            work = dist.all_gather(gathered, mine, group=self.group, async_op=True)
+            waits.append(work.get_future().then(lambda f: self._decode_all(f, gathered)))
+        if self._exact is not None:
+            waits.append(self._exact[0].then(lambda f: self._copy_exact(f)))
+        if not waits:
+            self.future.set_result(self.buffer)
+            return
+        torch.futures.collect_all(waits).then(self._finish)
+
+    def _decode_all(self, fut, gathered):
+        fut.wait()
+        with torch.no_grad():
+            for p in range(self.world):
+                data, at = gathered[p].cpu().numpy(), 0
+                owner_params = self._seeded(self.world + p)
+                for layer in self.layers:
+                    start, length = layer.chunks[p]
+                    values = _codec.decode(data[at:at + layer.sizes[p]], length, "maxmin", **owner_params)
+                    at += layer.sizes[p]
+                    begin = layer.offset + start
+                    self.flat[begin:begin + length].copy_(torch.from_numpy(values))
+
+    def _copy_exact(self, fut):
+        fut.wait()
+        summed, at = self._exact[1] / self.world, 0
+        with torch.no_grad():
+            for o, n in self.exact:
+                self.flat[o:o + n].copy_(summed[at:at + n])
+                at += n
+
+    def _finish(self, fut):
+        try:
+            for f in fut.wait():
+                f.wait()  # raises the first failure
+        except Exception as e:  # noqa: BLE001 - delivered to DDP through the future
+            self.future.set_exception(e)
+            return
+        self.future.set_result(self.buffer)
 
 
 def ddp_hook(state, bucket):
@@ -91,96 +282,17 @@ def ddp_hook(state, bucket):
     of every compressed layer and exchanges them in one all_to_all; each rank sums its chunk in
     float32 in rank order, averages, encodes it once; one all_gather brings every reduced chunk
     to every rank, which decodes them (so every rank holds the same values). The exact layers
-    are averaged by one all_reduce of the process group, started alongside."""
+    are averaged by one all_reduce of the process group, started alongside. The module's text
+    explains the order in which the collectives are issued."""
     group = state.process_group if state.process_group is not None else dist.group.WORLD
-    world = dist.get_world_size(group)
-    me = dist.get_rank(group)
-    step = state.iteration
-    state.iteration += 1
-    params = state.codec_params()
-    # Each rank and stage rounds with its own stream when rounding is stochastic.
-    send_params = dict(params, seed=me, step=step)
-    reduce_params = dict(params, seed=world + me, step=step)
-    buffer = bucket.buffer()
-    flat = buffer.view(-1)
-    layers, exact = [], []
-    offset = 0
-    for i, (param, grad) in enumerate(_layers(bucket)):
-        n = grad.numel()
-        if state.compresses(param, grad):
-            values = grad.detach().reshape(-1).to(device="cpu", dtype=torch.float32).numpy()  # codecs run on the CPU
-            key = (bucket.index(), i)
-            if state.error_feedback:
-                r = state.residuals.get(key)
-                if r is not None and r.shape == values.shape:
-                    values = values + r
-            layers.append(_Layer(key, offset, values, world, params))
-            state.bytes_in += n * grad.element_size()
-        else:
-            exact.append((offset, n))
-        offset += n
-
-    # Phase 1 payload: for each peer, every layer's chunk for that peer, encoded.
-    parts = []
-    for p in range(world):
-        encoded = []
-        for layer in layers:
-            start, length = layer.chunks[p]
-            chunk = layer.values[start:start + length]
-            wire = np.frombuffer(_codec.encode(chunk, "maxmin", first_index=start, **send_params), dtype=np.uint8)
-            if state.error_feedback:
-                lost = chunk - _codec.decode(wire, length, "maxmin", **send_params)
-                state.residuals.setdefault(layer.key, np.zeros_like(layer.values))[start:start + length] = lost
-            encoded.append(wire)
-        parts.append(np.concatenate(encoded) if encoded else np.zeros(0, np.uint8))
-    mine = sum(layer.sizes[me] for layer in layers)  # what every rank sends me
-    send = torch.from_numpy(np.concatenate(parts))
-    recv = torch.empty(mine * world, dtype=torch.uint8)
-    in_splits = [part.size for part in parts]
-    reduced_sizes = [sum(layer.sizes[p] for layer in layers) for p in range(world)]
-    state.bytes_on_wire += sum(in_splits) - in_splits[me] + reduced_sizes[me] * (world - 1)
-
-    exact_values = torch.cat([flat[o:o + n].to(torch.float32) for o, n in exact]) if exact else None
-    exact_work = dist.all_reduce(exact_values, group=group, async_op=True) if exact else None
-    fut = dist.all_to_all_single(recv, send, [mine] * world, in_splits, group=group, async_op=True).get_future()
-
-    def reduce_and_gather(f):
-        f.wait()  # raises the exchange's error, if any
-        received = recv.numpy()
-        # My chunk of each layer: every rank's encoding of it, summed in rank order, averaged.
-        reduced = []
-        within = 0  # where the layer's bytes start in each rank's part
-        for layer in layers:
-            start, length = layer.chunks[me]
-            acc = np.zeros(length, np.float32)
-            for p in range(world):
-                at = p * mine + within
-                _codec.decode_accumulate(received[at:at + layer.sizes[me]], acc, "maxmin", **send_params)
-            within += layer.sizes[me]
-            acc /= np.float32(world)
-            reduced.append(np.frombuffer(_codec.encode(acc, "maxmin", first_index=start, **reduce_params),
-                                         dtype=np.uint8))
-        width = max(reduced_sizes) if reduced_sizes else 0
-        padded = torch.zeros(width, dtype=torch.uint8)
-        if reduced:
-            padded[:reduced_sizes[me]] = torch.from_numpy(np.concatenate(reduced))
-        gathered = [torch.empty(width, dtype=torch.uint8) for _ in range(world)]
-        dist.all_gather(gathered, padded, group=group, async_op=True).wait()
-        with torch.no_grad():
-            for p in range(world):
-                data, at = gathered[p].numpy(), 0
-                owner_params = dict(params, seed=world + p, step=step)
-                for layer in layers:
-                    start, length = layer.chunks[p]
-                    values = _codec.decode(data[at:at + layer.sizes[p]], length, "maxmin", **owner_params)
-                    at += layer.sizes[p]
-                    flat[layer.offset + start:layer.offset + start + length].copy_(torch.from_numpy(values))
-            if exact_work is not None:
-                exact_work.wait()
-                summed, at = exact_values / world, 0
-                for o, n in exact:
-                    flat[o:o + n].copy_(summed[at:at + n])
-                    at += n
-        return buffer
-
-    return fut.then(reduce_and_gather)
+    exchange = _Exchange(state, bucket, group)
+    exchange.start()
+    # Phase 2 of the buckets before this one, in bucket order; all of them after the last.
+    waiting, state._waiting = state._waiting, []
+    for earlier in waiting:
+        earlier.gather()
+    if bucket.is_last():
+        exchange.gather()
+    else:
+        state._waiting.append(exchange)
+    return exchange.future
