@@ -146,6 +146,7 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
     buffer = staged.data();
   }
   std::vector<size_t> segments(n);
+  std::vector<bool> unmasked(n, false);  // DGC tensors whose memory skips this step
   size_t start = 0;
   for (size_t i = 0; i < n; ++i) {
     segments[i] = static_cast<size_t>(NumElements(r.shapes[i]));
@@ -155,8 +156,11 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
         std::memset(dst, 0, segments[i] * DataTypeSize(dtype));
       } else if (dgc) {
         CastBuffer(entries[i]->input, r.dtype, segments[i], dst, DataType::kFloat32, false);
-        dgc_.Compensate(r.names[i], reinterpret_cast<float*>(dst), segments[i],
-                        static_cast<float>(spec.topk_momentum), spec.topk_nesterov);
+        if (!dgc_.Compensate(r.names[i], reinterpret_cast<float*>(dst), segments[i],
+                             static_cast<float>(spec.topk_momentum), spec.topk_nesterov)) {
+          unmasked[i] = true;  // a non-finite step: the momentum and velocity stay as they were
+          ++memories_kept_;
+        }
       } else {
         std::memcpy(dst, entries[i]->input, segments[i] * esize);
       }
@@ -225,11 +229,10 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
     st = CompressedAllreduce(*topo_.world, o);
   }
   if (feedback) {
+    // A residual that a non-finite step would poison keeps its value from before the step.
     for (size_t i = 0, at = 0; i < n; at += segments[i], ++i) {
-      std::vector<float>& a = residuals_.Slot(r.names[i], segments[i]);
-      std::vector<float>& b = reduced_residuals_.Slot(r.names[i], segments[i]);
-      std::copy(residual.begin() + static_cast<long>(at), residual.begin() + static_cast<long>(at + segments[i]), a.begin());
-      std::copy(reduced.begin() + static_cast<long>(at), reduced.begin() + static_cast<long>(at + segments[i]), b.begin());
+      if (!residuals_.Store(r.names[i], residual.data() + at, segments[i])) ++memories_kept_;
+      if (!reduced_residuals_.Store(r.names[i], reduced.data() + at, segments[i])) ++memories_kept_;
     }
   }
   if (dgc) {
@@ -242,7 +245,7 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
       per_tensor[t].push_back(idx - static_cast<uint32_t>(bounds[t]));
     }
     for (size_t i = 0; i < n; ++i) {
-      if (entries[i]) dgc_.Update(r.names[i], per_tensor[i].data(), per_tensor[i].size());
+      if (entries[i] && !unmasked[i]) dgc_.Update(r.names[i], per_tensor[i].data(), per_tensor[i].size());
     }
   }
   // Copy the results out (converting DGC's float32 buffer back).

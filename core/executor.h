@@ -57,11 +57,15 @@ class Executor {
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   CompressionWorkspace workspace_;
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
+  std::atomic<uint64_t> memories_kept_{0};  // memory updates skipped for non-finite values
 
  public:
   /// Payload bytes of compressed allreduces and the bytes this rank sent for them.
   uint64_t compressed_bytes_in() const { return bytes_in_; }
   uint64_t compressed_bytes_on_wire() const { return bytes_on_wire_; }
+  /// Error-feedback residuals and DGC memories (one per tensor and memory) that kept their
+  /// previous values because a step carried non-finite values (ops/compression/memory.h).
+  uint64_t nonfinite_memory_skips() const { return memories_kept_; }
 };
 
 }  // namespace gradcomp

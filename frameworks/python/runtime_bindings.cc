@@ -238,6 +238,7 @@ void BindRuntime(py::module& m) {
         d["executed_tensors"] = s.executed_tensors;
         d["compressed_bytes_in"] = s.compressed_bytes_in;
         d["compressed_bytes_on_wire"] = s.compressed_bytes_on_wire;
+        d["nonfinite_memory_skips"] = s.nonfinite_memory_skips;
         d["background_cpu_seconds"] = rt.BackgroundCpuSeconds();
         return d;
       });

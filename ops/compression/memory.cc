@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ops/common/enforce.h"
 
@@ -25,9 +26,17 @@ void ErrorFeedback::Compensate(const std::string& name, float* values, size_t n)
   for (size_t i = 0; i < n; ++i) values[i] += r[i];
 }
 
-void ErrorFeedback::Update(const std::string& name, const float* compensated, const float* decoded, size_t n) {
+bool ErrorFeedback::Update(const std::string& name, const float* compensated, const float* decoded, size_t n) {
+  std::vector<float> next(n);
+  for (size_t i = 0; i < n; ++i) next[i] = compensated[i] - decoded[i];
+  return Store(name, next.data(), n);
+}
+
+bool ErrorFeedback::Store(const std::string& name, const float* residual, size_t n) {
+  if (!AllFinite(residual, n)) return false;
   std::vector<float>& r = Slot(name, n);
-  for (size_t i = 0; i < n; ++i) r[i] = compensated[i] - decoded[i];
+  std::copy(residual, residual + n, r.begin());
+  return true;
 }
 
 const std::vector<float>& ErrorFeedback::Residual(const std::string& name) const {
@@ -44,11 +53,21 @@ DgcMemory::State& DgcMemory::Slot(const std::string& name, size_t n) {
   return s;
 }
 
-void DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov) {
+bool DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov) {
   State& s = Slot(name, n);
+  const float m = momentum;
+  if (!AllFinite(grad, n)) {
+    // This step's velocity for the caller; the state keeps what it had.
+    const float* u = s.momentum.data();
+    const float* v = s.velocity.data();
+    for (size_t i = 0; i < n; ++i) {
+      const float g = grad[i];
+      grad[i] = nesterov ? (v[i] + (u[i] + g) * m) + g : v[i] + (m * u[i] + g);
+    }
+    return false;
+  }
   float* u = s.momentum.data();
   float* v = s.velocity.data();
-  const float m = momentum;
   if (nesterov) {
     for (size_t i = 0; i < n; ++i) {
       u[i] = (u[i] + grad[i]) * m;
@@ -62,6 +81,7 @@ void DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float
       grad[i] = v[i];
     }
   }
+  return true;
 }
 
 void DgcMemory::Update(const std::string& name, const uint32_t* sent, size_t count) {
@@ -83,6 +103,17 @@ const std::vector<float>& DgcMemory::Momentum(const std::string& name) const {
 const std::vector<float>& DgcMemory::Velocity(const std::string& name) const {
   auto it = state_.find(name);
   return it == state_.end() ? Empty() : it->second.velocity;
+}
+
+bool AllFinite(const float* values, size_t n) {
+  // Exponent bits all ones is inf or NaN; OR-ing the masked words lets the loop vectorize.
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof bits);
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return any == 0;
 }
 
 double DgcWarmupRatio(double final_ratio, int warmup_epochs, double epoch) {

@@ -1,6 +1,14 @@
 // State codecs keep per tensor name across steps: error feedback (the residual of the last
 // compression is added to the next input) and DGC's momentum correction with momentum
 // factor masking and its sparsity warm-up schedule.
+//
+// Non-finite steps. Mixed-precision training overflows now and then: a step carries an inf
+// or NaN gradient, the loss scaler sees it in the result, skips the step and lowers its scale.
+// Such a step must not enter the memories, or every later step would be NaN where they are
+// (inf - inf) and the scaler would skip every step from then on. So a memory is never made
+// non-finite: a tensor whose update would put a non-finite value in its residual, momentum or
+// velocity keeps, whole, what it had before that step (the step itself still shows the
+// non-finite values to the caller).
 #pragma once
 
 #include <cstdint>
@@ -17,8 +25,12 @@ class ErrorFeedback {
  public:
   /// values[i] += residual[name][i].
   void Compensate(const std::string& name, float* values, size_t n);
-  /// residual[name] = compensated - decoded.
-  void Update(const std::string& name, const float* compensated, const float* decoded, size_t n);
+  /// residual[name] = compensated - decoded, unless a value of it is not finite: then the
+  /// residual stays as it was and this returns false.
+  bool Update(const std::string& name, const float* compensated, const float* decoded, size_t n);
+  /// residual[name] = residual, unless a value of it is not finite: then the residual stays
+  /// as it was and this returns false.
+  bool Store(const std::string& name, const float* residual, size_t n);
   /// The current residual of `name` (empty if none).
   const std::vector<float>& Residual(const std::string& name) const;
   /// Forgets every residual.
@@ -41,7 +53,9 @@ class DgcMemory {
   /// (m = momentum; each tensor's momentum comes with its compression spec):
   ///   plain:    u = m*u + g;      v = v + u
   ///   nesterov: u = (u + g) * m;  v = (v + u) + g
-  void Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov);
+  /// If a gradient value is not finite, `grad` gets the velocity this step would have had
+  /// but u and v stay as they were, and this returns false: skip Update for this step.
+  bool Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov);
   /// Momentum factor masking: u[i] = v[i] = 0 for every sent index.
   void Update(const std::string& name, const uint32_t* sent, size_t count);
   /// The (u, v) state of `name`, for inspection; empty vectors if none.
@@ -62,5 +76,8 @@ class DgcMemory {
 /// exponentially from final_ratio^(1/warmup_epochs) to final_ratio over warmup_epochs
 /// epochs (0.25, 0.063, 0.015, 0.004, 0.001 for 0.001 over 5), then stays at final_ratio.
 double DgcWarmupRatio(double final_ratio, int warmup_epochs, double epoch);
+
+/// True if none of the n values is an inf or a NaN.
+bool AllFinite(const float* values, size_t n);
 
 }  // namespace gradcomp

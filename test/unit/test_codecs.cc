@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -259,6 +260,85 @@ TEST(DgcMemory, MatchesTheReferenceStepByStep) {
       ASSERT_EQ(mem.Momentum("fc"), ref.mmt) << "step " << step;
       ASSERT_EQ(mem.Velocity("fc"), ref.vec) << "step " << step;
     }
+  }
+}
+
+TEST(AllFinite, FindsEveryInfAndNaN) {
+  std::vector<float> v(1027, 1.5f);
+  EXPECT_TRUE(AllFinite(v.data(), v.size()));
+  v[3] = std::numeric_limits<float>::max();
+  v[4] = -std::numeric_limits<float>::denorm_min();
+  EXPECT_TRUE(AllFinite(v.data(), v.size()));
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    for (size_t at : {size_t{0}, size_t{517}, v.size() - 1}) {
+      std::vector<float> w = v;
+      w[at] = bad;
+      EXPECT_FALSE(AllFinite(w.data(), w.size())) << bad << " at " << at;
+    }
+  }
+}
+
+// A mixed-precision overflow step: the residual keeps what it had, later steps are finite.
+TEST(ErrorFeedback, ANonFiniteStepKeepsThePreviousResidual) {
+  const Codec& c = FindCodec("maxmin");
+  CodecParams p;
+  p.bits = 2;
+  p.bucket_size = 64;
+  ErrorFeedback ef;
+  const size_t n = 1000;
+  auto step = [&](std::vector<float> g) {
+    ef.Compensate("w", g.data(), n);
+    const std::vector<float> decoded = Decode(c, Encode(c, g, p), n, p);
+    return std::make_pair(ef.Update("w", g.data(), decoded.data(), n), decoded);
+  };
+  ASSERT_TRUE(step(Gaussian(n, 1, 0.1f)).first);
+  const std::vector<float> before = ef.Residual("w");
+  std::vector<float> overflow = Gaussian(n, 2, 0.1f);
+  overflow[70] = std::numeric_limits<float>::infinity();
+  const auto [kept, shown] = step(overflow);
+  EXPECT_FALSE(kept);
+  EXPECT_TRUE(std::isnan(shown[70]));  // the caller sees the overflow
+  EXPECT_EQ(ef.Residual("w"), before);
+  for (uint32_t s = 3; s < 6; ++s) {
+    const auto [ok, decoded] = step(Gaussian(n, s, 0.1f));
+    EXPECT_TRUE(ok);
+    EXPECT_TRUE(AllFinite(decoded.data(), n)) << "step " << s;
+  }
+  std::vector<float> nan_residual(n, 0.0f);
+  nan_residual[0] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> last = ef.Residual("w");
+  EXPECT_FALSE(ef.Store("w", nan_residual.data(), n));
+  EXPECT_EQ(ef.Residual("w"), last);
+}
+
+TEST(DgcMemory, ANonFiniteStepLeavesMomentumAndVelocityAlone) {
+  for (bool nesterov : {false, true}) {
+    DgcMemory mem;
+    ReferenceDgc ref{0.9f, nesterov, {}, {}};
+    std::vector<float> g = Gaussian(500, 7);
+    ref.Compensate(g);
+    ASSERT_TRUE(mem.Compensate("fc", g.data(), g.size(), 0.9f, nesterov));
+    const std::vector<float> u = mem.Momentum("fc"), v = mem.Velocity("fc");
+    std::vector<float> bad = Gaussian(500, 8);
+    bad[11] = -std::numeric_limits<float>::infinity();
+    std::vector<float> shown = bad;
+    EXPECT_FALSE(mem.Compensate("fc", shown.data(), shown.size(), 0.9f, nesterov));
+    EXPECT_TRUE(std::isinf(shown[11]));
+    // The other values are the velocity this step would have had.
+    ReferenceDgc probe = ref;
+    const std::vector<float> would = probe.Compensate(bad);
+    for (size_t i = 0; i < shown.size(); ++i) {
+      if (i != 11) {
+        EXPECT_FLOAT_EQ(shown[i], would[i]) << i;
+      }
+    }
+    EXPECT_EQ(mem.Momentum("fc"), u);
+    EXPECT_EQ(mem.Velocity("fc"), v);
+    std::vector<float> next = Gaussian(500, 9);
+    const std::vector<float> want = ref.Compensate(next);
+    ASSERT_TRUE(mem.Compensate("fc", next.data(), next.size(), 0.9f, nesterov));
+    EXPECT_EQ(next, want) << "the step after the overflow continues from the state before it";
   }
 }
 

@@ -249,9 +249,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if plan.local_momentum:
             buf = self._momentum.get(p)
             if buf is None:
-                buf = self._momentum[p] = g.clone()
+                buf = g.clone()
             else:
-                buf.mul_(plan.local_momentum).add_(g)
+                buf = buf.mul(plan.local_momentum).add_(g)
+            # A non-finite step (a loss scaler's overflow) is sent, not remembered: the
+            # momentum keeps its value from before it, as the runtime's memories do.
+            if bool(torch.isfinite(buf).all()):
+                self._momentum[p] = buf
             g = g.add(buf, alpha=plan.local_momentum) if plan.nesterov else buf.clone()
         return g.contiguous()
 

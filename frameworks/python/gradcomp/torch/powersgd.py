@@ -69,7 +69,7 @@ class PowerSGDState:
         orthonormalize(q)
         p = mat @ q
         handle = allreduce_async_(p, name=f"powersgd.P.{name}", op=Average, compression=Compression.none)
-        return {"name": name, "mat": mat, "p": p, "handle": handle}
+        return {"name": name, "mat": mat, "p": p, "handle": handle, "q_before": q}
 
     def finish(self, contexts):
         """Phase 2 for every tensor started this step: orthonormalize P, one grouped allreduce
@@ -85,6 +85,12 @@ class PowerSGDState:
         out = []
         for c in contexts:
             approx = c["p"] @ c["q"].t()
-            self.errors[c["name"]] = c["mat"] - approx
+            if bool(torch.isfinite(approx).all()):
+                self.errors[c["name"]] = c["mat"] - approx
+            else:
+                # A non-finite step (a loss scaler's overflow on some rank: P and Q are
+                # averages, so every rank sees it) shows in the result but is not remembered:
+                # the error buffer and the warm-start Q keep their values from before it.
+                self.qs[c["name"]] = c["q_before"]
             out.append(approx)
         return out
