@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include "ops/common/enforce.h"
 
@@ -120,6 +121,12 @@ class Writer {
   std::string out_;
 };
 
+// Fewest bytes a serialized request / response takes (empty strings and lists): bounds how
+// many a message of a given size can hold.
+constexpr uint64_t kMinSpecBytes = 8 + 4 + 8 + 1 + 1 + 1 + 8 + 8 + 1;
+constexpr uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8;
+constexpr uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4;
+
 class Reader {
  public:
   explicit Reader(const std::string& in) : in_(in) {}
@@ -139,11 +146,26 @@ class Reader {
     return s;
   }
   std::vector<int64_t> Ints() {
-    const uint64_t n = Pod<uint64_t>();
-    Need(n * 8);
-    std::vector<int64_t> v(n);
+    std::vector<int64_t> v(Count(sizeof(int64_t)));
     for (auto& x : v) x = Pod<int64_t>();
     return v;
+  }
+  /// A list's length, checked against the bytes left (each item takes at least
+  /// `min_item_bytes`) before anything is allocated for it: a corrupted length fails here
+  /// instead of asking for exabytes.
+  size_t Count(uint64_t min_item_bytes) {
+    const uint64_t n = Pod<uint64_t>();
+    GC_ENFORCE(n <= (in_.size() - pos_) / min_item_bytes, "corrupt negotiation message: a list of ", n,
+               " items at byte ", pos_, " cannot fit in the ", in_.size() - pos_, " bytes left");
+    return static_cast<size_t>(n);
+  }
+  /// An enum stored as its underlying byte, checked to name one of its `count` values.
+  template <typename E>
+  E Enum(int count, const char* what) {
+    const auto v = Pod<std::underlying_type_t<E>>();
+    GC_ENFORCE(static_cast<int>(v) < count, "corrupt negotiation message: ", what, " ", static_cast<int>(v),
+               " at byte ", pos_ - sizeof(v), " is not one of the ", count, " known");
+    return static_cast<E>(v);
   }
   CompressionSpec Spec() {
     CompressionSpec c;
@@ -192,14 +214,14 @@ std::string SerializeRequests(const std::vector<Request>& requests) {
 
 std::vector<Request> ParseRequests(const std::string& bytes) {
   Reader rd(bytes);
-  std::vector<Request> out(rd.Pod<uint64_t>());
+  std::vector<Request> out(rd.Count(kMinRequestBytes));
   for (Request& r : out) {
     r.rank = rd.Pod<int32_t>();
-    r.type = rd.Pod<RequestType>();
+    r.type = rd.Enum<RequestType>(kNumRequestTypes, "request type");
     r.name = rd.Str();
-    r.dtype = rd.Pod<DataType>();
+    r.dtype = rd.Enum<DataType>(kNumDataTypes, "dtype");
     r.shape = rd.Ints();
-    r.op = rd.Pod<ReduceOp>();
+    r.op = rd.Enum<ReduceOp>(kNumReduceOps, "reduce op");
     r.root = rd.Pod<int32_t>();
     r.prescale = rd.Pod<double>();
     r.postscale = rd.Pod<double>();
@@ -234,19 +256,19 @@ std::string SerializeResponses(const std::vector<Response>& responses) {
 
 std::vector<Response> ParseResponses(const std::string& bytes) {
   Reader rd(bytes);
-  std::vector<Response> out(rd.Pod<uint64_t>());
+  std::vector<Response> out(rd.Count(kMinResponseBytes));
   for (Response& r : out) {
-    r.type = rd.Pod<RequestType>();
+    r.type = rd.Enum<RequestType>(kNumRequestTypes, "request type");
     r.error = rd.Str();
-    r.names.resize(rd.Pod<uint64_t>());
+    r.names.resize(rd.Count(sizeof(uint64_t)));
     for (auto& n : r.names) n = rd.Str();
-    r.dtype = rd.Pod<DataType>();
-    r.op = rd.Pod<ReduceOp>();
+    r.dtype = rd.Enum<DataType>(kNumDataTypes, "dtype");
+    r.op = rd.Enum<ReduceOp>(kNumReduceOps, "reduce op");
     r.root = rd.Pod<int32_t>();
     r.prescale = rd.Pod<double>();
     r.postscale = rd.Pod<double>();
     r.compression = rd.Spec();
-    r.shapes.resize(rd.Pod<uint64_t>());
+    r.shapes.resize(rd.Count(sizeof(uint64_t)));
     for (auto& s : r.shapes) s = rd.Ints();
     r.rank_dims = rd.Ints();
     r.last_joined = rd.Pod<int32_t>();

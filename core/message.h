@@ -20,6 +20,7 @@ enum class RequestType : uint8_t {
   kBarrier = 5,
   kJoin = 6,
 };
+inline constexpr int kNumRequestTypes = 7;
 /// "allreduce", "allgather", ...
 const char* RequestTypeName(RequestType type);
 

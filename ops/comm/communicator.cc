@@ -52,6 +52,7 @@ size_t FusePieces(const std::vector<BufferPiece>& pieces, DataType dtype, double
   if (fusion.size() < total * esize) fusion.resize(total * esize);
   char* cursor = fusion.data();
   for (const BufferPiece& p : pieces) {
+    if (p.count == 0) continue;  // an empty tensor: nothing to copy (and maybe no buffer yet)
     if (p.input == nullptr) {
       std::memset(cursor, 0, p.count * esize);
     } else {

@@ -1,12 +1,24 @@
 #include "ops/common/cpu.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace gradcomp {
 
 namespace {
 Isa DetectIsa() {
 #if defined(__x86_64__) || defined(__i386__)
+  // AVX2 through the compiler (it also checks that the OS saves the AVX registers); F16C from
+  // CPUID leaf 1, ECX bit 29, since not every compiler's __builtin_cpu_supports knows it.
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::kAvx2;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+  if (__builtin_cpu_supports("avx2") && f16c) return Isa::kAvx2;
 #endif
   return Isa::kScalar;
 }
@@ -18,5 +30,25 @@ Isa BestIsa() {
 }
 
 const char* IsaName(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "scalar"; }
+
+std::string AllowedCpus(int* count) {
+  *count = 0;
+  std::string out;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  *count = CPU_COUNT(&set);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    int last = c;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+    if (!out.empty()) out += ",";
+    out += last == c ? std::to_string(c) : std::to_string(c) + "-" + std::to_string(last);
+    c = last;
+  }
+#endif
+  return out;
+}
 
 }  // namespace gradcomp

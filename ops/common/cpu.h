@@ -1,5 +1,7 @@
-// Run-time CPU feature selection for the vectorized kernels.
+// Run-time CPU feature selection for the vectorized kernels, and the cores a process may use.
 #pragma once
+
+#include <string>
 
 namespace gradcomp {
 
@@ -11,5 +13,9 @@ enum class Isa { kScalar, kAvx2 };
 Isa BestIsa();
 /// "scalar" or "avx2".
 const char* IsaName(Isa isa);
+
+/// The CPUs this process may run on (its affinity mask), as "0" or "0-3,8"; empty where the
+/// system does not say. `count` receives how many (0 if unknown).
+std::string AllowedCpus(int* count);
 
 }  // namespace gradcomp

@@ -33,6 +33,7 @@ enum class ReduceOp : uint8_t {
   /// Bitwise AND of integers; internal to the runtime (negotiation bit vectors).
   kBitwiseAnd = 5,
 };
+inline constexpr int kNumReduceOps = 6;
 
 /// Size in bytes of one element of `dtype`.
 size_t DataTypeSize(DataType dtype);

@@ -65,7 +65,7 @@ class TopK final : public Codec {
     const uint32_t count = static_cast<uint32_t>(sel.indices.size());
     auto* bytes = static_cast<uint8_t*>(out);
     std::memcpy(bytes, &count, 4);
-    std::memcpy(bytes + 4, sel.indices.data(), 4 * size_t{count});
+    if (count > 0) std::memcpy(bytes + 4, sel.indices.data(), 4 * size_t{count});  // none: data() may be null
     uint8_t* values = bytes + 4 + 4 * size_t{count};
     for (uint32_t j = 0; j < count; ++j) StoreFloat(values, p.topk_value_dtype, j, LoadFloat(in, dtype, sel.indices[j]));
     return 4 + size_t{count} * (4 + DataTypeSize(p.topk_value_dtype));

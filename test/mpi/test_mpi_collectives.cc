@@ -313,7 +313,7 @@ TEST(Mpi, AllgatherBroadcastAlltoallReducescatter) {
 bool SameOnEveryRank(Communicator& comm, const std::vector<float>& out) {
   std::vector<float> zero = out;
   comm.Broadcast(zero.data(), zero.size() * sizeof(float), 0);
-  int32_t same = std::memcmp(zero.data(), out.data(), out.size() * sizeof(float)) == 0;
+  int32_t same = testing::SameBytes(zero.data(), out.data(), out.size() * sizeof(float));
   comm.Allreduce(&same, &same, 1, DataType::kInt32, ReduceOp::kMin);
   return same == 1;
 }

@@ -13,6 +13,7 @@
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #include "test/support/harness.h"
+#include "test/support/reference.h"
 #include "test/support/sra_reference.h"
 
 namespace gradcomp {
@@ -57,7 +58,7 @@ std::vector<std::vector<float>> Inputs(int world, size_t count, double noise) {
 // "" when every rank's output has the same bytes as rank 0's.
 std::string BitIdentical(const std::vector<std::vector<float>>& outs) {
   for (size_t r = 1; r < outs.size(); ++r) {
-    if (std::memcmp(outs[r].data(), outs[0].data(), outs[0].size() * sizeof(float)) != 0) {
+    if (!SameBytes(outs[r].data(), outs[0].data(), outs[0].size() * sizeof(float))) {
       return "rank " + std::to_string(r) + " differs from rank 0";
     }
   }

@@ -29,7 +29,7 @@ TEST_P(FlatAllreduce, EveryDtypeOpAndCount) {
       std::string err = CompareReduction(c, world, out.data(), expected);
       if (!err.empty()) return err;
       Allreduce(comm, ToAllreduceOptions(c, in.data(), in.data()));  // in place
-      if (std::memcmp(in.data(), out.data(), in.size()) != 0) return c.Describe() + ": in-place result differs";
+      if (!SameBytes(in.data(), out.data(), in.size())) return c.Describe() + ": in-place result differs";
       return std::string();
     });
     ASSERT_EQ(Failures(results), "") << c.Describe();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -51,5 +52,9 @@ AllreduceOptions ToAllreduceOptions(const ReduceCase& c, const void* in, void* o
 /// The reducescatter of a case with the given per-rank counts.
 ReducescatterOptions ToReducescatterOptions(const ReduceCase& c, const void* in, void* out,
                                             const std::vector<size_t>& counts);
+
+/// True if the n bytes at a and b are equal (memcmp, which may not be given the null
+/// pointers of empty vectors).
+inline bool SameBytes(const void* a, const void* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
 
 }  // namespace gradcomp::testing

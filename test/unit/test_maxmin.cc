@@ -12,6 +12,7 @@
 #include "ops/common/half.h"
 #include "ops/compression/codec.h"
 #include "ops/compression/maxmin_math.h"
+#include "test/support/reference.h"
 
 namespace gradcomp {
 namespace {
@@ -170,12 +171,12 @@ TEST(MaxMin, ScalarAndAvx2ProduceIdenticalBytesAndValues) {
           const std::vector<uint8_t> ws = Encode(x, scalar, 1234), wv = Encode(x, simd, 1234);
           ASSERT_EQ(ws, wv) << DistName(d) << " bits " << bits << " bucket " << bucket;
           std::vector<float> ys = Decode(ws, x.size(), scalar), yv = Decode(ws, x.size(), simd);
-          ASSERT_EQ(0, std::memcmp(ys.data(), yv.data(), ys.size() * 4));
+          ASSERT_TRUE(testing::SameBytes(ys.data(), yv.data(), ys.size() * 4));
           // Decode-accumulate adds exactly the decoded values.
           std::vector<float> acc_s(x.size(), 0.25f), acc_v(x.size(), 0.25f);
           FindCodec("maxmin").DecodeAccumulate(ws.data(), ws.size(), x.size(), scalar, DataType::kFloat32, acc_s.data());
           FindCodec("maxmin").DecodeAccumulate(ws.data(), ws.size(), x.size(), simd, DataType::kFloat32, acc_v.data());
-          ASSERT_EQ(0, std::memcmp(acc_s.data(), acc_v.data(), acc_s.size() * 4));
+          ASSERT_TRUE(testing::SameBytes(acc_s.data(), acc_v.data(), acc_s.size() * 4));
           for (size_t i = 0; i < x.size(); i += 997) ASSERT_EQ(acc_s[i], 0.25f + ys[i]);
         }
       }

@@ -48,13 +48,13 @@ TEST(ReduceKernels, MatchPerElementReference) {
         for (Isa isa : {Isa::kScalar, BestIsa()}) {
           std::vector<char> out = a;
           ReduceInto(out.data(), b.data(), n, dt, op, isa);
-          ASSERT_EQ(std::memcmp(out.data(), expected.data(), out.size()), 0)
+          ASSERT_TRUE(testing::SameBytes(out.data(), expected.data(), out.size()))
               << DataTypeName(dt) << " " << ReduceOpName(op) << " n=" << n << " " << IsaName(isa);
           // Three operands: a and b untouched, the result in a third buffer.
           std::vector<char> third(a.size(), '\x5a');
           const std::vector<char> a_before = a, b_before = b;
           ReduceTwo(third.data(), a.data(), b.data(), n, dt, op, isa);
-          ASSERT_EQ(std::memcmp(third.data(), expected.data(), third.size()), 0)
+          ASSERT_TRUE(testing::SameBytes(third.data(), expected.data(), third.size()))
               << "ReduceTwo " << DataTypeName(dt) << " " << ReduceOpName(op) << " n=" << n << " " << IsaName(isa);
           ASSERT_EQ(a, a_before);
           ASSERT_EQ(b, b_before);
