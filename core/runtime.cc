@@ -8,6 +8,7 @@
 
 #include "core/logging.h"
 #include "ops/comm/mpi_environment.h"
+#include "ops/common/cpu.h"
 #include "ops/compression/codec.h"
 #include "ops/common/enforce.h"
 
@@ -49,6 +50,7 @@ Runtime::Runtime(RuntimeOptions options)
       executor_(topo_, settings_, timeline_),
       fault_injector_(std::move(options.fault_injector)) {
   for (const std::string& note : settings_.notes) log_->warn("{}", note);
+  WarnIfPinnedToOneCore();
   CheckSettingsAgree();
   if (!settings_.timeline.empty() && topo_.rank() == 0) timeline_.Start(settings_.timeline, 0);
   log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}", topo_.size(),
@@ -62,6 +64,19 @@ Runtime::~Runtime() {
   } catch (const std::exception& e) {
     log_->error("shutdown failed: {}", e.what());
   }
+}
+
+void Runtime::WarnIfPinnedToOneCore() {
+  int cpus = 0;
+  const std::string which = AllowedCpus(&cpus);
+  if (cpus != 1 || std::thread::hardware_concurrency() <= 1) return;
+  // mpirun binds each rank to one core by default for jobs of up to two ranks (to sockets
+  // above that), so plain `mpirun -np 2 python train.py` puts the training thread, gradcomp's
+  // background thread and its stripe helper on one core (docs/benchmarks.md measures it).
+  log_->warn("rank {} may only run on CPU {} (its affinity is one core of {}): gradcomp's background thread "
+             "competes there with the training thread for every step. Launch with gcrun, or `mpirun --bind-to "
+             "none`, or give each rank several cores (`mpirun --map-by slot:PE=4`)",
+             topo_.rank(), which, std::thread::hardware_concurrency());
 }
 
 void Runtime::CheckSettingsAgree() {

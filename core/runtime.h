@@ -139,6 +139,8 @@ class Runtime {
   void GatherBurst(std::chrono::duration<double> cycle);
   void ExecuteAll(const std::vector<Response>& responses, size_t from_cache);
   void CheckSettingsAgree();
+  /// Warns once when this rank's CPU affinity is a single core (mpirun's default binding).
+  void WarnIfPinnedToOneCore();
 
   Settings settings_;
   Topology topo_;

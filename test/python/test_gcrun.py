@@ -191,6 +191,22 @@ def test_exit_code_is_that_of_the_failing_rank():
         "rank 0 of 2 local 0", "rank 1 of 2 local 1"]
 
 
+def test_a_rank_pinned_to_one_core_is_warned_and_gcrun_does_not_pin():
+    # mpirun binds each rank to one core by default for up to two ranks; gradcomp says so at
+    # init (its background thread would share that core with the training thread).
+    code = "import gradcomp.numpy as g; g.init(); g.shutdown()"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    pinned = subprocess.run(["mpirun", *root, "-np", "1", "--bind-to", "core", "-x", "PYTHONPATH", PY, "-c", code],
+                            capture_output=True, text=True, timeout=120)
+    assert pinned.returncode == 0, pinned.stderr[-800:]
+    warned = "may only run on CPU" in pinned.stdout + pinned.stderr
+    assert warned == (os.cpu_count() > 1), pinned.stdout + pinned.stderr  # one core of one is no pinning
+    if warned:
+        assert "--bind-to none" in pinned.stdout + pinned.stderr  # the fix comes with it
+    free = run_gcrun(["-np", "1", PY, "-c", code])
+    assert free.returncode == 0 and "may only run on CPU" not in free.stdout + free.stderr, free.stderr[-800:]
+
+
 def _marked(marker):
     out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     return [p for p in out if int(p) != os.getpid()]
