@@ -83,6 +83,9 @@ class Controller {
   uint64_t cache_hits() const { return cache_hits_; }
   uint64_t coordinator_responses() const { return coordinator_responses_; }
   const ResponseCache& cache() const { return cache_; }
+  /// Tensors this rank knows of that are not answered yet: pending cache hits, requests
+  /// waiting for the coordinator and (rank 0) the coordinator's table.
+  size_t open_tensors() const { return pending_count_ + to_coordinator_.size() + outstanding_.size() + table_.size(); }
 
  private:
   // A cache hit waiting for every rank, at its cache position.

@@ -66,6 +66,8 @@ class Executor {
   /// Error-feedback residuals and DGC memories (one per tensor and memory) that kept their
   /// previous values because a step carried non-finite values (ops/compression/memory.h).
   uint64_t nonfinite_memory_skips() const { return memories_kept_; }
+  /// Tensors with compression state kept across steps (background thread only).
+  size_t compression_memories() const { return residuals_.size() + dgc_.size(); }
 };
 
 }  // namespace gradcomp

@@ -302,6 +302,8 @@ RuntimeStats Runtime::stats() const {
   s.compressed_bytes_on_wire = executor_.compressed_bytes_on_wire();
   s.nonfinite_memory_skips = executor_.nonfinite_memory_skips();
   s.coordinator_responses = controller_.coordinator_responses();
+  s.queued_operations = queue_->size();
+  timeline_.Sizes(&s.timeline_rows, &s.timeline_queued);
   return s;
 }
 
@@ -348,6 +350,13 @@ void Runtime::BackgroundLoop() {
         break;
       }
       ExecuteAll(out.responses, out.from_cache);
+      {
+        // The gauges of what the background thread holds, read here where it owns them.
+        std::lock_guard<std::mutex> lock(state_mu_);
+        stats_.negotiating_tensors = controller_.open_tensors();
+        stats_.cache_entries = controller_.cache().size();
+        stats_.compression_memories = executor_.compression_memories();
+      }
       if (out.busy || !out.responses.empty()) {
         // Some rank has work: cycle again at once if tensors are already waiting, else as
         // soon as this rank gets one.

@@ -48,6 +48,13 @@ struct RuntimeStats {
   uint64_t compressed_bytes_in = 0;       ///< payload of compressed allreduces on this rank
   uint64_t compressed_bytes_on_wire = 0;  ///< bytes this rank sent for them
   uint64_t nonfinite_memory_skips = 0;    ///< memories kept unchanged over a non-finite step
+  // Gauges (what is held now), for soak tests: in steady state none of them grows.
+  uint64_t queued_operations = 0;    ///< enqueued on this rank and not completed
+  uint64_t negotiating_tensors = 0;  ///< known to the negotiation and not answered yet
+  uint64_t cache_entries = 0;        ///< response cache entries
+  uint64_t compression_memories = 0; ///< tensors with error-feedback or DGC state
+  uint64_t timeline_rows = 0;        ///< tensors the timeline has a row for (while recording)
+  uint64_t timeline_queued = 0;      ///< events waiting for the timeline's writer
 };
 
 class Runtime {

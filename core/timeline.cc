@@ -72,6 +72,12 @@ bool Timeline::active() const {
   return active_;
 }
 
+void Timeline::Sizes(uint64_t* rows, uint64_t* queued) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  *rows = rows_.size();
+  *queued = queue_.size();
+}
+
 uint64_t Timeline::dropped() const {
   std::lock_guard<std::mutex> lock(mu_);
   return dropped_;

@@ -42,6 +42,8 @@ class Timeline {
   void Instant(const std::string& tensor, const std::string& what, const std::string& args = "");
   /// Events dropped because the queue was full.
   uint64_t dropped() const;
+  /// Tensors with a row in the current trace, and events waiting for the writer.
+  void Sizes(uint64_t* rows, uint64_t* queued) const;
 
  private:
   void Record(const std::string& tensor, const std::string& phase, char ph, const std::string& args);

@@ -239,6 +239,12 @@ void BindRuntime(py::module& m) {
         d["compressed_bytes_in"] = s.compressed_bytes_in;
         d["compressed_bytes_on_wire"] = s.compressed_bytes_on_wire;
         d["nonfinite_memory_skips"] = s.nonfinite_memory_skips;
+        d["queued_operations"] = s.queued_operations;
+        d["negotiating_tensors"] = s.negotiating_tensors;
+        d["cache_entries"] = s.cache_entries;
+        d["compression_memories"] = s.compression_memories;
+        d["timeline_rows"] = s.timeline_rows;
+        d["timeline_queued"] = s.timeline_queued;
         d["background_cpu_seconds"] = rt.BackgroundCpuSeconds();
         return d;
       });

@@ -36,6 +36,8 @@ class ErrorFeedback {
   /// Forgets every residual.
   void Clear() { residuals_.clear(); }
   void Forget(const std::string& name) { residuals_.erase(name); }
+  /// Tensors with a residual.
+  size_t size() const { return residuals_.size(); }
   /// The residual buffer of `name`, (re)sized to n zeros if its length differs.
   std::vector<float>& Slot(const std::string& name, size_t n);
 
@@ -63,6 +65,8 @@ class DgcMemory {
   const std::vector<float>& Velocity(const std::string& name) const;
   void Clear() { state_.clear(); }
   void Forget(const std::string& name) { state_.erase(name); }
+  /// Tensors with momentum and velocity.
+  size_t size() const { return state_.size(); }
 
  private:
   struct State {

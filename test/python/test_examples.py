@@ -81,3 +81,13 @@ def test_synthetic_benchmark_and_numpy_example(tmp_path):
     assert "Img/sec per rank:" in out and "Total img/sec on 2 rank(s):" in out and "compressed gradients" in out
     out = run([PY, os.path.join(ROOT, "examples", "numpy_allreduce.py")], tmp_path)
     assert "4-bit max-min: relative L2 error 0.1" in out
+
+
+def test_soak_holds_memory_and_gauges_steady_with_a_timeline(tmp_path):
+    # A short soak (the 10,000-step one is in docs/benchmarks.md): both compression phases,
+    # with the timeline recording, must keep RSS within 1% and every gauge flat after warm-up.
+    trace = tmp_path / "soak.json"
+    out = run([PY, os.path.join(ROOT, "examples", "benchmarks", "soak_digits.py"), "--steps", "1200", "--warmup",
+               "400", "--every", "400", "--timeline", str(trace)], tmp_path, timeout=600)
+    assert out.count("| 1200 |") == 2 and "soak passed" in out, out[-2000:]
+    assert trace.stat().st_size > 0
