@@ -6,13 +6,13 @@ parameters across DDP's bucket rebuild, and one non-finite step does not poison 
 Run by ctest as: mpirun -np N python3 -m pytest test/python/test_ddp_hook_mpi.py
 Every rank runs the same tests in the same order (they are collective)."""
 import hashlib
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import gradcomp.torch as hvd
+from mpi_fixtures import torch_runtime
 
 BITS = 4
 PER_RANK = 16
@@ -21,14 +21,7 @@ IN, OUT = 64, 5
 
 @pytest.fixture(scope="module", autouse=True)
 def runtime():
-    hvd.init()
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1(("hook" + job).encode()).hexdigest(), 16) % 20000)
-    dist.init_process_group("gradcomp", rank=hvd.rank(), world_size=hvd.size())
-    yield
-    dist.destroy_process_group()
-    hvd.shutdown()
+    yield from torch_runtime("gradcomp", "hook")
 
 
 @pytest.fixture(scope="module")

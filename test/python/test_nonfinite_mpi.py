@@ -9,29 +9,21 @@ Run by ctest as: mpirun -np N python3 -m pytest test/python/test_nonfinite_mpi.p
 Every rank runs the same tests in the same order (they are collective)."""
 import hashlib
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 import gradcomp.numpy as gnp
 import gradcomp.torch as hvd
+from mpi_fixtures import torch_runtime
 
 OVERFLOW_STEPS = (9, 31)  # rank 0 gets an inf gradient element in these steps
 
 
 @pytest.fixture(scope="module", autouse=True)
 def runtime():
-    hvd.init()
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1(("inf" + job).encode()).hexdigest(), 16) % 20000)
-    dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
-    yield
-    dist.destroy_process_group()
-    hvd.shutdown()
+    yield from torch_runtime("gloo", "inf")
 
 
 @pytest.mark.parametrize("compression", [

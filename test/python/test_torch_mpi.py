@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import gradcomp.torch as hvd
+from mpi_fixtures import torch_runtime
 
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
           torch.float64]
@@ -24,16 +25,7 @@ SHAPES = [(17,), (3, 5), (2, 3, 4)]
 
 @pytest.fixture(scope="module", autouse=True)
 def runtime():
-    hvd.init()
-    # torch.distributed's default group: backend gradcomp, with a gloo group beside it for
-    # comparisons. The port is derived from the MPI job so concurrent jobs do not collide.
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1(job.encode()).hexdigest(), 16) % 20000)
-    dist.init_process_group("gradcomp", rank=hvd.rank(), world_size=hvd.size())
-    yield
-    dist.destroy_process_group()
-    hvd.shutdown()
+    yield from torch_runtime("gradcomp")
 
 
 def rank_data(dtype, shape, rank):

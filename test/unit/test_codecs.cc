@@ -194,11 +194,17 @@ TEST(TopK, Float16ValuesNaNAndMalformedInput) {
   }
 }
 
-TEST(ErrorFeedback, TelescopesToTheSumOfInputs) {
-  const Codec& c = FindCodec("maxmin");
+// 2-bit max-min in buckets of 64: coarse enough that error feedback carries a lot.
+CodecParams TwoBitParams() {
   CodecParams p;
   p.bits = 2;
   p.bucket_size = 64;
+  return p;
+}
+
+TEST(ErrorFeedback, TelescopesToTheSumOfInputs) {
+  const Codec& c = FindCodec("maxmin");
+  CodecParams p = TwoBitParams();
   ErrorFeedback ef;
   const size_t n = 5000;
   std::vector<double> sum_in(n, 0.0), sum_out(n, 0.0);
@@ -282,9 +288,7 @@ TEST(AllFinite, FindsEveryInfAndNaN) {
 // A mixed-precision overflow step: the residual keeps what it had, later steps are finite.
 TEST(ErrorFeedback, ANonFiniteStepKeepsThePreviousResidual) {
   const Codec& c = FindCodec("maxmin");
-  CodecParams p;
-  p.bits = 2;
-  p.bucket_size = 64;
+  const CodecParams p = TwoBitParams();
   ErrorFeedback ef;
   const size_t n = 1000;
   auto step = [&](std::vector<float> g) {
