@@ -343,6 +343,9 @@ void Runtime::BackgroundLoop() {
       {
         std::lock_guard<std::mutex> lock(state_mu_);
         ++stats_.cycles;
+        // Before the handles complete: a caller reading stats() as soon as its operations
+        // complete must not see them still in negotiation.
+        stats_.negotiating_tensors = controller_.open_tensors();
       }
       if (out.shutdown) {
         reason = out.fatal.empty() ? "gradcomp was shut down (shutdown() was called on a rank)" : out.fatal;
@@ -353,7 +356,6 @@ void Runtime::BackgroundLoop() {
       {
         // The gauges of what the background thread holds, read here where it owns them.
         std::lock_guard<std::mutex> lock(state_mu_);
-        stats_.negotiating_tensors = controller_.open_tensors();
         stats_.cache_entries = controller_.cache().size();
         stats_.compression_memories = executor_.compression_memories();
       }
