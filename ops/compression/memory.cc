@@ -53,21 +53,9 @@ DgcMemory::State& DgcMemory::Slot(const std::string& name, size_t n) {
   return s;
 }
 
-bool DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov) {
-  State& s = Slot(name, n);
-  const float m = momentum;
-  if (!AllFinite(grad, n)) {
-    // This step's velocity for the caller; the state keeps what it had.
-    const float* u = s.momentum.data();
-    const float* v = s.velocity.data();
-    for (size_t i = 0; i < n; ++i) {
-      const float g = grad[i];
-      grad[i] = nesterov ? (v[i] + (u[i] + g) * m) + g : v[i] + (m * u[i] + g);
-    }
-    return false;
-  }
-  float* u = s.momentum.data();
-  float* v = s.velocity.data();
+namespace {
+// DGC's accumulation on arrays u and v; grad becomes the velocity (see DgcMemory::Compensate).
+void Accumulate(float* u, float* v, float* grad, size_t n, float m, bool nesterov) {
   if (nesterov) {
     for (size_t i = 0; i < n; ++i) {
       u[i] = (u[i] + grad[i]) * m;
@@ -81,7 +69,20 @@ bool DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float
       grad[i] = v[i];
     }
   }
-  return true;
+}
+}  // namespace
+
+bool DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov) {
+  State& s = Slot(name, n);
+  if (AllFinite(grad, n)) {
+    Accumulate(s.momentum.data(), s.velocity.data(), grad, n, momentum, nesterov);
+    return true;
+  }
+  // A non-finite step (rare): the caller gets this step's velocity, computed on copies, and
+  // the state keeps what it had.
+  std::vector<float> u = s.momentum, v = s.velocity;
+  Accumulate(u.data(), v.data(), grad, n, momentum, nesterov);
+  return false;
 }
 
 void DgcMemory::Update(const std::string& name, const uint32_t* sent, size_t count) {

@@ -37,8 +37,6 @@ step, so a bucket's index and position do not name a layer across steps). A laye
 overflowed, is sent as it is (the result shows the inf/NaN, so a loss scaler skips the step)
 and keeps the residual it had before that step: one overflow does not poison later steps.
 """
-import math
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -103,12 +101,6 @@ def _chunks(n, world):
     return out
 
 
-def _all_finite(values):
-    """True if every value is finite: a float32 sum is NaN or inf otherwise (a finite sum that
-    overflows counts as non-finite too, and such a layer's max - min overflows anyway)."""
-    return math.isfinite(float(values.sum(dtype=np.float32)))
-
-
 class _Layer:
     """A compressed layer of a bucket: where it lies in the bucket buffer, its values to send
     (float32, error-compensated), its chunk per rank and each chunk's encoded size."""
@@ -162,14 +154,12 @@ class _Exchange:
 
     def _encode_for_peers(self):
         """Phase 1 payload: for each peer, every layer's chunk for that peer, encoded; keeps
-        the residuals (what encoding lost) of layers whose values are finite."""
+        each layer's residual (what encoding lost) unless it is not finite, as the runtime's
+        memories do (an inf or NaN value makes its bucket decode to NaN)."""
         send_params = self._seeded(self.me)
         parts = [[] for _ in range(self.world)]
+        feedback = self.state.error_feedback
         for layer in self.layers:
-            feedback = self.state.error_feedback
-            if feedback and not _all_finite(layer.values):
-                feedback = False  # keep the residual from before this step
-                self.state.nonfinite_steps += 1
             residual = np.empty_like(layer.values) if feedback else None
             for p, (start, length) in enumerate(layer.chunks):
                 chunk = layer.values[start:start + length]
@@ -177,8 +167,10 @@ class _Exchange:
                 if feedback:
                     residual[start:start + length] = chunk - _codec.decode(wire, length, "maxmin", **send_params)
                 parts[p].append(wire)
-            if feedback:
+            if feedback and np.isfinite(residual).all():
                 self.state._keep_residual(layer.param, residual)
+            elif feedback:
+                self.state.nonfinite_steps += 1  # keeps the residual from before this step
         return [np.concatenate(part) if part else np.zeros(0, np.uint8) for part in parts]
 
     def start(self):
