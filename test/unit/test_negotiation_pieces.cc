@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -72,6 +74,37 @@ TEST(Messages, RequestsAndResponsesRoundTrip) {
   EXPECT_EQ(rb[0].rank_dims, r.rank_dims);
   EXPECT_EQ(rb[0].shapes, r.shapes);
   EXPECT_THROW(ParseRequests(SerializeRequests({q}).substr(0, 20)), Error);
+}
+
+// What the fuzzer found: a corrupt count or enum byte is rejected, naming it, before anything
+// is allocated for it.
+TEST(Messages, CorruptCountsAndEnumsAreRejectedWithWhatIsWrong) {
+  const auto expect_error = [](const std::function<void()>& parse, const std::string& text) {
+    try {
+      parse();
+      ADD_FAILURE() << "no error; expected one containing: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  std::string huge(8, '\0');
+  const uint64_t count = uint64_t{1} << 60;
+  std::memcpy(&huge[0], &count, 8);
+  expect_error([&] { ParseRequests(huge); }, "a list of 1152921504606846976 items at byte 8 cannot fit in the 0 bytes left");
+  expect_error([&] { ParseResponses(huge + std::string(100, '\0')); }, "cannot fit in the 100 bytes left");
+  Request q;
+  q.name = "w";
+  std::string bytes = SerializeRequests({q});
+  bytes[8 + 4] = 9;  // the request type, after the count and the rank
+  expect_error([&] { ParseRequests(bytes); }, "request type 9 at byte 12 is not one of the 7 known");
+  Response r;
+  r.names = {"w"};
+  std::string rbytes = SerializeResponses({r});
+  // Shape-list count of the response: after type, error, names, dtype, op, root, scales, spec.
+  const size_t at = 8 + 1 + 8 + 8 + (8 + 1) + 1 + 1 + 4 + 8 + 8 + (8 + 4 + 4 + 8 + 1 + 1 + 1 + 8 + 8 + 1);
+  std::memcpy(&rbytes[at], &count, 8);
+  expect_error([&] { ParseResponses(rbytes); },
+               "a list of 1152921504606846976 items at byte " + std::to_string(at + 8) + " cannot fit");
 }
 
 TEST(Fusion, FusesCompatibleTensorsUpToTheThreshold) {
