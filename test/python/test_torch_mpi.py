@@ -314,6 +314,8 @@ def test_more_bad_inputs_name_what_is_wrong():
         hvd.grouped_allreduce([], name="none")
     with pytest.raises(ValueError, match="allgather of 'scalar' needs a tensor with at least one dimension"):
         hvd.allgather(torch.tensor(1.0), name="scalar")
+    with pytest.raises(ValueError, match=r"alltoall of 'fs': splits must be integers \(row counts\), got torch.float32"):
+        hvd.alltoall(torch.ones(hvd.size()), torch.full((hvd.size(),), 1e30), name="fs")  # Horovod's case
     with pytest.raises(ValueError, match="reducescatter of 'rs0' needs a tensor with at least one dimension"):
         hvd.reducescatter(torch.tensor(1.0), name="rs0")
     with pytest.raises(ValueError, match="momentum must be in \\[0, 1\\), got 1.5"):

@@ -296,7 +296,12 @@ def alltoall_async(tensor, splits=None, name=None):
     (received tensor, rows received from each rank)."""
     name = _b.auto_name("alltoall", name)
     staged = _Staged(tensor, f"alltoall of '{name}'")
-    s = [] if splits is None else [int(v) for v in torch.as_tensor(splits).reshape(-1).tolist()]
+    s = []
+    if splits is not None:
+        splits = torch.as_tensor(splits)
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            raise ValueError(f"alltoall of '{name}': splits must be integers (row counts), got {splits.dtype}")
+        s = [int(v) for v in splits.reshape(-1).tolist()]
     native = _b.runtime().alltoall_async(staged.ptr, staged.code, staged.shape, s, name, (staged,))
     return _b.register(native, lambda: (_from_bytes(native, tensor.dtype, tensor.device),
                                         torch.tensor(native.aux(), dtype=torch.int32)))
