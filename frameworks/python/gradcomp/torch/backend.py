@@ -26,6 +26,7 @@ from torch.futures import Future
 from gradcomp import basics as _b
 from gradcomp.basics import Average, Max, Min, Product, Sum
 from gradcomp.torch import mpi_ops
+from gradcomp.torch.futures import failing_in_cpp
 
 _create_work_from_future = torch._C._distributed_c10d._create_work_from_future
 
@@ -124,7 +125,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         # go of it (a Python subclass of Work would then lose its overrides).
         pending = _Pending(handles, finish, result)
         self._completer.put(pending)
-        return _create_work_from_future(pending.future)
+        return _create_work_from_future(failing_in_cpp(pending.future))
 
     @staticmethod
     def _single(tensors, what):

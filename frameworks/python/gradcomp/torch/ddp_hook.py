@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from gradcomp import codec as _codec
+from gradcomp.torch.futures import failing_in_cpp
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -287,4 +288,4 @@ def ddp_hook(state, bucket):
         exchange.gather()
     else:
         state._waiting.append(exchange)
-    return exchange.future
+    return failing_in_cpp(exchange.future)
