@@ -4,7 +4,10 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+
+#include <unistd.h>
 
 #include "core/logging.h"
 #include "ops/comm/mpi_environment.h"
@@ -20,6 +23,14 @@ namespace {
 // that gets work while its peers are idle, and keeps stall detection alive.
 constexpr double kMaxIdleWaitSeconds = 0.05;
 
+// "the allreduce of 'a' and 3 more tensors (12 MB)": what the watchdog reports.
+std::string Describe(const Response& first, size_t tensors) {
+  if (tensors == 0) return "no collective";
+  std::string out = std::string("the ") + RequestTypeName(first.type) + " of '" + first.names.front() + "'";
+  if (tensors > 1) out += " and " + std::to_string(tensors - 1) + " more tensor" + (tensors > 2 ? "s" : "");
+  return out;
+}
+
 LocalTransport TransportFrom(const Settings& s) {
   if (s.inner_communicator == "nccl") {
     throw InvalidArgument(
@@ -34,7 +45,8 @@ LocalTransport TransportFrom(const Settings& s) {
   return s.inner_communicator == "mpi" ? LocalTransport::kMessages : LocalTransport::kSharedMemory;
 }
 
-Topology MakeTopology(RuntimeOptions& options) {
+Topology MakeTopology(RuntimeOptions& options, Watchdog& watchdog) {
+  watchdog.Begin("init (starting MPI, then waiting for every rank to call init())");
   std::unique_ptr<Communicator> world = options.world ? std::move(options.world) : CreateMpiWorld();
   return BuildTopology(std::move(world), static_cast<int>(options.settings.local_size),
                        TransportFrom(options.settings), static_cast<size_t>(options.settings.shm_buffer_mb) << 20);
@@ -44,7 +56,9 @@ Topology MakeTopology(RuntimeOptions& options) {
 
 Runtime::Runtime(RuntimeOptions options)
     : settings_(options.settings),
-      topo_(MakeTopology(options)),
+      mpi_world_(options.world == nullptr),
+      watchdog_(settings_.collective_timeout_seconds, [this](Watchdog::Expired e) { OnCollectiveTimeout(std::move(e)); }),
+      topo_(MakeTopology(options, watchdog_)),
       log_(MakeRankLogger(topo_.rank(), settings_.log_level, options.log_sink)),
       controller_(*topo_.world, settings_, *log_, timeline_),
       executor_(topo_, settings_, timeline_),
@@ -53,6 +67,8 @@ Runtime::Runtime(RuntimeOptions options)
   WarnIfPinnedToOneCore();
   CheckSettingsAgree();
   if (!settings_.timeline.empty() && topo_.rank() == 0) timeline_.Start(settings_.timeline, 0);
+  watchdog_.End();
+  started_.store(true);
   log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}", topo_.size(),
              topo_.local_size(), topo_.cross_size(), settings_.fusion_threshold_mb, settings_.cache_capacity);
   background_ = std::thread([this] { BackgroundLoop(); });
@@ -316,7 +332,52 @@ double Runtime::BackgroundCpuSeconds() const {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+void Runtime::OnCollectiveTimeout(Watchdog::Expired expired) {
+  AbandonWorld();
+  const std::string message =
+      "rank " + (started_.load() ? std::to_string(topo_.rank()) : std::string("?")) + ": " + expired.what +
+      " has not completed after " + std::to_string(static_cast<int>(expired.seconds)) +
+      " s (GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS=" + std::to_string(static_cast<int>(watchdog_.timeout_seconds())) +
+      "): a peer rank died, stopped or lost its network link. MPI cannot cancel the call, so gradcomp cannot "
+      "continue and this process exits with status 1";
+  if (!started_.load()) {
+    // Still in the constructor: log_ may not exist yet, and the caller is blocked in MPI.
+    std::fprintf(stderr, "gradcomp (pid %d): %s\n", static_cast<int>(getpid()), message.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  log_->error("{}", message);
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    stopped_reason_ = message;
+  }
+  running_.store(false);
+  // The caller waiting for these sees the message (a Python exception), and can exit.
+  for (const std::shared_ptr<Handle>& h : expired.handles) h->Fail(message);
+  queue_->FailAll(message);
+  if (stop_requested_.load()) ExitProcess(message);
+  // The background thread stays blocked inside MPI, so this process cannot shut down cleanly:
+  // give the training thread a moment to react (save a checkpoint, print), then end it.
+  const double grace = std::min(30.0, watchdog_.timeout_seconds());
+  std::this_thread::sleep_for(std::chrono::duration<double>(grace));
+  ExitProcess("still running " + std::to_string(static_cast<int>(grace)) + " s after: " + message);
+}
+
+void Runtime::AbandonWorld() {
+  if (mpi_world_) AbandonMpiAtExit();
+}
+
+void Runtime::ExitProcess(const std::string& why) {
+  log_->error("exiting with status 1: {}", why);
+  log_->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
 void Runtime::Shutdown() {
+  // The background thread is blocked inside MPI for good: joining it would hang.
+  if (watchdog_.expired()) ExitProcess("shutdown after a collective timeout");
   stop_requested_.store(true);
   queue_->Wake();
   if (background_.joinable()) background_.join();
@@ -339,7 +400,12 @@ void Runtime::BackgroundLoop() {
       Controller::CycleInput in;
       in.fresh = queue_->TakeNewRequests();
       in.shutdown = stop_requested_.load();
-      Controller::CycleOutput out = controller_.RunCycle(std::move(in));
+      Controller::CycleOutput out;
+      {
+        Watchdog::Step step(watchdog_, in.shutdown ? "the shutdown round of the negotiation"
+                                                   : "a negotiation round (exchanging which tensors are ready)");
+        out = controller_.RunCycle(std::move(in));
+      }
       {
         std::lock_guard<std::mutex> lock(state_mu_);
         ++stats_.cycles;
@@ -349,7 +415,10 @@ void Runtime::BackgroundLoop() {
       }
       if (out.shutdown) {
         reason = out.fatal.empty() ? "gradcomp was shut down (shutdown() was called on a rank)" : out.fatal;
-        if (!out.fatal.empty()) log_->error("{}", out.fatal);
+        if (!out.fatal.empty()) {
+          log_->error("{}", out.fatal);
+          AbandonWorld();  // a stalled rank would never reach MPI_Finalize
+        }
         break;
       }
       ExecuteAll(out.responses, out.from_cache);
@@ -378,6 +447,7 @@ void Runtime::BackgroundLoop() {
   } catch (const std::exception& e) {
     reason = std::string("gradcomp's background thread failed: ") + e.what();
     log_->error("{}", reason);
+    AbandonWorld();
   }
   {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -417,7 +487,9 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
   };
   std::vector<Work> work;
   bool any_collective = false;
+  size_t tensors = 0;
   for (const Response& r : responses) {
+    tensors += r.names.size();
     Work w{&r, {}, {}};
     for (const std::string& name : r.names) w.entries.push_back(queue_->Take(name));
     if (r.error.empty()) {
@@ -438,6 +510,7 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
   if (any_collective) {
     int32_t ok = 1;
     for (const Work& w : work) ok = ok && w.failure.empty();
+    Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors));
     topo_.world->Allreduce(&ok, &ok, 1, DataType::kInt32, ReduceOp::kMin);
     if (!ok) {
       std::string mine;
@@ -469,6 +542,11 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
       stats_.executed_tensors += r.names.size();
     }
     if (failure.empty()) {
+      std::vector<std::shared_ptr<Handle>> handles;
+      for (const auto& e : w.entries) {
+        if (e) handles.push_back(e->handle);
+      }
+      Watchdog::Step step(watchdog_, Describe(r, r.names.size()), std::move(handles));
       try {
         executor_.Run(r, w.entries);
       } catch (const InvalidArgument& e) {

@@ -22,6 +22,7 @@
 #include "core/settings.h"
 #include "core/tensor_queue.h"
 #include "core/timeline.h"
+#include "core/watchdog.h"
 #include "ops/comm/topology.h"
 
 namespace gradcomp {
@@ -146,10 +147,19 @@ class Runtime {
   void GatherBurst(std::chrono::duration<double> cycle);
   void ExecuteAll(const std::vector<Response>& responses, size_t from_cache);
   void CheckSettingsAgree();
+  /// The watchdog's verdict: fails every pending operation with what waited, then ends the
+  /// process (at once when shutting down or still in init, else after a grace period).
+  void OnCollectiveTimeout(Watchdog::Expired expired);
+  /// After a fatal stop: no MPI_Finalize at exit (it would wait for the failed peer).
+  void AbandonWorld();
+  [[noreturn]] void ExitProcess(const std::string& why);
   /// Warns once when this rank's CPU affinity is a single core (mpirun's default binding).
   void WarnIfPinnedToOneCore();
 
   Settings settings_;
+  bool mpi_world_;  // the world is MPI's (not a test's in-process one)
+  std::atomic<bool> started_{false};
+  Watchdog watchdog_;
   Topology topo_;
   std::shared_ptr<spdlog::logger> log_;
   Timeline timeline_;

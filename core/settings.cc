@@ -105,6 +105,9 @@ const std::vector<Entry>& Registry() {
        "warn, naming the missing ranks, when a tensor waits this long for other ranks (0 disables)", 0, 1e9},
       {"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", nullptr, Kind::kFloat, &Settings::stall_shutdown_time_seconds, "0",
        "fail a tensor on every rank once it has waited this long (0 disables)", 0, 1e9},
+      {"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", nullptr, Kind::kFloat, &Settings::collective_timeout_seconds, "600",
+       "end the process (status 1, naming what waited) when init, a negotiation round or a collective has not "
+       "completed after this long: a peer rank died, stopped or lost its link (0: wait forever)", 0, 1e9},
       {"GRADCOMP_LOG_LEVEL", nullptr, Kind::kChoice, &Settings::log_level, "warning",
        "least severe log level printed", -kInf, kInf, false, kNoExtra,
        "trace|debug|info|warning|error|fatal|off"},
@@ -321,7 +324,8 @@ std::string AgreedSettingsText(const Settings& settings) {
   // the bytes on the wire, so ranks that disagree would deadlock or mix incompatible data.
   static const std::set<std::string> kPerProcess = {
       "GRADCOMP_CYCLE_TIME_MS", "GRADCOMP_TIMELINE", "GRADCOMP_TIMELINE_MARK_CYCLES", "GRADCOMP_LOG_LEVEL",
-      "GRADCOMP_STALL_CHECK_TIME_SECONDS", "GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS"};
+      "GRADCOMP_STALL_CHECK_TIME_SECONDS", "GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS",
+      "GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS"};
   std::string out;
   for (const Entry& e : Registry()) {
     if (kPerProcess.count(e.name)) continue;

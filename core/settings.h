@@ -39,6 +39,7 @@ struct Settings {
   bool timeline_mark_cycles = false;
   double stall_check_time_seconds = 0;
   double stall_shutdown_time_seconds = 0;
+  double collective_timeout_seconds = 0;
   std::string log_level;
 
   /// What parsing decided that users should hear about (an alias overridden, a value

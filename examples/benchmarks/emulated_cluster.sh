@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
-# Compressed allreduce on an emulated cluster: one network namespace per node, veth pairs into
-# a bridge in the root namespace, a tc rate limit on every node's link, Open MPI over TCP.
-# mpirun runs in a head namespace on the same bridge and starts its daemons inside the node
-# namespaces through a launch agent (--mca plm_rsh_agent) that runs `ip netns exec NODE ...`.
-# Only addresses inside these namespaces are used (10.199.0.0/24); everything is torn down
-# on exit, also on failure or Ctrl-C.
+# Compressed allreduce on an emulated cluster (scripts/cluster.sh: one network and UTS
+# namespace per node, a tc rate limit on every node's link, Open MPI over TCP, mpirun in a
+# head namespace). Everything is torn down on exit, also on failure or Ctrl-C.
 #
 #   sudo bash examples/benchmarks/emulated_cluster.sh [--rate 1gbit] [--nodes 2] [--ranks-per-node 1]
 #        [--sizes-mb 1,4,16,64,256] [--reps 3] [--variants mpi,none,fp16,maxmin8,maxmin4,maxmin2,topk1]
@@ -31,7 +28,6 @@ while [ $# -gt 0 ]; do
     *) echo "emulated_cluster: unknown flag $1 (see the header of this script)" >&2; exit 2 ;;
   esac
 done
-[ "$(id -u)" -eq 0 ] || { echo "emulated_cluster: needs root (network namespaces and tc)" >&2; exit 2; }
 [ "$NODES" -ge 2 ] && [ "$NODES" -le 8 ] || { echo "emulated_cluster: --nodes must be 2..8, got $NODES" >&2; exit 2; }
 [ "$RPN" -ge 1 ] || { echo "emulated_cluster: --ranks-per-node must be >= 1, got $RPN" >&2; exit 2; }
 for tool in ip tc mpirun; do
@@ -44,75 +40,17 @@ BENCH=$BUILD/examples/compressed_bench
 [ -x "$BENCH" ] || { echo "emulated_cluster: $BENCH not built (bash scripts/test.sh builds it)" >&2; exit 2; }
 OUT=${OUT:-$BUILD/cluster}
 mkdir -p "$OUT"
-TAG="gc$$"           # unique per run: parallel runs never collide
-BR="${TAG}br"
-SUBNET=10.199.0
-WORK=$(mktemp -d)
 
-cleanup() {
-  set +e
-  for ns in $(ip netns list | awk '{print $1}' | grep "^${TAG}-"); do
-    ip netns pids "$ns" | xargs -r kill -9 2>/dev/null
-    ip netns del "$ns"
-  done
-  ip link del "$BR" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# ---- the cluster (scripts/cluster.sh) -----------------------------------------------------
+source "$ROOT/scripts/cluster.sh"
+TAG="gcb$(($$ % 100000))"  # unique per run: parallel runs never collide
+trap 'cluster_down "$TAG"' EXIT
 trap 'exit 130' INT TERM
-
-# ---- the cluster --------------------------------------------------------------------------
-ip link add "$BR" type bridge
-ip link set "$BR" up
-add_host() {  # add_host NAME LAST_OCTET LIMIT(0|1)
-  local ns="${TAG}-$1" peer="${TAG}$2"
-  ip netns add "$ns"
-  ip link add "$peer" type veth peer name eth0 netns "$ns"
-  ip link set "$peer" master "$BR"
-  ip link set "$peer" up
-  ip netns exec "$ns" ip link set lo up
-  ip netns exec "$ns" ip addr add "$SUBNET.$2/24" dev eth0
-  ip netns exec "$ns" ip link set eth0 up
-  if [ "$3" = 1 ]; then
-    # The node's link: RATE in each direction (node egress, and the bridge port towards it).
-    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kb latency 20ms
-    tc qdisc add dev "$peer" root tbf rate "$RATE" burst 256kb latency 20ms
-  fi
-}
-add_host head 2 0
+cluster_up "$TAG" "$NODES" "$RATE"
 HOSTS=""
-for i in $(seq 1 "$NODES"); do
-  add_host "n$i" $((10 + i)) 1
-  HOSTS="${HOSTS:+$HOSTS,}$SUBNET.$((10 + i)):$RPN"
-done
-
-# Wait until every node answers (bridge ports take a moment to forward).
-for i in $(seq 1 "$NODES"); do
-  for try in $(seq 1 50); do
-    ip netns exec "${TAG}-head" ping -c1 -W1 "$SUBNET.$((10 + i))" >/dev/null 2>&1 && break
-    [ "$try" = 50 ] && { echo "emulated_cluster: node $i unreachable" >&2; exit 1; }
-    sleep 0.1
-  done
-done
-
-# The launch agent: mpirun calls `agent HOST command...`; run it in HOST's namespace.
-cat > "$WORK/agent.sh" <<AGENT
-#!/usr/bin/env bash
-host=\$1; shift
-while [ "\${host#-}" != "\$host" ]; do host=\$1; shift; done  # skip rsh-style options
-octet=\${host##*.}
-node="${TAG}-n\$((octet - 10))"
-# Its own UTS namespace too: each node needs its own host name (Open MPI names shared-memory
-# segments after it).
-exec ip netns exec "\$node" unshare --uts /bin/sh -c "hostname \$node && \$*"
-AGENT
-chmod +x "$WORK/agent.sh"
-
+for host in ${CLUSTER_HOSTS//,/ }; do HOSTS="${HOSTS:+$HOSTS,}$host:$RPN"; done
 NP=$((NODES * RPN))
-MPIRUN=(ip netns exec "${TAG}-head" mpirun --allow-run-as-root --oversubscribe --bind-to none
-        --mca plm_rsh_agent "$WORK/agent.sh" --mca routed direct --mca btl tcp,self,vader
-        --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
-        -H "$HOSTS" -np "$NP" -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH)
+MPIRUN=("${CLUSTER_MPIRUN[@]}" -H "$HOSTS" -np "$NP")
 echo "emulated cluster: $NODES nodes x $RPN ranks, links of $RATE, sizes $SIZES MB"
 
 # ---- gradcomp and MPI_Allreduce -----------------------------------------------------------
@@ -123,7 +61,7 @@ for var in $(env | grep -o '^GRADCOMP_[A-Z0-9_]*' | grep -v '^GRADCOMP_HIERARCHI
 
 # ---- torch.distributed gloo ---------------------------------------------------------------
 if [ "$GLOO" = 1 ]; then
-  "${MPIRUN[@]}" -x MASTER_ADDR="$SUBNET.11" -x MASTER_PORT=29511 -x GLOO_SOCKET_IFNAME=eth0 \
+  "${MPIRUN[@]}" -x MASTER_ADDR="$CLUSTER_SUBNET.11" -x MASTER_PORT=29511 -x GLOO_SOCKET_IFNAME=eth0 \
     /usr/bin/python3 "$ROOT/examples/benchmarks/gloo_allreduce.py" --sizes-mb "$SIZES" --reps "$REPS" \
     | tee -a "$OUT/results.txt"
 fi

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdlib>
 
 #include "ops/comm/mpi_communicator.h"
@@ -9,7 +10,10 @@
 namespace gradcomp {
 
 namespace {
+std::atomic<bool> abandoned{false};
+
 void FinalizeAtExit() {
+  if (abandoned.load()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -36,6 +40,10 @@ void EnsureMpiInitialized() {
              MPI_THREAD_SERIALIZED, "); initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)");
   }
 }
+
+void AbandonMpiAtExit() { abandoned.store(true); }
+
+bool MpiAbandoned() { return abandoned.load(); }
 
 std::unique_ptr<Communicator> CreateMpiWorld() {
   EnsureMpiInitialized();

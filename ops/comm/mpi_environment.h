@@ -13,6 +13,12 @@ namespace gradcomp {
 /// Throws when MPI was initialized by someone else with less than MPI_THREAD_SERIALIZED.
 void EnsureMpiInitialized();
 
+/// After a peer failed (died, stopped, lost its link) MPI_Finalize would wait for it forever:
+/// gradcomp then leaves MPI unfinalized at exit, and the launcher ends the job.
+void AbandonMpiAtExit();
+/// True after AbandonMpiAtExit: collective frees (MPI_Win_free) are skipped too.
+bool MpiAbandoned();
+
 /// A communicator over a duplicate of MPI_COMM_WORLD (calls EnsureMpiInitialized).
 std::unique_ptr<Communicator> CreateMpiWorld();
 

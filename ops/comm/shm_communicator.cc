@@ -1,5 +1,7 @@
 #include "ops/comm/shm_communicator.h"
 
+#include "ops/comm/mpi_environment.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -73,6 +75,9 @@ ShmCommunicator::~ShmCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || win_ == MPI_WIN_NULL) return;
+  // MPI_Win_free is collective: after a peer failed it would wait for that peer forever.
+  // The process is about to exit; the launcher removes the segment with the job.
+  if (MpiAbandoned()) return;
   MPI_Win_unlock_all(win_);
   MPI_Win_free(&win_);
 }

@@ -7,6 +7,7 @@ override the environment. ``python3 -m gradcomp.settings`` lists them.
 """
 import atexit
 import itertools
+import sys
 import threading
 
 from gradcomp import _core
@@ -63,6 +64,9 @@ def shutdown():
     with _state.lock:
         rt, _state.runtime = _state.runtime, None
     if rt is not None:
+        # After a collective timeout (docs/errors.md) shutdown ends the process: print first.
+        sys.stdout.flush()
+        sys.stderr.flush()
         rt.shutdown()
 
 

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# An emulated cluster on this machine: one network namespace (and UTS namespace: its own host
+# name) per node, veth pairs into a bridge in the root namespace, a tc rate limit on every
+# node's link, and a head namespace for mpirun, which starts its daemons inside the node
+# namespaces through a launch agent. Only addresses inside these namespaces are used
+# (10.199.0.0/24). Needs root.
+#
+#   bash scripts/cluster.sh up TAG NODES RATE   # prints the mpirun prefix, one word per line
+#   bash scripts/cluster.sh cut TAG NODE        # drop every packet on node NODE's link (1-based)
+#   bash scripts/cluster.sh heal TAG NODE       # give it back its rate-limited link
+#   bash scripts/cluster.sh down TAG            # kill what runs in the namespaces, delete them
+#
+# TAG (letters and digits, at most 8) names everything, so parallel clusters never collide.
+# Scripts may instead `source` this file and call cluster_up / cluster_cut / cluster_heal / cluster_down;
+# cluster_up then fills the array CLUSTER_MPIRUN.
+set -euo pipefail
+
+CLUSTER_SUBNET=10.199.0
+
+cluster_down() {  # cluster_down TAG
+  local tag=$1 ns
+  set +e
+  for ns in $(ip netns list | awk '{print $1}' | grep "^${tag}-"); do
+    ip netns pids "$ns" | xargs -r kill -9 2>/dev/null
+    ip netns del "$ns"
+  done
+  ip link del "${tag}br" 2>/dev/null
+  rm -rf "/tmp/${tag}-cluster"
+  set -e
+}
+
+_cluster_add_host() {  # TAG NAME LAST_OCTET RATE(""=unlimited)
+  local tag=$1 ns="$1-$2" peer="$1$3"
+  ip netns add "$ns"
+  ip link add "$peer" type veth peer name eth0 netns "$ns"
+  ip link set "$peer" master "${tag}br"
+  ip link set "$peer" up
+  ip netns exec "$ns" ip link set lo up
+  ip netns exec "$ns" ip addr add "$CLUSTER_SUBNET.$3/24" dev eth0
+  ip netns exec "$ns" ip link set eth0 up
+  if [ -n "$4" ]; then
+    # The node's link: RATE in each direction (node egress, and the bridge port towards it).
+    ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "$4" burst 256kb latency 20ms
+    tc qdisc add dev "$peer" root handle 1: tbf rate "$4" burst 256kb latency 20ms
+  fi
+}
+
+cluster_up() {  # cluster_up TAG NODES RATE: sets CLUSTER_MPIRUN
+  local tag=$1 nodes=$2 rate=$3 i try hosts="" work="/tmp/$1-cluster"
+  [ "$(id -u)" -eq 0 ] || { echo "cluster: needs root (network namespaces and tc)" >&2; return 2; }
+  [[ "$tag" =~ ^[a-z0-9]{1,8}$ ]] || { echo "cluster: TAG must be 1-8 lowercase letters or digits, got '$tag'" >&2; return 2; }
+  [ "$nodes" -ge 2 ] && [ "$nodes" -le 8 ] || { echo "cluster: NODES must be 2..8, got $nodes" >&2; return 2; }
+  ip link add "${tag}br" type bridge
+  ip link set "${tag}br" up
+  _cluster_add_host "$tag" head 2 ""
+  for i in $(seq 1 "$nodes"); do
+    _cluster_add_host "$tag" "n$i" $((10 + i)) "$rate"
+    hosts="${hosts:+$hosts,}$CLUSTER_SUBNET.$((10 + i))"
+  done
+  # Wait until every node answers (bridge ports take a moment to forward).
+  for i in $(seq 1 "$nodes"); do
+    for try in $(seq 1 50); do
+      ip netns exec "${tag}-head" ping -c1 -W1 "$CLUSTER_SUBNET.$((10 + i))" >/dev/null 2>&1 && break
+      [ "$try" = 50 ] && { echo "cluster: node $i unreachable" >&2; return 1; }
+      sleep 0.1
+    done
+  done
+  # The launch agent: mpirun calls `agent [options] HOST command...`; run it in HOST's
+  # namespace, with its own UTS namespace (Open MPI names shared-memory segments after the
+  # host name, so each node needs its own).
+  mkdir -p "$work"
+  echo "$rate" > "$work/rate"
+  cat > "$work/agent.sh" <<AGENT
+#!/usr/bin/env bash
+host=\$1; shift
+while [ "\${host#-}" != "\$host" ]; do host=\$1; shift; done  # skip rsh-style options
+octet=\${host##*.}
+node="${tag}-n\$((octet - 10))"
+exec ip netns exec "\$node" unshare --uts /bin/sh -c "hostname \$node && \$*"
+AGENT
+  chmod +x "$work/agent.sh"
+  CLUSTER_HOSTS=$hosts
+  CLUSTER_MPIRUN=(ip netns exec "${tag}-head" mpirun --allow-run-as-root --oversubscribe --bind-to none
+                  --mca plm_rsh_agent "$work/agent.sh" --mca routed direct --mca btl tcp,self,vader
+                  --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
+                  -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH)
+}
+
+cluster_cut() {  # cluster_cut TAG NODE: the node's link drops everything, both ways
+  local ns="$1-n$2" peer="$1$((10 + $2))"
+  # A FIFO that holds no packet drops each one (netem is not in every kernel; pfifo is).
+  ip netns exec "$ns" tc qdisc replace dev eth0 root pfifo limit 0
+  tc qdisc replace dev "$peer" root pfifo limit 0
+}
+
+cluster_heal() {  # cluster_heal TAG NODE: the node's link as cluster_up made it
+  local ns="$1-n$2" peer="$1$((10 + $2))" rate
+  rate=$(cat "/tmp/$1-cluster/rate")
+  ip netns exec "$ns" tc qdisc replace dev eth0 root handle 1: tbf rate "$rate" burst 256kb latency 20ms
+  tc qdisc replace dev "$peer" root handle 1: tbf rate "$rate" burst 256kb latency 20ms
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-}" in
+    up)
+      cluster_down "$2"
+      cluster_up "$2" "$3" "$4" || { cluster_down "$2"; exit 1; }
+      printf '%s\n' "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_HOSTS" ;;
+    cut) cluster_cut "$2" "$3" ;;
+    heal) cluster_heal "$2" "$3" ;;
+    down) cluster_down "$2" ;;
+    *) echo "usage: cluster.sh up TAG NODES RATE | cut TAG NODE | heal TAG NODE | down TAG" >&2; exit 2 ;;
+  esac
+fi

@@ -1,0 +1,105 @@
+"""One rank of a fault-matrix run (test/python/test_faults.py starts it under mpirun).
+
+    fault_worker.py --fault kill --at init|negotiation|allreduce|ddp [--victim R]
+    fault_worker.py --fault stop [--victim R]     # the victim stops calling gradcomp
+    fault_worker.py --fault none                  # allreduces until killed (a link cut from outside)
+
+Every rank prints `fault-worker rank R at T: ...` lines (flushed; T is the wall clock) so the
+test sees how far it got and when. The victim SIGKILLs itself at the chosen point, as the OOM
+killer would.
+"""
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+p = argparse.ArgumentParser()
+p.add_argument("--fault", choices=["kill", "stop", "none"], required=True)
+p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp"], default="negotiation")
+p.add_argument("--victim", type=int, default=1)
+p.add_argument("--elements", type=int, default=1 << 20)
+p.add_argument("--kill-after", type=float, default=0.3, help="--at allreduce: seconds after the submit")
+args = p.parse_args()
+
+world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+victim = world_rank == args.victim
+
+
+def say(what):
+    print(f"fault-worker rank {world_rank} at {time.time():.3f}: {what}", flush=True)
+
+
+# Open MPI names its shared-memory segments after the job id (hex): the test looks for leftovers.
+say(f"job {int(os.environ.get('OMPI_MCA_ess_base_jobid', '0')):x}")
+
+def die():
+    say("SIGKILL")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if args.fault == "kill" and args.at == "init" and victim:
+    die()
+
+if args.at == "ddp":
+    import torch
+    import torch.distributed as dist
+    import gradcomp.torch as gc
+    gc.init()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(21000 + int(os.environ.get("OMPI_MCA_ess_base_jobid", "0")) % 20000))
+    dist.init_process_group("gradcomp", rank=gc.rank(), world_size=gc.size())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    step = {"n": 0}
+    def fault(g):
+        if step["n"] == 3:
+            if args.fault == "stop":
+                say("stops calling gradcomp")
+                time.sleep(3600)
+            die()
+        return g
+
+    if victim and args.fault in ("kill", "stop"):
+        # In the middle of backward: some buckets were handed to the backend, others not.
+        model[2].weight.register_hook(fault)
+    say("up")
+    for step["n"] in range(1000):
+        x = torch.randn(32, 256)
+        loss = ddp(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step["n"] == 2:
+            say("trained 3 steps")
+    say("finished")
+    sys.exit(0)
+
+import gradcomp.numpy as gc  # noqa: E402
+
+gc.init()
+say("up")
+x = np.ones((args.elements // 1024, 1024), np.float32)
+for step in range(100000):
+    if step == 3:
+        say("steady")
+    if step == 3 and victim:
+        if args.fault == "stop":
+            say("stops calling gradcomp")
+            time.sleep(3600)
+        if args.fault == "kill" and args.at == "negotiation":
+            # Its tensor is submitted and its background thread in a negotiation round.
+            gc.allreduce_async(x, name=f"w{step}")
+            die()
+        if args.fault == "kill" and args.at == "allreduce":
+            threading.Timer(args.kill_after, die).start()
+    out = gc.allreduce(x, name=f"w{step}", op=gc.Sum)
+    if step == 0:
+        assert np.all(out == gc.size()), out
+say("finished")

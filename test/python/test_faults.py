@@ -1,0 +1,234 @@
+"""The fault matrix of docs/errors.md, as tests: 3-rank jobs under mpirun (and on an emulated
+cluster where a link is needed) in which one rank is SIGKILLed (before init completes, during
+negotiation, during an allreduce, inside a DDP step), stops calling gradcomp, or has its
+node's link cut during an allreduce.
+
+Two launch modes for a killed rank:
+- plain mpirun (what gcrun runs): mpirun sees the death and ends the job at once, naming the
+  rank and the signal;
+- `mpirun --enable-recovery` (a launcher that lets the survivors run on): gradcomp's watchdog
+  must end each survivor itself, with status 1 and a message naming what waited, within
+  GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS (plus the moment the training thread needs to exit).
+
+Each case also checks that no rank process is left and that no shared memory of the job is
+left in /dev/shm or in mpirun's session directory. Run by ctest with plain pytest (it starts
+mpirun itself); the cluster cases need root for network namespaces, as the emulated cluster
+benchmark does.
+"""
+import glob
+import os
+import re
+import subprocess
+import time
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(ROOT, "test", "faults", "fault_worker.py")
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+PY = "/usr/bin/python3"
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+TIMEOUT = 6          # GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS in these jobs
+SLACK = 6            # after the deadline: the exception reaching Python, exit (2 cores, 3 ranks)
+# Each rank's output goes to LOGDIR/rank-R.log, then the status it exited with and when; the
+# wrapper then ends as its rank did (killed by the same signal), so mpirun sees what happened.
+WRAPPER = ('exec >"$0/rank-$OMPI_COMM_WORLD_RANK.log" 2>&1; "$@"; s=$?; '
+           'echo "fault-test exit $s at $(date +%s.%N)"; [ $s -gt 128 ] && kill -$((s - 128)) $$; exit $s')
+
+
+class Job:
+    def __init__(self, tmp_path, rc, output, elapsed, mpirun_pid):
+        self.rc, self.output, self.elapsed, self.mpirun_pid = rc, output, elapsed, mpirun_pid
+        self.logs = {}
+        for path in glob.glob(str(tmp_path / "rank-*.log")):
+            rank = int(re.search(r"rank-(\d+)\.log", path).group(1))
+            with open(path, errors="replace") as f:
+                self.logs[rank] = f.read()
+        found = [re.search(r"job ([0-9a-f]+)", log) for log in self.logs.values()]
+        self.jobid = next((m.group(1) for m in found if m), None)
+
+    def event(self, rank, what):
+        """When `rank` said `what` (wall clock), or None."""
+        m = re.search(rf"fault-worker rank {rank} at ([0-9.]+): {re.escape(what)}", self.logs.get(rank, ""))
+        return float(m.group(1)) if m else None
+
+    def exit(self, rank):
+        """(status, wall clock) of `rank`'s process as the wrapper saw it, or None (killed with it)."""
+        m = re.search(r"fault-test exit (\d+) at ([0-9.]+)", self.logs.get(rank, ""))
+        return (int(m.group(1)), float(m.group(2))) if m else None
+
+    def describe(self):
+        return f"mpirun exit {self.rc} after {self.elapsed:.1f} s\n{self.output[-3000:]}\n" + "\n".join(
+            f"--- rank {r}\n{log[-3000:]}" for r, log in sorted(self.logs.items()))
+
+
+def start(tmp_path, worker_args, prefix=MPIRUN, mpi_args=(), env=()):
+    cmd = list(prefix) + list(mpi_args) + ["-np", "3", "-x", f"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS={TIMEOUT}"]
+    for kv in env:
+        cmd += ["-x", kv]
+    cmd += ["sh", "-c", WRAPPER, str(tmp_path), PY, WORKER] + list(worker_args)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True), time.time()
+
+
+def finish(tmp_path, proc, started, deadline=120):
+    try:
+        output, _ = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        output, _ = proc.communicate()
+        output += f"\n[test: mpirun still running after {deadline} s, killed]"
+    return Job(tmp_path, proc.returncode, output, time.time() - started, proc.pid)
+
+
+def run(tmp_path, worker_args, **kw):
+    deadline = kw.pop("deadline", 120)
+    proc, started = start(tmp_path, worker_args, **kw)
+    return finish(tmp_path, proc, started, deadline)
+
+
+def assert_clean(job, tmp_path):
+    """No rank left running, no shared memory of the job left behind."""
+    deadline = time.time() + 10
+    while True:
+        left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes of the job still running: {left}\n{job.describe()}"
+    assert job.jobid, job.describe()
+    shm = [f for f in os.listdir("/dev/shm") if job.jobid in f]
+    assert not shm, f"shared memory left by job {job.jobid}: {shm}"
+    sessions = glob.glob(f"/tmp/ompi.*/pid.{job.mpirun_pid}")
+    assert not sessions, f"mpirun's session directory left: {sessions}"
+
+
+def assert_survivors_exit_on_their_own(job, survivors, since, *needles):
+    """Each survivor exited with status 1, within the timeout of `since`, saying `needles`."""
+    for r in survivors:
+        log = job.logs.get(r, "")
+        status = job.exit(r)
+        assert status is not None and status[0] == 1, f"rank {r}: {status}\n{job.describe()}"
+        for needle in needles:
+            assert needle in log, f"rank {r} does not say {needle!r}\n{job.describe()}"
+        waited = status[1] - since
+        assert waited <= TIMEOUT + SLACK, f"rank {r} exited {waited:.1f} s after the fault\n{job.describe()}"
+
+
+KILL_POINTS = ["init", "negotiation", "allreduce", "ddp"]
+
+
+@pytest.mark.parametrize("at", KILL_POINTS)
+def test_killed_rank_mpirun_ends_the_job(tmp_path, at):
+    job = run(tmp_path, ["--fault", "kill", "--at", at])
+    assert job.event(1, "SIGKILL"), job.describe()
+    assert job.rc != 0, job.describe()
+    assert re.search(r"process rank 1 with PID \d+ on node \S+ exited on signal 9", job.output), job.describe()
+    for r in (0, 2):
+        assert job.event(r, "finished") is None, job.describe()
+    # Well inside the watchdog's timeout: mpirun ended the job, not gradcomp.
+    assert job.elapsed < 60, job.describe()
+    assert_clean(job, tmp_path)
+
+
+@pytest.mark.parametrize("at", KILL_POINTS)
+def test_killed_rank_survivors_exit_on_their_own(tmp_path, at):
+    job = run(tmp_path, ["--fault", "kill", "--at", at], mpi_args=["--enable-recovery"])
+    killed = job.event(1, "SIGKILL")
+    assert killed, job.describe()
+    assert job.exit(1) is None or job.exit(1)[0] == 137, job.describe()
+    what = {"init": "init (starting MPI, then waiting for every rank to call init())",
+            "negotiation": "a negotiation round", "allreduce": "has not completed", "ddp": "has not completed"}[at]
+    assert_survivors_exit_on_their_own(job, (0, 2), killed, what, f"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS={TIMEOUT}",
+                                       "a peer rank died, stopped or lost its network link")
+    if at == "ddp":  # the error surfaces from loss.backward() as an exception, not a crash
+        for r in (0, 2):
+            assert "RuntimeError" in job.logs[r] and "Segmentation" not in job.logs[r], job.describe()
+    assert_clean(job, tmp_path)
+
+
+@pytest.mark.parametrize("at", ["negotiation", "ddp"])
+def test_stopped_rank_fails_every_rank_after_the_shutdown_time(tmp_path, at):
+    shutdown = 4
+    job = run(tmp_path, ["--fault", "stop", "--at", at],
+              env=[f"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS={shutdown}", "GRADCOMP_STALL_CHECK_TIME_SECONDS=2"])
+    stopped = job.event(1, "stops calling gradcomp")
+    assert stopped, job.describe()
+    for r in (0, 2):
+        status = job.exit(r)
+        assert status is not None and status[0] == 1, job.describe()
+        assert status[1] - stopped <= shutdown + SLACK, job.describe()
+        log = job.logs[r]
+        assert f"gradcomp stopped after GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS={shutdown}" in log, job.describe()
+        assert "missing ranks [1]" in log, job.describe()
+        assert "Segmentation" not in log, job.describe()
+    # The stopped rank never exits by itself: mpirun ends it once the others failed.
+    assert job.rc != 0 and job.exit(1) is None, job.describe()
+    assert job.elapsed < 60, job.describe()
+    assert_clean(job, tmp_path)
+
+
+# -- on an emulated cluster (one node per rank, 100 Mbit/s links) ------------------------------
+
+
+@pytest.fixture
+def cluster():
+    tag = "gf" + uuid.uuid4().hex[:6]
+    up = subprocess.run(["bash", CLUSTER, "up", tag, "3", "100mbit"], capture_output=True, text=True)
+    assert up.returncode == 0, f"the emulated cluster did not come up (needs root, ip, tc):\n{up.stderr}"
+    yield tag, up.stdout.split("\n")[:-1]
+    subprocess.run(["bash", CLUSTER, "down", tag], check=True)
+
+
+# 16M values, max-min 4 bits: striped SRA (4 stripes) of 8 MB per rank across 100 Mbit/s links,
+# about a second per allreduce, so a kill 0.5 s after the submit lands in the middle of it.
+SRA = ["--elements", str(16 << 20)]
+SRA_ENV = ["GRADCOMP_COMPRESSION=maxmin", "GRADCOMP_BITS=4", "GRADCOMP_MIN_SIZE=1024"]
+
+
+@pytest.mark.parametrize("recovery", [False, True], ids=["mpirun", "enable-recovery"])
+def test_kill_in_the_middle_of_a_striped_sra_across_nodes(tmp_path, cluster, recovery):
+    _, prefix = cluster
+    job = run(tmp_path, ["--fault", "kill", "--at", "allreduce", "--kill-after", "0.5"] + SRA, prefix=prefix,
+              mpi_args=["--enable-recovery"] if recovery else [], env=SRA_ENV)
+    killed = job.event(1, "SIGKILL")
+    assert killed, job.describe()
+    if recovery:
+        # The survivors were inside the allreduce itself, not in a negotiation round.
+        assert_survivors_exit_on_their_own(job, (0, 2), killed, "the allreduce of 'w3' has not completed",
+                                           "a peer rank died, stopped or lost its network link")
+    else:
+        assert job.rc != 0 and re.search(r"process rank 1 with PID \d+ on node \S+ exited on signal 9",
+                                          job.output), job.describe()
+        assert job.elapsed < 60, job.describe()
+    assert_clean(job, tmp_path)
+
+
+def test_link_cut_during_an_allreduce(tmp_path, cluster):
+    tag, prefix = cluster
+    proc, started = start(tmp_path, ["--fault", "none"] + SRA, prefix=prefix, env=SRA_ENV)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            logs = [p for p in glob.glob(str(tmp_path / "rank-*.log")) if "steady" in open(p).read()]
+            if len(logs) == 3:
+                break
+            time.sleep(0.1)
+        assert len(logs) == 3, "the ranks did not reach their allreduce loop"
+        time.sleep(0.3)  # inside an allreduce (each takes about a second)
+        subprocess.run(["bash", CLUSTER, "cut", tag, "3"], check=True)
+        cut = time.time()
+        # Every rank, the cut-off one too, ends itself; mpirun cannot hear from node 3 until
+        # its link is back, so give it back once the ranks have had their time.
+        time.sleep(TIMEOUT + SLACK + 2)
+        subprocess.run(["bash", CLUSTER, "heal", tag, "3"], check=True)
+    finally:
+        job = finish(tmp_path, proc, started, deadline=60)
+    for r in (0, 1, 2):
+        status = job.exit(r)
+        assert status is not None and status[0] == 1, f"rank {r}: {status}\n{job.describe()}"
+        assert status[1] - cut <= TIMEOUT + SLACK, f"rank {r}\n{job.describe()}"
+        assert "has not completed" in job.logs[r] and "lost its network link" in job.logs[r], job.describe()
+    assert job.rc != 0, job.describe()
+    assert_clean(job, tmp_path)
