@@ -15,9 +15,12 @@ Sequence names never repeat, so per-tensor state across steps is not available h
 GRADCOMP_ERROR_FEEDBACK and GRADCOMP_COMPRESSION=topk (DGC's accumulator) are ignored by the
 backend with a warning; DistributedOptimizer and ddp_hook keep that state per parameter.
 """
+import atexit
 import queue
 import threading
+import time
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -29,6 +32,14 @@ from gradcomp.torch import mpi_ops
 from gradcomp.torch.futures import failing_in_cpp
 
 _create_work_from_future = torch._C._distributed_c10d._create_work_from_future
+_live_groups = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit():
+    # Registered after gradcomp.basics' shutdown hook, so it runs before it (atexit is LIFO).
+    for group in list(_live_groups):
+        group._drain(timeout=10.0)
 
 
 def _reduce_op(op):
@@ -95,7 +106,12 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         self._compress = spec if spec["codec"] != "none" else None
         # Completes each Work's future as soon as its operations finish (DDP waits on futures).
         self._completer = queue.Queue()
-        threading.Thread(target=self._complete_in_order, name="gradcomp-c10d-completer", daemon=True).start()
+        self._resolvers = set()  # threads resolving futures now
+        self._resolvers_lock = threading.Lock()
+        self._completer_thread = threading.Thread(target=self._complete_in_order, name="gradcomp-c10d-completer",
+                                                  daemon=True)
+        self._completer_thread.start()
+        _live_groups.add(self)
 
     def _complete_in_order(self):
         """Waits for the operations in submission order. Each future is resolved on a fresh
@@ -103,8 +119,34 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         wait for them, which needs this thread free."""
         while True:
             pending = self._completer.get()
+            if pending is None:
+                return
             error = pending.complete()
-            threading.Thread(target=pending.resolve, args=(error,), name="gradcomp-c10d-future", daemon=True).start()
+            thread = threading.Thread(target=self._resolve, args=(pending, error), name="gradcomp-c10d-future",
+                                      daemon=True)
+            with self._resolvers_lock:
+                self._resolvers.add(thread)
+            thread.start()
+
+    def _resolve(self, pending, error):
+        try:
+            pending.resolve(error)
+        finally:
+            with self._resolvers_lock:
+                self._resolvers.discard(threading.current_thread())
+
+    def _drain(self, timeout):
+        """At interpreter exit: lets the completer and the resolvers finish what they are doing.
+        Left running, a daemon thread inside torch when the interpreter finalizes aborts the
+        process (it is stopped while torch holds a catch-all frame): this happened when a
+        script exited on a collective's error while other futures were being failed."""
+        self._completer.put(None)
+        deadline = time.monotonic() + timeout
+        self._completer_thread.join(max(0.0, deadline - time.monotonic()))
+        with self._resolvers_lock:
+            resolvers = list(self._resolvers)
+        for thread in resolvers:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def getBackendName(self):
         return "gradcomp"
