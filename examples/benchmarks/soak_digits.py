@@ -48,6 +48,14 @@ def soak(name, compression, args, x, y):
                                    named_parameters=[(f"{name}.{n}", p) for n, p in model.named_parameters()],
                                    compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def sync():
+        # After each sample: no rank starts anything new (the report's collectives) while
+        # another still samples, which would count the newcomer's request in that rank's
+        # gauges. Run once before the loop, so its own row and cache entry are there already.
+        hvd.allreduce(torch.zeros(1), name="soak.sync")
+
+    sync()
     g = torch.Generator().manual_seed(hvd.rank())
     samples = []
     loss = torch.tensor(0.0)
@@ -59,6 +67,7 @@ def soak(name, compression, args, x, y):
         opt.step()
         if step >= args.warmup and (step - args.warmup) % args.every == 0 or step == args.steps:
             samples.append((step, sample()))
+            sync()
     del opt  # the optimizer's hooks and handles go with it
     return samples, float(loss)
 
