@@ -335,4 +335,29 @@ Response Controller::BuildResponse(const std::string& name, const TableEntry& en
   return resp;
 }
 
+void Controller::AgreeOnFailures(std::vector<std::string>* failures) {
+  int32_t ok = 1;
+  for (const std::string& f : *failures) ok = ok && f.empty();
+  world_.Allreduce(&ok, &ok, 1, DataType::kInt32, ReduceOp::kMin);
+  if (ok) return;
+  // Each rank's failures as "index<TAB>message" lines; the first rank's message wins.
+  std::string mine;
+  for (size_t i = 0; i < failures->size(); ++i) {
+    if (!(*failures)[i].empty()) mine += std::to_string(i) + "\t" + (*failures)[i] + "\n";
+  }
+  const std::vector<std::string> all = AllgatherStrings(world_, mine);
+  std::vector<std::string> merged(failures->size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string& part = all[r];
+    for (size_t p = 0, q; (q = part.find('\n', p)) != std::string::npos; p = q + 1) {
+      const std::string line = part.substr(p, q - p);
+      const size_t tab = line.find('\t');
+      const size_t idx = std::stoul(line.substr(0, tab));
+      GC_ENFORCE(idx < merged.size(), "rank ", r, " reported a failure for response ", idx, " of ", merged.size());
+      if (merged[idx].empty()) merged[idx] = "rank " + std::to_string(r) + ": " + line.substr(tab + 1);
+    }
+  }
+  failures->swap(merged);
+}
+
 }  // namespace gradcomp

@@ -30,6 +30,9 @@
 //     every rank and reports each executed tensor back (Executed), so all caches learn the
 //     same responses in the same order and stay identical.
 //
+//  6. Before running the cycle's collectives the ranks agree that every one of them could
+//     prepare them (AgreeOnFailures); a local failure fails that response on every rank.
+//
 // A shutdown on any rank (or a stall shutdown decided by rank 0) ends the loop on every rank.
 #pragma once
 
@@ -73,6 +76,13 @@ class Controller {
   };
   /// Collective over the world: one negotiation cycle (see the protocol above).
   CycleOutput RunCycle(CycleInput input);
+
+  /// Collective over the world, after every rank prepared this cycle's responses and before
+  /// any runs them: `failures[i]` is this rank's error for response i ("" if it can run).
+  /// Afterwards every rank holds, for each response, the first failing rank's message
+  /// ("rank R: ..."), so all fail it alike instead of waiting for the failed rank forever.
+  /// Costs one allreduce of a flag when nobody failed.
+  void AgreeOnFailures(std::vector<std::string>* failures);
 
   /// Reports a response executed on this rank (the unfused single-tensor responses), so the
   /// cache learns it; `from_cache` marks responses that came from cache positions.

@@ -11,6 +11,7 @@
 #include "ops/collectives/compressed_allreduce.h"
 #include "ops/collectives/reducescatter.h"
 #include "ops/common/enforce.h"
+#include "ops/common/shape.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {

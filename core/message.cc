@@ -48,20 +48,6 @@ std::string CompressionSpec::Describe() const {
   return os.str();
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 int64_t Request::NumElements() const { return gradcomp::NumElements(shape); }
 
 int64_t Response::PayloadBytes() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ops/common/dtype.h"
+#include "ops/common/shape.h"
 
 namespace gradcomp {
 
@@ -88,12 +89,6 @@ struct Response {
   /// The response of tensor k alone (a fused response unfused), without copying the others.
   Response Single(size_t k) const;
 };
-
-/// Number of elements of a shape (1 for a scalar).
-int64_t NumElements(const std::vector<int64_t>& shape);
-
-/// "[2, 3]": a shape as users read it (also valid JSON).
-std::string ShapeString(const std::vector<int64_t>& shape);
 
 /// Binary encoding of request and response lists (little-endian, length-prefixed).
 std::string SerializeRequests(const std::vector<Request>& requests);

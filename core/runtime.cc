@@ -23,7 +23,7 @@ namespace {
 // that gets work while its peers are idle, and keeps stall detection alive.
 constexpr double kMaxIdleWaitSeconds = 0.05;
 
-// "the allreduce of 'a' and 3 more tensors (12 MB)": what the watchdog reports.
+// "the allreduce of 'a' and 3 more tensors": what the watchdog reports.
 std::string Describe(const Response& first, size_t tensors) {
   if (tensors == 0) return "no collective";
   std::string out = std::string("the ") + RequestTypeName(first.type) + " of '" + first.names.front() + "'";
@@ -508,28 +508,11 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
   // Agree that every rank is ready to run its collectives; if a rank failed locally, every
   // rank fails those tensors with that rank's message instead of waiting for it forever.
   if (any_collective) {
-    int32_t ok = 1;
-    for (const Work& w : work) ok = ok && w.failure.empty();
+    std::vector<std::string> failures;
+    for (const Work& w : work) failures.push_back(w.failure);
     Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors));
-    topo_.world->Allreduce(&ok, &ok, 1, DataType::kInt32, ReduceOp::kMin);
-    if (!ok) {
-      std::string mine;
-      for (size_t i = 0; i < work.size(); ++i) {
-        if (!work[i].failure.empty()) mine += std::to_string(i) + "\t" + work[i].failure + "\n";
-      }
-      const std::vector<std::string> all = AllgatherStrings(*topo_.world, mine);
-      std::vector<std::string> merged(work.size());
-      for (size_t r = 0; r < all.size(); ++r) {
-        const std::string& part = all[r];
-        for (size_t p = 0, q; (q = part.find('\n', p)) != std::string::npos; p = q + 1) {
-          const std::string line = part.substr(p, q - p);
-          const size_t tab = line.find('\t');
-          const size_t idx = std::stoul(line.substr(0, tab));
-          if (merged[idx].empty()) merged[idx] = "rank " + std::to_string(r) + ": " + line.substr(tab + 1);
-        }
-      }
-      for (size_t i = 0; i < work.size(); ++i) work[i].failure = merged[i];
-    }
+    controller_.AgreeOnFailures(&failures);
+    for (size_t i = 0; i < work.size(); ++i) work[i].failure = std::move(failures[i]);
   }
   for (size_t i = 0; i < work.size(); ++i) {
     Work& w = work[i];
