@@ -25,7 +25,7 @@ COUNT = (64 << 20) // 4
 
 
 def torch_encode(x, bits):
-    """Max-min quantization with torch ops, DESIGN.md's arithmetic and packing."""
+    """Max-min quantization with torch ops, docs/design.md's arithmetic and packing."""
     levels = (1 << bits) - 1
     v = x.view(-1, BUCKET)
     mn = v.amin(1, keepdim=True)

@@ -110,6 +110,16 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
+  // The codes the bindings take, by name, so the Python side never retypes them.
+  py::dict dtypes;
+  for (int code = 0; code < kNumDataTypes; ++code) dtypes[DataTypeName(static_cast<DataType>(code))] = code;
+  m.attr("dtypes") = dtypes;
+  py::dict reduce_ops;  // the user-facing ones (kBitwiseAnd is internal)
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    reduce_ops[ReduceOpName(op)] = static_cast<int>(op);
+  }
+  m.attr("reduce_ops") = reduce_ops;
+
   m.def("codecs", [] {
     std::vector<std::pair<std::string, std::string>> out;
     for (const Codec* c : AllCodecs()) out.emplace_back(c->name(), c->description());

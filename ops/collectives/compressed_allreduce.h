@@ -1,4 +1,4 @@
-// Compressed allreduce algorithms (DESIGN.md "Compressed allreduce").
+// Compressed allreduce algorithms (docs/design.md "Compressed allreduce").
 //
 // SRA (scatter-reduce-allgather, as CGX and Bagua): the buffer is cut into one chunk per
 // rank; every rank encodes each peer's chunk and the chunks are exchanged (all-to-all); the

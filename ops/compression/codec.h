@@ -1,6 +1,6 @@
 // Gradient codecs: a small interface registered by name in a table (UCC style). Each codec
 // lives in its own file: none.cc, fp16.cc, bf16.cc, maxmin.cc, topk.cc. Codecs are pure
-// and thread-safe; their wire formats are fixed by DESIGN.md so every implementation (CPU
+// and thread-safe; their wire formats are fixed by docs/design.md so every implementation (CPU
 // scalar, AVX2, CUDA) produces the same bytes.
 #pragma once
 

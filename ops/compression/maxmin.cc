@@ -1,5 +1,5 @@
 // maxmin: CGX/QSGD max-min quantization to 1-8 bits per value with a (min, unit) pair per
-// bucket. Wire format and arithmetic: DESIGN.md "Compression"; per-element math in
+// bucket. Wire format and arithmetic: docs/design.md "Compression"; per-element math in
 // maxmin_math.h; kernels in kernels_impl.h.
 //
 // Non-finite input: a bucket holding a NaN or an infinity (or whose max - min overflows

@@ -1,4 +1,4 @@
-// Per-element arithmetic of max-min quantization, exactly as DESIGN.md fixes it. Plain
+// Per-element arithmetic of max-min quantization, exactly as docs/design.md "Compression" fixes it. Plain
 // `static inline` functions with no dependencies so the scalar codec, the AVX2 codec and the
 // CUDA kernels (ops/compression/cuda) compute the same bits. Compile users with
 // -ffp-contract=off (nvcc: --fmad=false): no multiply-add may be fused.

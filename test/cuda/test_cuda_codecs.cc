@@ -1,5 +1,5 @@
 // GPU codec kernels against the CPU ones: for the same arguments the device must write the
-// same bytes and decode to the same values, bit for bit (DESIGN.md's exact arithmetic).
+// same bytes and decode to the same values, bit for bit (docs/design.md's exact arithmetic).
 // Needs a CUDA device: built whenever the kernels are, run by hand or by ctest when
 // configured with -DGRADCOMP_GPU_TESTS=ON (see the README's GPU section).
 #include <cuda_runtime.h>

@@ -283,3 +283,12 @@ def test_timeline_tool_on_a_handmade_trace(tmp_path):
     empty.write_text("[]")
     assert timeline.main([str(empty)]) == 1
     assert timeline.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_settings_module_prints_the_registry_as_the_readme_does():
+    out = subprocess.run([PY, "-m", "gradcomp.settings"], capture_output=True, text=True, check=True).stdout
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    table = readme[readme.index("<!-- settings:begin -->\n") + 24:readme.index("<!-- settings:end -->")]
+    assert out == table
+    assert "| `GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS` |" in out

@@ -13,12 +13,12 @@ import threading
 from gradcomp import _core
 from gradcomp._core import GradcompError
 
-# Reduction ops (values are the C++ ReduceOp codes).
-Sum = 0
-Average = 1
-Min = 2
-Max = 3
-Product = 4
+# Reduction ops (the C++ ReduceOp codes, from the bindings).
+Sum = _core.reduce_ops["sum"]
+Average = _core.reduce_ops["average"]
+Min = _core.reduce_ops["min"]
+Max = _core.reduce_ops["max"]
+Product = _core.reduce_ops["product"]
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
 
 _SETTING_NAMES = {s["name"][len("GRADCOMP_"):].lower(): s["name"] for s in _core.describe_settings()}
@@ -132,7 +132,7 @@ def check_op(op, average=None):
     return op
 
 
-_CODECS = ("none", "fp16", "bf16", "maxmin", "topk")
+_CODECS = tuple(name for name, _ in _core.codecs())
 
 
 def compression_spec(compression):

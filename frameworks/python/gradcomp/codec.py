@@ -6,7 +6,7 @@
     >>> len(wire), gc.wire_size(g.size, "maxmin", bits=4)      # 4 bits + 8 bytes per 512 values
     >>> err = gc.decode(wire, g.size, "maxmin", bits=4) - g
 
-The bytes are exactly what travels between ranks (DESIGN.md's wire formats). Arrays are
+The bytes are exactly what travels between ranks (docs/design.md's wire formats). Arrays are
 encoded as one segment: buckets start at element 0. Inputs are float32 or float16 arrays,
 or uint16 arrays holding bfloat16 bits with ``dtype="bfloat16"``.
 """

@@ -14,6 +14,7 @@ import numpy as np
 from gradcomp.basics import (Average, GradcompError, Max, Min, Product, Sum, check_op, cross_rank, cross_size,
                              init, is_initialized, local_rank, local_size, poll, rank, shutdown, size,
                              start_timeline, stats, stop_timeline, synchronize)
+from gradcomp import _core
 from gradcomp import basics as _b
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
@@ -24,9 +25,8 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "Product", "GradcompError", "stats"]
 
 
-# numpy dtype -> the core's DataType code (ops/common/dtype.h).
-_DTYPES = {np.dtype(np.uint8): 0, np.dtype(np.int8): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 3,
-           np.dtype(np.float16): 4, np.dtype(np.float32): 6, np.dtype(np.float64): 7, np.dtype(np.bool_): 8}
+# numpy dtype -> the core's DataType code (numpy has no bfloat16).
+_DTYPES = {np.dtype(name): code for name, code in _core.dtypes.items() if name != "bfloat16"}
 
 
 def _array(x, what):
@@ -39,8 +39,7 @@ def _buffer(a, what):
     """(address, dtype code, shape) of a C-contiguous array."""
     code = _DTYPES.get(a.dtype)
     if code is None:
-        raise ValueError(f"{what}: dtype {a.dtype} is not supported "
-                         "(uint8, int8, int32, int64, float16, float32, float64, bool)")
+        raise ValueError(f"{what}: dtype {a.dtype} is not supported ({', '.join(str(d) for d in _DTYPES)})")
     return a.ctypes.data, code, list(a.shape)
 
 

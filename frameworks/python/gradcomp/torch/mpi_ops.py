@@ -7,14 +7,14 @@ when the operation completes. Handles are integers for ``poll``/``synchronize``.
 """
 import torch
 
+from gradcomp import _core
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
 from gradcomp.torch.compression import runtime_spec
 
 # torch dtype -> the core's DataType code (ops/common/dtype.h).
-_DTYPES = {torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4, torch.bfloat16: 5,
-           torch.float32: 6, torch.float64: 7, torch.bool: 8}
-_SUPPORTED = "uint8, int8, int32, int64, float16, bfloat16, float32, float64, bool"
+_DTYPES = {getattr(torch, name): code for name, code in _core.dtypes.items()}
+_SUPPORTED = ", ".join(_core.dtypes)
 
 
 def dtype_code(tensor, what):
