@@ -99,12 +99,11 @@ class Communicator {
   /// Collective: ranks passing the same color form a new communicator, ordered by (key, rank).
   /// A negative color returns nullptr for that rank.
   virtual std::unique_ptr<Communicator> Split(int color, int key) = 0;
-  /// Collective: the communicator of the ranks on this rank's node. forced_local_size > 0 groups
-  /// consecutive ranks in nodes of that size (to exercise hierarchy on one machine); 0 detects
-  /// the real shared-memory domain. `staging_bytes` sizes each rank's areas of the shared-memory
-  /// window (LocalTransport::kSharedMemory over MPI).
-  virtual std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport,
-                                                   size_t staging_bytes) = 0;
+  /// Collective: the communicator of the ranks on this rank's node, of the same kind as this
+  /// one. forced_local_size > 0 groups consecutive ranks in nodes of that size (to exercise
+  /// hierarchy on one machine); 0 detects the real shared-memory domain. BuildTopology decides
+  /// which transport the node uses.
+  virtual std::unique_ptr<Communicator> SplitLocal(int forced_local_size) = 0;
 };
 
 /// Collective: every rank's string, in rank order (an allgather of sizes, then of bytes).

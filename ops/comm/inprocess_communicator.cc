@@ -298,8 +298,7 @@ class InProcessCommunicator final : public Communicator {
     return std::make_unique<InProcessCommunicator>(std::move(group), new_rank);
   }
 
-  std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport /*transport*/,
-                                           size_t /*staging_bytes*/) override {
+  std::unique_ptr<Communicator> SplitLocal(int forced_local_size) override {
     // Threads always share memory: without a forced size the whole world is one node.
     if (forced_local_size <= 0) return Split(0, rank_);
     if (size() % forced_local_size != 0) {

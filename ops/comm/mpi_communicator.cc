@@ -4,7 +4,6 @@
 #include <climits>
 #include <cstring>
 
-#include "ops/comm/shm_communicator.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -245,8 +244,7 @@ std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key) {
   return result;
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::SplitLocal(int forced_local_size, LocalTransport transport,
-                                                          size_t staging_bytes) {
+std::unique_ptr<Communicator> MpiCommunicator::SplitLocal(int forced_local_size) {
   // The real node: ranks that can share memory.
   MPI_Comm shared = MPI_COMM_NULL;
   GC_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared));
@@ -268,13 +266,8 @@ std::unique_ptr<Communicator> MpiCommunicator::SplitLocal(int forced_local_size,
                "more than one machine (only ", group_size, " of them share memory)");
     }
   }
-  std::unique_ptr<Communicator> result;
-  if (transport == LocalTransport::kSharedMemory) {
-    result = std::make_unique<ShmCommunicator>(node, staging_bytes);
-  } else {
-    result = std::make_unique<MpiCommunicator>(node);
-  }
-  MPI_Comm_free(&node);
+  auto result = std::make_unique<MpiCommunicator>(node);
+  MPI_Comm_free(&node);  // MpiCommunicator keeps its own duplicate
   return result;
 }
 

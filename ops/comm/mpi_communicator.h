@@ -1,5 +1,5 @@
-// Communicator over MPI (a backend file: only this header, mpi_communicator.cc,
-// shm_communicator.cc and mpi_environment.cc include mpi.h). Works on a duplicate of the
+// Communicator over MPI (a backend file: only the MPI and shared-memory backends,
+// mpi_environment.cc and topology.cc, which picks the node's transport, include mpi.h). Works on a duplicate of the
 // communicator it is given, with MPI_ERRORS_RETURN so every failure becomes an exception.
 #pragma once
 
@@ -60,8 +60,7 @@ class MpiCommunicator final : public Communicator {
   void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                  const std::vector<size_t>& recv_bytes) override;
   std::unique_ptr<Communicator> Split(int color, int key) override;
-  std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport,
-                                           size_t staging_bytes) override;
+  std::unique_ptr<Communicator> SplitLocal(int forced_local_size) override;
 
  private:
   MPI_Op OpFor(DataType dtype, ReduceOp op) const;

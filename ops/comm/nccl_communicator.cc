@@ -183,8 +183,7 @@ class NcclCommunicator final : public Communicator {
     if (color < 0) return nullptr;
     return std::make_unique<NcclCommunicator>(child, device_);
   }
-  std::unique_ptr<Communicator> SplitLocal(int /*forced_local_size*/, LocalTransport /*transport*/,
-                                           size_t /*staging_bytes*/) override {
+  std::unique_ptr<Communicator> SplitLocal(int /*forced_local_size*/) override {
     throw InvalidArgument(
         "NCCL communicator: node-local groups are formed on the MPI communicator (Topology), then given NCCL");
   }

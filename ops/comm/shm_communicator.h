@@ -63,9 +63,8 @@ class ShmCommunicator final : public Communicator {
     mpi_.Alltoallv(in, send_bytes, out, recv_bytes);
   }
   std::unique_ptr<Communicator> Split(int color, int key) override { return mpi_.Split(color, key); }
-  std::unique_ptr<Communicator> SplitLocal(int forced_local_size, LocalTransport transport,
-                                           size_t staging_bytes) override {
-    return mpi_.SplitLocal(forced_local_size, transport, staging_bytes);
+  std::unique_ptr<Communicator> SplitLocal(int forced_local_size) override {
+    return mpi_.SplitLocal(forced_local_size);
   }
 
  private:

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "ops/comm/mpi_communicator.h"
+#include "ops/comm/shm_communicator.h"
 #include "ops/common/enforce.h"
 
 namespace gradcomp {
@@ -14,7 +16,14 @@ Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_siz
     GC_THROW("GRADCOMP_LOCAL_SIZE=", forced_local_size, " does not divide the world size ", world->size());
   }
   Topology topo;
-  topo.local = world->SplitLocal(forced_local_size, transport, shm_staging_bytes);
+  topo.local = world->SplitLocal(forced_local_size);
+  if (transport == LocalTransport::kSharedMemory) {
+    // Over MPI, the node's ranks exchange through a shared-memory window (other kinds of
+    // communicator, the tests' in-process one, share memory already).
+    if (const auto* node = dynamic_cast<const MpiCommunicator*>(topo.local.get())) {
+      topo.local = std::make_unique<ShmCommunicator>(node->handle(), shm_staging_bytes);
+    }
+  }
   topo.cross = world->Split(topo.local->rank(), world->rank());
   // Every rank learns every node's size: hierarchy needs the same number of ranks per node.
   const int n = world->size();

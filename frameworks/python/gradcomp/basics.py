@@ -186,6 +186,19 @@ def synchronize(handle):
     return finish()
 
 
+def join():
+    """This rank is out of data: it contributes zeros to other ranks' reductions until every
+    rank has joined. Returns the last rank to join."""
+    native = runtime().join_async()
+    native.wait()
+    return int(native.aux()[0])
+
+
+def barrier():
+    """Returns once every rank has called barrier()."""
+    runtime().barrier_async().wait()
+
+
 @atexit.register
 def _shutdown_at_exit():
     try:
@@ -194,6 +207,7 @@ def _shutdown_at_exit():
         pass
 
 
-__all__ = ["GradcompError", "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+__all__ = ["GradcompError", "init", "shutdown", "join", "barrier",
+           "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "start_timeline", "stop_timeline", "poll", "synchronize",
            "Sum", "Average", "Min", "Max", "Product"]

@@ -11,9 +11,9 @@ names are generated from the call order (the same on every rank).
 """
 import numpy as np
 
-from gradcomp.basics import (Average, GradcompError, Max, Min, Product, Sum, check_op, cross_rank, cross_size,
-                             init, is_initialized, local_rank, local_size, poll, rank, shutdown, size,
-                             start_timeline, stats, stop_timeline, synchronize)
+from gradcomp.basics import (Average, GradcompError, Max, Min, Product, Sum, barrier, check_op, cross_rank,
+                             cross_size, init, is_initialized, join, local_rank, local_size, poll, rank, shutdown,
+                             size, start_timeline, stats, stop_timeline, synchronize)
 from gradcomp import _core
 from gradcomp import basics as _b
 
@@ -175,16 +175,3 @@ def reducescatter_async(array, op=None, name=None, prescale_factor=1.0, postscal
 
 def reducescatter(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     return synchronize(reducescatter_async(array, op, name, prescale_factor, postscale_factor))
-
-
-def join():
-    """This rank is out of data: it contributes zeros to other ranks' reductions until all
-    ranks have joined. Returns the last rank to join."""
-    native = _b.runtime().join_async()
-    native.wait()
-    return int(native.aux()[0])
-
-
-def barrier():
-    """Returns once every rank has called barrier()."""
-    _b.runtime().barrier_async().wait()

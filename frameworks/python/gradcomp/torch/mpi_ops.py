@@ -332,11 +332,7 @@ def join(device=-1):
     """This rank is out of data: it contributes zeros to other ranks' allreduces until every
     rank has joined. Returns the last rank to join."""
     del device  # the runtime is host-side
-    native = _b.runtime().join_async()
-    native.wait()
-    return int(native.aux()[0])
+    return _b.join()
 
 
-def barrier():
-    """Returns once every rank has called barrier()."""
-    _b.runtime().barrier_async().wait()
+barrier = _b.barrier
