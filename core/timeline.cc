@@ -58,6 +58,11 @@ void Timeline::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!active_) return;
+    // Phases still open end at the stop, so every begin in the file has its end (a peer's
+    // tensor whose negotiation began just before this rank stopped recording, say).
+    const auto now = std::chrono::steady_clock::now();
+    const auto open = open_;  // RecordLocked erases from open_
+    for (const auto& [tensor, phase] : open) RecordLocked(tensor, phase, 'E', "\"cut_by_stop\": true", now);
     stopping_ = true;
     active_ = false;
   }
@@ -97,6 +102,11 @@ void Timeline::Record(const std::string& tensor, const std::string& phase, char 
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   if (!active_) return;
+  RecordLocked(tensor, phase, ph, args, now);
+}
+
+void Timeline::RecordLocked(const std::string& tensor, const std::string& phase, char ph, const std::string& args,
+                            std::chrono::steady_clock::time_point now) {
   if (ph == 'B') open_.emplace(tensor, phase);
   if (ph == 'E' && open_.erase({tensor, phase}) == 0) return;  // began before recording started
   if (queue_.size() >= kQueueCapacity) {

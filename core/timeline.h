@@ -29,7 +29,8 @@ class Timeline {
   /// Starts writing to `path` (truncates it); throws naming the path if it cannot be opened.
   /// `pid` is the process id shown in the trace (the rank).
   void Start(const std::string& path, int pid);
-  /// Flushes the queue, finishes the file and stops the writer.
+  /// Ends the phases still open (their end events carry "cut_by_stop": true), flushes the
+  /// queue, finishes the file and stops the writer.
   void Stop();
   bool active() const;
 
@@ -47,6 +48,9 @@ class Timeline {
 
  private:
   void Record(const std::string& tensor, const std::string& phase, char ph, const std::string& args);
+  /// Record with mu_ held and recording active.
+  void RecordLocked(const std::string& tensor, const std::string& phase, char ph, const std::string& args,
+                    std::chrono::steady_clock::time_point now);
   void WriterLoop();
 
   mutable std::mutex mu_;

@@ -263,5 +263,33 @@ TEST(Timeline, WritesChromeTraceRowsAndDropsEndsOfPhasesBegunBeforeRecording) {
   EXPECT_THROW(t.Start("/nonexistent-dir/x.json", 0), InvalidArgument);
 }
 
+TEST(Timeline, StopEndsThePhasesStillOpen) {
+  // A peer's barrier whose negotiation began on the coordinator just before it stopped
+  // recording: the file must still pair every begin with an end.
+  const std::string path = ::testing::TempDir() + "gradcomp_timeline_stop.json";
+  Timeline t;
+  t.Start(path, 0);
+  t.Begin("__barrier.3", "NEGOTIATE");
+  t.Begin("w", "COMMUNICATE");
+  t.End("w", "COMMUNICATE");
+  t.Stop();
+  t.End("__barrier.3", "NEGOTIATE");  // after the stop: ignored
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string s = text.str();
+  std::remove(path.c_str());
+  const auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("\"ph\": \"B\""), 2u) << s;
+  EXPECT_EQ(count("\"ph\": \"E\""), 2u) << s;
+  EXPECT_EQ(count("\"name\": \"NEGOTIATE\", \"ph\": \"E\""), 1u) << s;
+  EXPECT_EQ(count("\"cut_by_stop\": true"), 1u) << s;
+  EXPECT_EQ(s.substr(s.size() - 3), "\n]\n") << s;
+}
+
 }  // namespace
 }  // namespace gradcomp
