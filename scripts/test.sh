@@ -9,7 +9,7 @@
 # builds with those sanitizers into build-asan-ubsan/ or build-tsan/ and runs the C++ suites
 # (unit, thread ranks, mpirun) under them with the suppressions in test/sanitizers/ (each one
 # justified there); --python also runs the mpirun Python suites with the sanitizer runtime
-# preloaded into Debian's interpreter.
+# preloaded into Debian's interpreter (under TSan the NumPy ones: see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -61,5 +61,13 @@ if [ "$python_too" = 1 ]; then
   # memory until exit by design: leak checking is for the C++ suites.
   labels="cxx|mpi_python"
   export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
+  if [ "$sanitize" = thread ]; then
+    # torch 1.13 is not built for TSan: its own threads (gloo's, DDP's Reducer, autograd)
+    # synchronize through atomics TSan cannot see, so it reports races inside torch that no
+    # Open MPI or glibc suppression covers. Under TSan the Python suites are the NumPy ones;
+    # the torch suites run under ASan+UBSan (--sanitize address,undefined --python).
+    exec ctest --output-on-failure -j "$(nproc)" --timeout 1800 -L "$labels" \
+      -E "pytest_(torch|ddp_hook|nonfinite)" "$@"
+  fi
 fi
 exec ctest --output-on-failure -j "$(nproc)" --timeout 1800 -L "$labels" "$@"
