@@ -54,13 +54,51 @@ void Controller::SendPendingToCoordinator(size_t pos) {
 }
 
 Controller::CycleOutput Controller::RunCycle(CycleInput input) {
-  const Clock::time_point now = Clock::now();
+  const size_t nw = Words(cache_.capacity());
+  std::vector<uint64_t> words = CycleWords(input, Clock::now());
+  world_.Allreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
+  if (log_.should_log(spdlog::level::trace)) {
+    log_.trace("cycle: {} cached pending, {} for the coordinator, {} outstanding, flags {:#x}", pending_count_,
+               to_coordinator_.size(), outstanding_.size(), words[0]);
+  }
+
+  CycleOutput out;
+  out.busy = !(words[0] & kIdle);
+  if (!(words[0] & kNoShutdown)) {
+    out.shutdown = true;
+    return out;
+  }
+  const bool join_active = !(words[0] & kNoJoin);
+  bool erased_any = false;
+  for (size_t pos = 0; pos < cache_.capacity(); ++pos) {
+    if (TestBit(words, 1 + nw, pos)) continue;
+    erased_any = true;
+    SendPendingToCoordinator(pos);
+    cache_.Erase(pos);
+  }
+  out.responses = TakeReadyFromCache(words);
+  if (join_active) {
+    // Joined ranks set no ready bits: cached tensors are matched by the coordinator instead.
+    for (size_t pos = 0; pos < cache_.capacity() && pending_count_ > 0; ++pos) SendPendingToCoordinator(pos);
+  }
+  out.from_cache = out.responses.size();
+  if (!(words[0] & kNoUncached) || erased_any || join_active) {
+    std::vector<Request> mine;
+    mine.swap(to_coordinator_);
+    for (const Request& r : mine) outstanding_.insert(r.name);
+    std::vector<Response> coordinated = Coordinate(mine, &out.fatal);
+    out.responses.insert(out.responses.end(), coordinated.begin(), coordinated.end());
+    if (!out.fatal.empty()) out.shutdown = true;
+  }
+  return out;
+}
+
+std::vector<uint64_t> Controller::CycleWords(CycleInput& input, Clock::time_point now) {
   const size_t cap = cache_.capacity();
   const size_t nw = Words(cap);
   // Words: [flags][ready bits][keep bits].
   std::vector<uint64_t> words(1 + 2 * nw, 0);
   std::fill(words.begin() + 1 + static_cast<long>(nw), words.end(), ~uint64_t{0});
-
   for (Request& r : input.fresh) {
     if (r.type == RequestType::kJoin) joined_ = true;
     size_t pos = 0;
@@ -93,29 +131,12 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
   }
   words[0] = (input.shutdown ? 0 : kNoShutdown) | (want_slow ? 0 : kNoUncached) |
              (joined_ ? 0 : kNoJoin) | (busy ? 0 : kIdle);
+  return words;
+}
 
-  world_.Allreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
-  if (log_.should_log(spdlog::level::trace)) {
-    log_.trace("cycle: {} cached pending, {} for the coordinator, {} outstanding, flags {:#x}", pending_count_,
-               to_coordinator_.size(), outstanding_.size(), words[0]);
-  }
-
-  CycleOutput out;
-  out.busy = !(words[0] & kIdle);
-  if (!(words[0] & kNoShutdown)) {
-    out.shutdown = true;
-    return out;
-  }
-  const bool join_active = !(words[0] & kNoJoin);
-  bool erased_any = false;
-  for (size_t pos = 0; pos < cap; ++pos) {
-    if (TestBit(words, 1 + nw, pos)) continue;
-    erased_any = true;
-    SendPendingToCoordinator(pos);
-    cache_.Erase(pos);
-  }
-  const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
-  FusionPlanner from_cache(threshold);
+std::vector<Response> Controller::TakeReadyFromCache(const std::vector<uint64_t>& words) {
+  const size_t cap = cache_.capacity(), nw = Words(cap);
+  FusionPlanner from_cache(static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024));
   for (size_t w = 0; w < nw; ++w) {
     // Positions ready everywhere and kept everywhere, a word at a time.
     for (uint64_t bits = words[1 + w] & words[1 + nw + w]; bits != 0; bits &= bits - 1) {
@@ -131,21 +152,7 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
       ++cache_hits_;
     }
   }
-  if (join_active) {
-    // Joined ranks set no ready bits: cached tensors are matched by the coordinator instead.
-    for (size_t pos = 0; pos < cap && pending_count_ > 0; ++pos) SendPendingToCoordinator(pos);
-  }
-  out.responses = from_cache.Take();
-  out.from_cache = out.responses.size();
-  if (!(words[0] & kNoUncached) || erased_any || join_active) {
-    std::vector<Request> mine;
-    mine.swap(to_coordinator_);
-    for (const Request& r : mine) outstanding_.insert(r.name);
-    std::vector<Response> coordinated = Coordinate(mine, &out.fatal);
-    out.responses.insert(out.responses.end(), coordinated.begin(), coordinated.end());
-    if (!out.fatal.empty()) out.shutdown = true;
-  }
-  return out;
+  return from_cache.Take();
 }
 
 void Controller::Executed(const Response& single, bool from_cache) {
@@ -253,6 +260,58 @@ std::vector<Response> Controller::CoordinatorReady() {
   return ready;
 }
 
+namespace {
+
+// Whether every rank's request for the tensor agrees with the first one on each field that
+// must be equal; if not, `error` lists each rank's value of the first field that differs.
+bool FieldsAgree(const std::map<int, Request>& by_rank, const std::string& what, std::string* error) {
+  const Request& ref = by_rank.begin()->second;
+  auto check = [&](const char* field, auto value_of) -> bool {
+    const std::string want = value_of(ref);
+    bool same = true;
+    for (const auto& [rank, req] : by_rank) same = same && value_of(req) == want;
+    if (same) return true;
+    std::ostringstream os;
+    os << "mismatched " << field << " for " << what << ":";
+    bool first = true;
+    for (const auto& [rank, req] : by_rank) {
+      os << (first ? " " : ", ") << "rank " << rank << " " << value_of(req);
+      first = false;
+    }
+    *error = os.str();
+    return false;
+  };
+  const bool ok =
+      check("operation", [](const Request& r) { return std::string(RequestTypeName(r.type)); }) &&
+      check("dtype", [](const Request& r) { return std::string(DataTypeName(r.dtype)); }) &&
+      check("rank of shape", [](const Request& r) { return std::to_string(r.shape.size()); });
+  if (!ok) return false;
+  const bool first_dim_free = ref.type == RequestType::kAllgather || ref.type == RequestType::kAlltoall;
+  if (first_dim_free) {
+    if (!check("shape after the first dimension", [](const Request& r) {
+          return ShapeString(std::vector<int64_t>(r.shape.begin() + (r.shape.empty() ? 0 : 1), r.shape.end()));
+        })) {
+      return false;
+    }
+  } else if (!check("shape", [](const Request& r) { return ShapeString(r.shape); })) {
+    return false;
+  }
+  if (ref.type == RequestType::kAllreduce || ref.type == RequestType::kReducescatter) {
+    if (!check("op", [](const Request& r) { return std::string(ReduceOpName(r.op)); }) ||
+        !check("prescale factor", [](const Request& r) { return Double(r.prescale); }) ||
+        !check("postscale factor", [](const Request& r) { return Double(r.postscale); }) ||
+        !check("compression", [](const Request& r) { return r.compression.Describe(); })) {
+      return false;
+    }
+  }
+  if (ref.type == RequestType::kBroadcast) {
+    return check("root rank", [](const Request& r) { return std::to_string(r.root); });
+  }
+  return true;
+}
+
+}  // namespace
+
 Response Controller::BuildResponse(const std::string& name, const TableEntry& entry) const {
   const Request& ref = entry.by_rank.begin()->second;
   Response resp;
@@ -266,53 +325,10 @@ Response Controller::BuildResponse(const std::string& name, const TableEntry& en
   resp.compression = ref.compression;
   resp.shapes = {ref.shape};
   const std::string what = std::string(RequestTypeName(ref.type)) + " of tensor '" + name + "'";
-
-  // A field that differs between ranks fails the tensor on every rank, listing each value.
-  auto check = [&](const char* field, auto value_of) -> bool {
-    const std::string want = value_of(ref);
-    bool same = true;
-    for (const auto& [rank, req] : entry.by_rank) same = same && value_of(req) == want;
-    if (same) return true;
-    std::ostringstream os;
-    os << "mismatched " << field << " for " << what << ":";
-    bool first = true;
-    for (const auto& [rank, req] : entry.by_rank) {
-      os << (first ? " " : ", ") << "rank " << rank << " " << value_of(req);
-      first = false;
-    }
-    resp.error = os.str();
-    return false;
-  };
-  const bool ok =
-      check("operation", [](const Request& r) { return std::string(RequestTypeName(r.type)); }) &&
-      check("dtype", [](const Request& r) { return std::string(DataTypeName(r.dtype)); }) &&
-      check("rank of shape", [](const Request& r) { return std::to_string(r.shape.size()); });
-  if (!ok) return resp;
-  const bool first_dim_free = ref.type == RequestType::kAllgather || ref.type == RequestType::kAlltoall;
-  if (first_dim_free) {
-    if (!check("shape after the first dimension", [](const Request& r) {
-          return ShapeString(std::vector<int64_t>(r.shape.begin() + (r.shape.empty() ? 0 : 1), r.shape.end()));
-        })) {
-      return resp;
-    }
-  } else if (!check("shape", [](const Request& r) { return ShapeString(r.shape); })) {
-    return resp;
-  }
-  if (ref.type == RequestType::kAllreduce || ref.type == RequestType::kReducescatter) {
-    if (!check("op", [](const Request& r) { return std::string(ReduceOpName(r.op)); }) ||
-        !check("prescale factor", [](const Request& r) { return Double(r.prescale); }) ||
-        !check("postscale factor", [](const Request& r) { return Double(r.postscale); }) ||
-        !check("compression", [](const Request& r) { return r.compression.Describe(); })) {
-      return resp;
-    }
-  }
+  if (!FieldsAgree(entry.by_rank, what, &resp.error)) return resp;
   const std::set<int> joined(join_order_.begin(), join_order_.end());
-  if (ref.type == RequestType::kBroadcast) {
-    if (!check("root rank", [](const Request& r) { return std::to_string(r.root); })) return resp;
-    if (joined.count(ref.root)) {
-      resp.error = what + ": root rank " + std::to_string(ref.root) + " has already joined";
-      return resp;
-    }
+  if (ref.type == RequestType::kBroadcast && joined.count(ref.root)) {
+    resp.error = what + ": root rank " + std::to_string(ref.root) + " has already joined";
   }
   if (ref.type == RequestType::kAllgather) {
     int64_t total = 0;

@@ -106,6 +106,11 @@ class Controller {
   };
   // Moves the pending hit at `pos` to the coordinator's next slow path.
   void SendPendingToCoordinator(size_t pos);
+  // This rank's words of a cycle's agreement (flags, ready bits, keep bits), from the fresh
+  // requests and the cached ones pending.
+  std::vector<uint64_t> CycleWords(CycleInput& input, Clock::time_point now);
+  // The cached responses every rank is ready for and keeps, fused.
+  std::vector<Response> TakeReadyFromCache(const std::vector<uint64_t>& words);
   // Rank 0's view of requests not yet answered.
   struct TableEntry {
     std::map<int, Request> by_rank;

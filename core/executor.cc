@@ -31,6 +31,21 @@ std::string EndArgs(DataType dtype, const std::vector<int64_t>& shape, int64_t w
   return os.str();
 }
 
+// "w3", or "fusion of 12 tensors starting with 'w3'" (error messages, logs).
+std::string FusedName(const Response& r) {
+  const size_t n = r.names.size();
+  return n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
+}
+
+// out = in converted to out_dtype (a copy when the dtypes are equal).
+void CastOrCopy(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype) {
+  if (in_dtype == out_dtype) {
+    std::memcpy(out, in, n * DataTypeSize(in_dtype));
+  } else {
+    CastBuffer(in, in_dtype, n, out, out_dtype, false);
+  }
+}
+
 void CompleteAll(EntryList& entries) {
   std::vector<Handle*> handles;
   for (auto& e : entries) {
@@ -87,6 +102,11 @@ void Executor::Run(const Response& r, EntryList& entries) {
   }
 }
 
+bool Executor::UseHierarchy(bool compressed) const {
+  const bool wanted = settings_.hierarchical || (compressed && settings_.intra_broadcast);
+  return wanted && topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
+}
+
 void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   const size_t esize = DataTypeSize(r.dtype);
   const bool record = timeline_.active();
@@ -100,7 +120,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   o.op = r.op;
   o.prescale = r.prescale;
   o.postscale = r.postscale;
-  o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
+  o.name = FusedName(r);
   // The tensors are reduced where they lie, as one buffer: the communicator fuses them (or
   // stages them straight into shared memory); a joined rank contributes zeros.
   std::vector<BufferPiece> pieces(n);
@@ -114,9 +134,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   if (record) {
     for (const auto& name : r.names) timeline_.Begin(name, "COMMUNICATE");
   }
-  const bool hierarchical = settings_.hierarchical && topo_.homogeneous && topo_.local_size() > 1 &&
-                            topo_.cross_size() > 1;
-  FusedAllreduce(topo_, hierarchical, pieces, o, fusion_);
+  FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
   if (record) {
     for (size_t i = 0; i < n; ++i) {
       const int64_t bytes = NumElements(r.shapes[i]) * static_cast<int64_t>(esize);
@@ -127,90 +145,22 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
 }
 
 void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total) {
-  const size_t n = r.names.size();
-  const size_t esize = DataTypeSize(r.dtype);
   const CompressionSpec& spec = r.compression;
-  const bool topk = spec.codec == "topk";
-  const bool dgc = topk && spec.topk_momentum > 0;
+  const Codec& codec = FindCodec(spec.codec);
+  const bool dgc = (codec.fields() & kFieldMomentum) != 0 && spec.topk_momentum > 0;
   const bool record = timeline_.active();
   if (record) {
     for (const auto& name : r.names) timeline_.Begin(name, "ALLREDUCE");
   }
-  // The buffer: the tensors one after another (zeros for a joined rank); DGC replaces each
-  // gradient by its momentum-corrected velocity (float32) before sparsification.
-  DataType dtype = r.dtype;
-  std::vector<char> staged;
-  char* buffer = n == 1 && entries[0] && !dgc ? nullptr : fusion_.data();
-  if (dgc) {
-    dtype = DataType::kFloat32;
-    staged.resize(total * sizeof(float));
-    buffer = staged.data();
-  }
-  std::vector<size_t> segments(n);
-  std::vector<bool> unmasked(n, false);  // DGC tensors whose memory skips this step
-  size_t start = 0;
-  for (size_t i = 0; i < n; ++i) {
-    segments[i] = static_cast<size_t>(NumElements(r.shapes[i]));
-    if (buffer != nullptr) {
-      char* dst = buffer + start * DataTypeSize(dtype);
-      if (!entries[i]) {
-        std::memset(dst, 0, segments[i] * DataTypeSize(dtype));
-      } else if (dgc) {
-        CastBuffer(entries[i]->input, r.dtype, segments[i], dst, DataType::kFloat32, false);
-        if (!dgc_.Compensate(r.names[i], reinterpret_cast<float*>(dst), segments[i],
-                             static_cast<float>(spec.topk_momentum), spec.topk_nesterov)) {
-          unmasked[i] = true;  // a non-finite step: the momentum and velocity stay as they were
-          ++memories_kept_;
-        }
-      } else {
-        std::memcpy(dst, entries[i]->input, segments[i] * esize);
-      }
-    }
-    start += segments[i];
-  }
-  const void* input = buffer != nullptr ? buffer : entries[0]->input;
-  void* output = buffer != nullptr ? static_cast<void*>(buffer) : entries[0]->output;
-
-  CompressedAllreduceOptions o;
-  o.input = input;
-  o.output = output;
-  o.count = total;
-  o.dtype = dtype;
-  o.op = r.op;
-  o.prescale = r.prescale;
-  o.postscale = r.postscale;
-  o.codec = &FindCodec(spec.codec);
-  o.params.bits = spec.bits;
-  o.params.bucket_size = static_cast<size_t>(spec.bucket_size);
-  o.params.stochastic = spec.stochastic;
-  o.params.skip_incomplete_buckets = spec.skip_incomplete_buckets;
-  o.params.topk_ratio = spec.topk_ratio;
-  o.params.seed = static_cast<uint64_t>(settings_.seed);
-  o.params.step = ++compressed_steps_;
-  o.segments = segments;
-  o.workspace = &workspace_;
-  // Stripes overlap encoding and decoding with the network. Automatically only for max-min
-  // across nodes: on one node there is no network time to hide behind (only a helper thread
-  // competing for the cores), and fp16/bf16 casts cost too little to repay the extra messages.
-  const bool auto_stripes = spec.codec == "maxmin" && topo_.cross_size() > 1;
-  o.pipeline_stripes = settings_.pipeline_stripes > 0 ? static_cast<size_t>(settings_.pipeline_stripes)
-                       : auto_stripes                 ? kAutoPipelineStripes
-                                                      : 1;
-  o.name = n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
-  // Error feedback state, assembled in buffer order from each tensor's own.
+  const Staged staged = StageCompressed(r, entries, total, dgc);
+  CompressedAllreduceOptions o = CompressedOptions(r, codec, staged);
+  // Error feedback: each tensor's residuals, assembled in buffer order.
   std::vector<float> residual, reduced;
   const bool feedback = spec.error_feedback && !dgc;
   if (feedback) {
-    residual.resize(total);
-    reduced.resize(total);
-    for (size_t i = 0, at = 0; i < n; at += segments[i], ++i) {
-      const std::vector<float>& a = residuals_.Slot(r.names[i], segments[i]);
-      const std::vector<float>& b = reduced_residuals_.Slot(r.names[i], segments[i]);
-      std::copy(a.begin(), a.end(), residual.begin() + static_cast<long>(at));
-      std::copy(b.begin(), b.end(), reduced.begin() + static_cast<long>(at));
-    }
+    memory_.GatherResiduals(r.names, staged.segments, &residual, &reduced);
     o.residual = residual.data();
-    o.reduced_residual = topk ? nullptr : reduced.data();
+    o.reduced_residual = codec.sparse() ? nullptr : reduced.data();
   }
   std::vector<uint32_t> sent;
   if (dgc) o.sent_indices = &sent;
@@ -219,60 +169,96 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
       for (const auto& name : r.names) begin ? timeline_.Begin(name, phase) : timeline_.End(name, phase);
     };
   }
-  const bool hierarchical = (settings_.hierarchical || settings_.intra_broadcast) && topo_.homogeneous &&
-                            topo_.local_size() > 1 && topo_.cross_size() > 1;
-  CompressedAllreduceStats st;
-  if (topk) {
-    st = SparseAllreduce(*topo_.world, o);
-  } else if (hierarchical) {
-    st = HierarchicalCompressedAllreduce(topo_, o, settings_.intra_broadcast);
-  } else {
-    st = CompressedAllreduce(*topo_.world, o);
-  }
-  if (feedback) {
-    // A residual that a non-finite step would poison keeps its value from before the step.
-    for (size_t i = 0, at = 0; i < n; at += segments[i], ++i) {
-      if (!residuals_.Store(r.names[i], residual.data() + at, segments[i])) ++memories_kept_;
-      if (!reduced_residuals_.Store(r.names[i], reduced.data() + at, segments[i])) ++memories_kept_;
-    }
-  }
-  if (dgc) {
-    // Momentum factor masking of what was sent, per tensor.
-    std::vector<std::vector<uint32_t>> per_tensor(n);
-    std::vector<size_t> bounds{0};
-    for (size_t seg : segments) bounds.push_back(bounds.back() + seg);
-    for (uint32_t idx : sent) {
-      const size_t t = static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end(), idx) - bounds.begin()) - 1;
-      per_tensor[t].push_back(idx - static_cast<uint32_t>(bounds[t]));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (entries[i] && !unmasked[i]) dgc_.Update(r.names[i], per_tensor[i].data(), per_tensor[i].size());
-    }
-  }
-  // Copy the results out (converting DGC's float32 buffer back).
-  if (buffer != nullptr) {
-    for (size_t i = 0, at = 0; i < n; at += segments[i], ++i) {
-      if (!entries[i]) continue;
-      const char* src = buffer + at * DataTypeSize(dtype);
-      if (dgc) {
-        CastBuffer(src, DataType::kFloat32, segments[i], entries[i]->output, r.dtype, false);
-      } else {
-        std::memcpy(entries[i]->output, src, segments[i] * esize);
-      }
-    }
-  }
-  bytes_in_ += total * esize;
+  const CompressedAllreduceStats st = RunCompressedAlgorithm(codec, o);
+  if (feedback) memory_.ScatterResiduals(r.names, staged.segments, residual, reduced);
+  if (dgc) memory_.MaskSent(r.names, staged.segments, sent, staged.skip_masking);
+  UnstageCompressed(r, entries, staged);
+  bytes_in_ += total * DataTypeSize(r.dtype);
   bytes_on_wire_ += st.bytes_sent;
   if (record) {
     // Each tensor's share of the bytes this rank sent, in proportion to its size.
-    for (size_t i = 0; i < n; ++i) {
-      const auto wire = static_cast<int64_t>(static_cast<double>(st.bytes_sent) * static_cast<double>(segments[i]) /
-                                             static_cast<double>(total));
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      const auto wire = static_cast<int64_t>(static_cast<double>(st.bytes_sent) *
+                                             static_cast<double>(staged.segments[i]) / static_cast<double>(total));
       timeline_.End(r.names[i], "ALLREDUCE",
                     EndArgs(r.dtype, r.shapes[i], wire) + ", \"codec\": \"" + JsonEscape(spec.Describe()) + "\"");
     }
   }
   CompleteAll(entries);
+}
+
+Executor::Staged Executor::StageCompressed(const Response& r, EntryList& entries, size_t total, bool dgc) {
+  // The tensors one after another (zeros for a joined rank), unless one tensor can be reduced
+  // in place; DGC replaces each gradient by its momentum-corrected velocity (float32).
+  const size_t n = r.names.size();
+  Staged s;
+  s.dtype = dgc ? DataType::kFloat32 : r.dtype;
+  s.packed = n == 1 && entries[0] && !dgc ? nullptr : fusion_.data();
+  if (dgc) {
+    s.velocities.resize(total * sizeof(float));
+    s.packed = s.velocities.data();
+  }
+  s.segments.resize(n);
+  s.skip_masking.assign(n, false);
+  const size_t esize = DataTypeSize(s.dtype);
+  for (size_t i = 0, at = 0; i < n; at += s.segments[i], ++i) {
+    s.segments[i] = static_cast<size_t>(NumElements(r.shapes[i]));
+    s.skip_masking[i] = !entries[i];
+    if (s.packed == nullptr) continue;
+    char* dst = s.packed + at * esize;
+    if (!entries[i]) {
+      std::memset(dst, 0, s.segments[i] * esize);
+    } else if (dgc) {
+      CastBuffer(entries[i]->input, r.dtype, s.segments[i], dst, DataType::kFloat32, false);
+      s.skip_masking[i] = !memory_.Compensate(r.names[i], reinterpret_cast<float*>(dst), s.segments[i], r.compression);
+    } else {
+      std::memcpy(dst, entries[i]->input, s.segments[i] * esize);
+    }
+  }
+  s.input = s.packed != nullptr ? s.packed : entries[0]->input;
+  s.output = s.packed != nullptr ? static_cast<void*>(s.packed) : entries[0]->output;
+  return s;
+}
+
+void Executor::UnstageCompressed(const Response& r, EntryList& entries, const Staged& s) {
+  if (s.packed == nullptr) return;  // reduced in place
+  for (size_t i = 0, at = 0; i < r.names.size(); at += s.segments[i], ++i) {
+    if (!entries[i]) continue;
+    // Converts DGC's float32 velocities back to the tensor's dtype.
+    CastOrCopy(s.packed + at * DataTypeSize(s.dtype), s.dtype, s.segments[i], entries[i]->output, r.dtype);
+  }
+}
+
+CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const Codec& codec, const Staged& s) {
+  CompressedAllreduceOptions o;
+  o.input = s.input;
+  o.output = s.output;
+  for (size_t seg : s.segments) o.count += seg;
+  o.dtype = s.dtype;
+  o.op = r.op;
+  o.prescale = r.prescale;
+  o.postscale = r.postscale;
+  o.codec = &codec;
+  o.params = ParamsOf(r.compression);
+  o.params.seed = static_cast<uint64_t>(settings_.seed);
+  o.params.step = ++compressed_steps_;
+  o.segments = s.segments;
+  o.workspace = &workspace_;
+  // Stripes overlap encoding and decoding with the network. Automatically only for codecs
+  // whose encoding is worth hiding, across nodes: on one node there is no network time to
+  // hide behind (only a helper thread competing for the cores).
+  const bool auto_stripes = codec.stripes_pay() && topo_.cross_size() > 1;
+  o.pipeline_stripes = settings_.pipeline_stripes > 0 ? static_cast<size_t>(settings_.pipeline_stripes)
+                       : auto_stripes                 ? kAutoPipelineStripes
+                                                      : 1;
+  o.name = FusedName(r);
+  return o;
+}
+
+CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o) {
+  if (codec.sparse()) return SparseAllreduce(*topo_.world, o);
+  if (UseHierarchy(true)) return HierarchicalCompressedAllreduce(topo_, o, settings_.intra_broadcast);
+  return CompressedAllreduce(*topo_.world, o);
 }
 
 void Executor::RunAllgather(const Response& r, EntryList& entries) {

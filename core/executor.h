@@ -7,13 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include "core/compression_memory.h"
 #include "core/message.h"
 #include "core/settings.h"
 #include "core/tensor_queue.h"
 #include "core/timeline.h"
 #include "ops/comm/topology.h"
 #include "ops/collectives/compressed_allreduce.h"
-#include "ops/compression/memory.h"
 
 namespace gradcomp {
 
@@ -31,15 +31,29 @@ class Executor {
   /// Runs the collective and completes the entries' handles.
   void Run(const Response& response, EntryList& entries);
   /// Drops the error-feedback residuals and DGC momentum kept for `name`.
-  void ForgetCompressionState(const std::string& name) {
-    residuals_.Forget(name);
-    reduced_residuals_.Forget(name);
-    dgc_.Forget(name);
-  }
+  void ForgetCompressionState(const std::string& name) { memory_.Forget(name); }
 
  private:
   void RunAllreduce(const Response& r, EntryList& entries);
   void RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total);
+  /// A compressed allreduce's buffer: where the tensors are packed (or the one tensor in place).
+  struct Staged {
+    DataType dtype = DataType::kFloat32;  ///< float32 for DGC's velocities
+    const void* input = nullptr;
+    void* output = nullptr;
+    char* packed = nullptr;           ///< the packed tensors; null: the single tensor in place
+    std::vector<char> velocities;     ///< DGC's float32 buffer
+    std::vector<size_t> segments;     ///< element count of each tensor, in buffer order
+    std::vector<bool> skip_masking;   ///< DGC: tensors whose momentum this step leaves alone
+  };
+  Staged StageCompressed(const Response& r, EntryList& entries, size_t total, bool dgc);
+  void UnstageCompressed(const Response& r, EntryList& entries, const Staged& staged);
+  CompressedAllreduceOptions CompressedOptions(const Response& r, const Codec& codec, const Staged& staged);
+  /// Runs the compressed allreduce algorithm that fits the codec and the topology.
+  CompressedAllreduceStats RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o);
+  /// Hierarchical collectives: asked for, and a topology of equal nodes, several ranks per node
+  /// and several nodes (GRADCOMP_INTRA_BROADCAST asks for it too in compressed allreduces).
+  bool UseHierarchy(bool compressed) const;
   void RunAllgather(const Response& r, EntryList& entries);
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
@@ -50,14 +64,10 @@ class Executor {
   Timeline& timeline_;
   std::vector<char> fusion_;   // fusion buffer, grown as needed
   std::vector<char> scratch_;  // zeros / receive space of joined ranks
-  // Compression state kept per tensor name across steps.
-  ErrorFeedback residuals_;          // of this rank's own compression
-  ErrorFeedback reduced_residuals_;  // of the reduced chunks this rank owns
-  DgcMemory dgc_;
+  CompressionMemory memory_;         // kept per tensor name across steps
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   CompressionWorkspace workspace_;
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
-  std::atomic<uint64_t> memories_kept_{0};  // memory updates skipped for non-finite values
 
  public:
   /// Payload bytes of compressed allreduces and the bytes this rank sent for them.
@@ -65,9 +75,9 @@ class Executor {
   uint64_t compressed_bytes_on_wire() const { return bytes_on_wire_; }
   /// Error-feedback residuals and DGC memories (one per tensor and memory) that kept their
   /// previous values because a step carried non-finite values (ops/compression/memory.h).
-  uint64_t nonfinite_memory_skips() const { return memories_kept_; }
+  uint64_t nonfinite_memory_skips() const { return memory_.nonfinite_skips(); }
   /// Tensors with compression state kept across steps (background thread only).
-  size_t compression_memories() const { return residuals_.size() + dgc_.size(); }
+  size_t compression_memories() const { return memory_.size(); }
 };
 
 }  // namespace gradcomp

@@ -21,33 +21,6 @@ const char* RequestTypeName(RequestType type) {
   return "unknown";
 }
 
-bool CompressionSpec::operator==(const CompressionSpec& o) const {
-  if (codec != o.codec || error_feedback != o.error_feedback) return false;
-  if (codec == "maxmin") {
-    return bits == o.bits && bucket_size == o.bucket_size && stochastic == o.stochastic &&
-           skip_incomplete_buckets == o.skip_incomplete_buckets;
-  }
-  if (codec == "topk") {
-    return topk_ratio == o.topk_ratio && topk_momentum == o.topk_momentum && topk_nesterov == o.topk_nesterov;
-  }
-  return true;
-}
-
-std::string CompressionSpec::Describe() const {
-  std::ostringstream os;
-  os << codec;
-  if (codec == "maxmin") {
-    os << "(bits=" << bits << ", bucket=" << bucket_size << (stochastic ? ", stochastic" : "")
-       << (skip_incomplete_buckets ? ", skip_incomplete" : "") << ")";
-  } else if (codec == "topk") {
-    os << "(ratio=" << topk_ratio;
-    if (topk_momentum > 0) os << ", momentum=" << topk_momentum << (topk_nesterov ? ", nesterov" : "");
-    os << ")";
-  }
-  if (error_feedback) os << "+ef";
-  return os.str();
-}
-
 int64_t Request::NumElements() const { return gradcomp::NumElements(shape); }
 
 int64_t Response::PayloadBytes() const {
@@ -90,16 +63,20 @@ class Writer {
     Pod(static_cast<uint64_t>(v.size()));
     for (int64_t x : v) Pod(x);
   }
+  /// Strings as Str, flags as one byte, numbers as themselves (spec.h gives the order).
   void Spec(const CompressionSpec& c) {
-    Str(c.codec);
-    Pod(c.bits);
-    Pod(c.bucket_size);
-    Pod(static_cast<uint8_t>(c.stochastic));
-    Pod(static_cast<uint8_t>(c.skip_incomplete_buckets));
-    Pod(static_cast<uint8_t>(c.error_feedback));
-    Pod(c.topk_ratio);
-    Pod(c.topk_momentum);
-    Pod(static_cast<uint8_t>(c.topk_nesterov));
+    CompressionSpec::ForEachField(
+        [this](const SpecField&, const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            Str(v);
+          } else if constexpr (std::is_same_v<T, bool>) {
+            Pod(static_cast<uint8_t>(v));
+          } else {
+            Pod(v);
+          }
+        },
+        c);
   }
   std::string Take() { return std::move(out_); }
 
@@ -109,9 +86,16 @@ class Writer {
 
 // Fewest bytes a serialized request / response takes (empty strings and lists): bounds how
 // many a message of a given size can hold.
-constexpr uint64_t kMinSpecBytes = 8 + 4 + 8 + 1 + 1 + 1 + 8 + 8 + 1;
-constexpr uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8;
-constexpr uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4;
+uint64_t MinSpecBytes() {
+  CompressionSpec empty;
+  empty.codec.clear();
+  Writer w;
+  w.Spec(empty);
+  return w.Take().size();
+}
+const uint64_t kMinSpecBytes = MinSpecBytes();
+const uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8;
+const uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4;
 
 class Reader {
  public:
@@ -155,15 +139,18 @@ class Reader {
   }
   CompressionSpec Spec() {
     CompressionSpec c;
-    c.codec = Str();
-    c.bits = Pod<int32_t>();
-    c.bucket_size = Pod<int64_t>();
-    c.stochastic = Pod<uint8_t>() != 0;
-    c.skip_incomplete_buckets = Pod<uint8_t>() != 0;
-    c.error_feedback = Pod<uint8_t>() != 0;
-    c.topk_ratio = Pod<double>();
-    c.topk_momentum = Pod<double>();
-    c.topk_nesterov = Pod<uint8_t>() != 0;
+    CompressionSpec::ForEachField(
+        [this](const SpecField&, auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            v = Str();
+          } else if constexpr (std::is_same_v<T, bool>) {
+            v = Pod<uint8_t>() != 0;
+          } else {
+            v = Pod<T>();
+          }
+        },
+        c);
     return c;
   }
   bool Done() const { return pos_ == in_.size(); }

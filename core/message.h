@@ -8,6 +8,7 @@
 
 #include "ops/common/dtype.h"
 #include "ops/common/shape.h"
+#include "ops/compression/spec.h"
 
 namespace gradcomp {
 
@@ -24,25 +25,6 @@ enum class RequestType : uint8_t {
 inline constexpr int kNumRequestTypes = 7;
 /// "allreduce", "allgather", ...
 const char* RequestTypeName(RequestType type);
-
-/// How a float allreduce is compressed; part of a tensor's identity for validation,
-/// caching and fusion (only tensors with equal specs are fused).
-struct CompressionSpec {
-  std::string codec = "none";  ///< none, fp16, bf16, maxmin, topk
-  int32_t bits = 4;
-  int64_t bucket_size = 512;
-  bool stochastic = false;
-  bool skip_incomplete_buckets = false;
-  bool error_feedback = false;
-  double topk_ratio = 0.01;
-  double topk_momentum = 0.0;  ///< DGC momentum correction when > 0 (topk only)
-  bool topk_nesterov = false;
-
-  bool operator==(const CompressionSpec& o) const;
-  bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
-  /// "maxmin(bits=4, bucket=512)", "none", ...
-  std::string Describe() const;
-};
 
 /// One rank's request for one named tensor.
 struct Request {

@@ -152,23 +152,9 @@ std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void
 
 CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const {
   const bool compressible = IsCodecDataType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
-  if (settings_.compression == "none" || !compressible) return CompressionSpec{};
+  if (settings_.compression.codec == "none" || !compressible) return CompressionSpec{};
   if (shape.size() <= 1 || NumElements(shape) < settings_.min_size) return CompressionSpec{};  // the layer filter
-  return SettingsCompression();
-}
-
-CompressionSpec Runtime::SettingsCompression() const {
-  CompressionSpec spec;
-  spec.codec = settings_.compression;
-  spec.bits = static_cast<int32_t>(settings_.bits);
-  spec.bucket_size = settings_.bucket_size;
-  spec.stochastic = settings_.stochastic;
-  spec.skip_incomplete_buckets = settings_.skip_incomplete_buckets;
-  spec.error_feedback = settings_.error_feedback;
-  spec.topk_ratio = settings_.topk_ratio;
-  spec.topk_momentum = settings_.topk_momentum;
-  spec.topk_nesterov = settings_.topk_nesterov;
-  return spec;
+  return settings_.compression;
 }
 
 std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
@@ -192,18 +178,14 @@ Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const
   if (compression != nullptr && compression->codec != "none") {
     // An explicit choice must make sense for this tensor.
     const std::string what = "allreduce of '" + name + "' with compression " + compression->Describe();
-    (void)FindCodec(compression->codec);
+    const Codec& codec = FindCodec(compression->codec);
     if (!IsCodecDataType(dtype)) {
       throw InvalidArgument(what + ": dtype " + DataTypeName(dtype) + " cannot be compressed (float32, float16, bfloat16)");
     }
     if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
       throw InvalidArgument(what + ": op " + std::string(ReduceOpName(op)) + " cannot be compressed (sum, average)");
     }
-    CodecParams p;
-    p.bits = compression->bits;
-    p.bucket_size = static_cast<size_t>(std::max<int64_t>(compression->bucket_size, 0));
-    p.topk_ratio = compression->topk_ratio;
-    ValidateCodecParams(compression->codec, p);
+    codec.Validate(ParamsOf(*compression));
     if (!(compression->topk_momentum >= 0 && compression->topk_momentum < 1)) {
       throw InvalidArgument(what + ": momentum must be in [0, 1), got " + std::to_string(compression->topk_momentum));
     }
@@ -480,20 +462,31 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
     }
     for (const std::string& name : forget) executor_.ForgetCompressionState(name);
   }
-  struct Work {
-    const Response* response;
-    EntryList entries;
-    std::string failure;
-  };
-  std::vector<Work> work;
-  bool any_collective = false;
+  std::vector<Work> work = PrepareAll(responses);
+  // Agree that every rank is ready to run its collectives; if a rank failed locally, every
+  // rank fails those tensors with that rank's message instead of waiting for it forever.
   size_t tensors = 0;
+  bool any_collective = false;
   for (const Response& r : responses) {
     tensors += r.names.size();
+    any_collective = any_collective || r.error.empty();
+  }
+  if (any_collective) {
+    std::vector<std::string> failures;
+    for (const Work& w : work) failures.push_back(w.failure);
+    Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors));
+    controller_.AgreeOnFailures(&failures);
+    for (size_t i = 0; i < work.size(); ++i) work[i].failure = std::move(failures[i]);
+  }
+  for (size_t i = 0; i < work.size(); ++i) RunPrepared(work[i], i < from_cache);
+}
+
+std::vector<Runtime::Work> Runtime::PrepareAll(const std::vector<Response>& responses) {
+  std::vector<Work> work;
+  for (const Response& r : responses) {
     Work w{&r, {}, {}};
     for (const std::string& name : r.names) w.entries.push_back(queue_->Take(name));
     if (r.error.empty()) {
-      any_collective = true;
       try {
         if (fault_injector_) {
           for (const std::string& name : r.names) fault_injector_(name);
@@ -505,52 +498,44 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
     }
     work.push_back(std::move(w));
   }
-  // Agree that every rank is ready to run its collectives; if a rank failed locally, every
-  // rank fails those tensors with that rank's message instead of waiting for it forever.
-  if (any_collective) {
-    std::vector<std::string> failures;
-    for (const Work& w : work) failures.push_back(w.failure);
-    Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors));
-    controller_.AgreeOnFailures(&failures);
-    for (size_t i = 0; i < work.size(); ++i) work[i].failure = std::move(failures[i]);
+  return work;
+}
+
+void Runtime::RunPrepared(Work& w, bool from_cache) {
+  const Response& r = *w.response;
+  std::string failure = !r.error.empty() ? r.error : w.failure;
+  {
+    // Counted before the handles complete, so a caller that waited sees them.
+    std::lock_guard<std::mutex> lock(state_mu_);
+    ++stats_.executed_responses;
+    stats_.executed_tensors += r.names.size();
   }
-  for (size_t i = 0; i < work.size(); ++i) {
-    Work& w = work[i];
-    const Response& r = *w.response;
-    std::string failure = !r.error.empty() ? r.error : w.failure;
-    {
-      // Counted before the handles complete, so a caller that waited sees them.
-      std::lock_guard<std::mutex> lock(state_mu_);
-      ++stats_.executed_responses;
-      stats_.executed_tensors += r.names.size();
+  if (failure.empty()) {
+    std::vector<std::shared_ptr<Handle>> handles;
+    for (const auto& e : w.entries) {
+      if (e) handles.push_back(e->handle);
     }
-    if (failure.empty()) {
-      std::vector<std::shared_ptr<Handle>> handles;
-      for (const auto& e : w.entries) {
-        if (e) handles.push_back(e->handle);
+    Watchdog::Step step(watchdog_, Describe(r, r.names.size()), std::move(handles));
+    try {
+      executor_.Run(r, w.entries);
+    } catch (const InvalidArgument& e) {
+      for (auto& e2 : w.entries) {
+        if (e2) e2->handle->Fail(e.what(), true);
       }
-      Watchdog::Step step(watchdog_, Describe(r, r.names.size()), std::move(handles));
-      try {
-        executor_.Run(r, w.entries);
-      } catch (const InvalidArgument& e) {
-        for (auto& e2 : w.entries) {
-          if (e2) e2->handle->Fail(e.what(), true);
-        }
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
+    } catch (const std::exception& e) {
+      failure = e.what();
     }
-    if (!failure.empty()) {
-      for (auto& e : w.entries) {
-        if (e) e->handle->Fail(failure);
-      }
+  }
+  if (!failure.empty()) {
+    for (auto& e : w.entries) {
+      if (e) e->handle->Fail(failure);
     }
-    // Tell the controller about each tensor, unfused, in order (keeps caches identical).
-    for (size_t k = 0; k < r.names.size(); ++k) {
-      Response single = r.Single(k);
-      if (!failure.empty() && single.error.empty()) single.error = failure;
-      controller_.Executed(single, i < from_cache);
-    }
+  }
+  // Tell the controller about each tensor, unfused, in order (keeps caches identical).
+  for (size_t k = 0; k < r.names.size(); ++k) {
+    Response single = r.Single(k);
+    if (!failure.empty() && single.error.empty()) single.error = failure;
+    controller_.Executed(single, from_cache);
   }
 }
 

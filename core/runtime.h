@@ -102,8 +102,6 @@ class Runtime {
   /// dtypes, ops other than sum/average, tensors with fewer than GRADCOMP_MIN_SIZE elements
   /// and one-dimensional tensors (biases, norms); the configured codec otherwise.
   CompressionSpec CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const;
-  /// The settings' compression spec (codec and parameters) without the layer filter.
-  CompressionSpec SettingsCompression() const;
   /// Concatenation along the first dimension, which may differ per rank (output in the handle).
   std::shared_ptr<Handle> Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     const void* input);
@@ -146,6 +144,16 @@ class Runtime {
   void BackgroundLoop();
   void GatherBurst(std::chrono::duration<double> cycle);
   void ExecuteAll(const std::vector<Response>& responses, size_t from_cache);
+  // One response on its way through ExecuteAll: this rank's entries and its local failure.
+  struct Work {
+    const Response* response;
+    EntryList entries;
+    std::string failure;
+  };
+  // Takes each response's entries and prepares it (local steps that may fail).
+  std::vector<Work> PrepareAll(const std::vector<Response>& responses);
+  // Runs one prepared response (or fails it) and tells the controller.
+  void RunPrepared(Work& w, bool from_cache);
   void CheckSettingsAgree();
   /// The watchdog's verdict: fails every pending operation with what waited, then ends the
   /// process (at once when shutting down or still in init, else after a grace period).

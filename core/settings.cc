@@ -21,7 +21,24 @@ namespace {
 
 enum class Kind { kBool, kInt, kFloat, kString, kChoice };
 
-using Field = std::variant<bool Settings::*, int64_t Settings::*, double Settings::*, std::string Settings::*>;
+/// Where a setting's value lives: a member of Settings, or of its default compression spec.
+template <typename T>
+struct Member {
+  T Settings::*direct = nullptr;
+  T CompressionSpec::*spec = nullptr;
+  T& In(Settings& s) const { return direct != nullptr ? s.*direct : s.compression.*spec; }
+  const T& In(const Settings& s) const { return direct != nullptr ? s.*direct : s.compression.*spec; }
+};
+using Field = std::variant<Member<bool>, Member<int32_t>, Member<int64_t>, Member<double>, Member<std::string>>;
+
+template <typename T>
+Field Of(T Settings::*member) {
+  return Member<T>{member, nullptr};
+}
+template <typename T, typename Base>
+Field Spec(T Base::*member) {
+  return Member<T>{nullptr, static_cast<T CompressionSpec::*>(member)};
+}
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kNoExtra = std::numeric_limits<int64_t>::min();
@@ -44,71 +61,71 @@ struct Entry {
 // The registry. Keep it sorted by topic; README's settings table is generated from it.
 const std::vector<Entry>& Registry() {
   static const std::vector<Entry> entries = {
-      {"GRADCOMP_FUSION_THRESHOLD_MB", "CGX_FUSION_BUFFER_SIZE_MB", Kind::kFloat, &Settings::fusion_threshold_mb,
+      {"GRADCOMP_FUSION_THRESHOLD_MB", "CGX_FUSION_BUFFER_SIZE_MB", Kind::kFloat, Of(&Settings::fusion_threshold_mb),
        "64", "largest fusion buffer in MB; tensors ready together are packed up to this size (0 disables fusion)",
        0, 65536},
-      {"GRADCOMP_CYCLE_TIME_MS", nullptr, Kind::kFloat, &Settings::cycle_time_ms, "1",
+      {"GRADCOMP_CYCLE_TIME_MS", nullptr, Kind::kFloat, Of(&Settings::cycle_time_ms), "1",
        "longest the background thread gathers newly enqueued tensors before negotiating them (less once enqueues pause or a caller waits on a handle)", 0, 10000},
-      {"GRADCOMP_CACHE_CAPACITY", nullptr, Kind::kInt, &Settings::cache_capacity, "1024",
+      {"GRADCOMP_CACHE_CAPACITY", nullptr, Kind::kInt, Of(&Settings::cache_capacity), "1024",
        "entries of the response cache that skips coordinator round trips in steady state (0 disables it)", 0,
        1e9},
-      {"GRADCOMP_COMPRESSION", nullptr, Kind::kChoice, &Settings::compression, "none",
+      {"GRADCOMP_COMPRESSION", nullptr, Kind::kChoice, Spec(&CompressionSpec::codec), "none",
        "gradient compression of float allreduces: none, fp16, bf16, maxmin (quantization) or topk (DGC)", -kInf,
        kInf, false, kNoExtra, "none|fp16|bf16|maxmin|topk"},
-      {"GRADCOMP_BITS", "CGX_COMPRESSION_QUANTIZATION_BITS", Kind::kInt, &Settings::bits, "4",
+      {"GRADCOMP_BITS", "CGX_COMPRESSION_QUANTIZATION_BITS", Kind::kInt, Spec(&CompressionSpec::bits), "4",
        "bits per value for maxmin quantization; 32 disables quantization (setting it enables maxmin, as in CGX)", 1,
        8, false, 32},
-      {"GRADCOMP_BUCKET_SIZE", "CGX_COMPRESSION_BUCKET_SIZE", Kind::kInt, &Settings::bucket_size, "512",
+      {"GRADCOMP_BUCKET_SIZE", "CGX_COMPRESSION_BUCKET_SIZE", Kind::kInt, Spec(&CompressionSpec::bucket_size), "512",
        "values per quantization bucket (each bucket has its own min and scale)", 1, 1e9},
-      {"GRADCOMP_STOCHASTIC", nullptr, Kind::kBool, &Settings::stochastic, "0",
+      {"GRADCOMP_STOCHASTIC", nullptr, Kind::kBool, Spec(&CompressionSpec::stochastic), "0",
        "stochastic (unbiased) rounding in maxmin quantization instead of round-to-nearest"},
-      {"GRADCOMP_SEED", nullptr, Kind::kInt, &Settings::seed, "0",
+      {"GRADCOMP_SEED", nullptr, Kind::kInt, Of(&Settings::seed), "0",
        "seed of the counter-based generator used by stochastic rounding", 0, 9.2e18},
       {"GRADCOMP_SKIP_INCOMPLETE_BUCKETS", "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS", Kind::kBool,
-       &Settings::skip_incomplete_buckets, "0", "send the last partial bucket of a tensor uncompressed"},
-      {"GRADCOMP_MIN_SIZE", "CGX_COMPRESSION_MINIMAL_SIZE", Kind::kInt, &Settings::min_size, "16",
+       Spec(&CompressionSpec::skip_incomplete_buckets), "0", "send the last partial bucket of a tensor uncompressed"},
+      {"GRADCOMP_MIN_SIZE", "CGX_COMPRESSION_MINIMAL_SIZE", Kind::kInt, Of(&Settings::min_size), "16",
        "tensors with fewer elements are sent uncompressed (via the CGX variable at least 16, as CGX does)", 0,
        9.2e18},
-      {"GRADCOMP_TOPK_RATIO", nullptr, Kind::kFloat, &Settings::topk_ratio, "0.01",
+      {"GRADCOMP_TOPK_RATIO", nullptr, Kind::kFloat, Spec(&CompressionSpec::topk_ratio), "0.01",
        "fraction of values topk (DGC) keeps per tensor", 0, 1, true},
-      {"GRADCOMP_TOPK_MOMENTUM", nullptr, Kind::kFloat, &Settings::topk_momentum, "0",
+      {"GRADCOMP_TOPK_MOMENTUM", nullptr, Kind::kFloat, Spec(&CompressionSpec::topk_momentum), "0",
        "DGC momentum correction for topk: momentum kept per tensor and masked where values were sent (0: off; "
        "run the optimizer without momentum then)",
        0, 0.999999},
-      {"GRADCOMP_TOPK_NESTEROV", nullptr, Kind::kBool, &Settings::topk_nesterov, "0",
+      {"GRADCOMP_TOPK_NESTEROV", nullptr, Kind::kBool, Spec(&CompressionSpec::topk_nesterov), "0",
        "Nesterov variant of DGC's momentum correction"},
-      {"GRADCOMP_ERROR_FEEDBACK", nullptr, Kind::kBool, &Settings::error_feedback, "0",
+      {"GRADCOMP_ERROR_FEEDBACK", nullptr, Kind::kBool, Spec(&CompressionSpec::error_feedback), "0",
        "carry each tensor's compression error into its next step (error feedback)"},
-      {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, &Settings::hierarchical, "0",
+      {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, Of(&Settings::hierarchical), "0",
        "allreduce inside each node first (shared memory), then across nodes"},
-      {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, &Settings::local_size, "0",
+      {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, Of(&Settings::local_size), "0",
        "force nodes of this many consecutive ranks (0 detects them); lets one machine exercise hierarchy", 0,
        1e6},
-      {"GRADCOMP_INNER_COMMUNICATOR", "CGX_INNER_COMMUNICATOR_TYPE", Kind::kChoice, &Settings::inner_communicator,
+      {"GRADCOMP_INNER_COMMUNICATOR", "CGX_INNER_COMMUNICATOR_TYPE", Kind::kChoice, Of(&Settings::inner_communicator),
        "shm", "transport between ranks of one node in hierarchical operations", -kInf, kInf, false, kNoExtra,
        "shm|mpi|nccl"},
-      {"GRADCOMP_CROSS_COMMUNICATOR", "CGX_CROSS_COMMUNICATOR_TYPE", Kind::kChoice, &Settings::cross_communicator,
+      {"GRADCOMP_CROSS_COMMUNICATOR", "CGX_CROSS_COMMUNICATOR_TYPE", Kind::kChoice, Of(&Settings::cross_communicator),
        "mpi", "transport between nodes", -kInf, kInf, false, kNoExtra, "mpi|nccl"},
-      {"GRADCOMP_INTRA_BROADCAST", "CGX_INTRA_BROADCAST", Kind::kBool, &Settings::intra_broadcast, "0",
+      {"GRADCOMP_INTRA_BROADCAST", "CGX_INTRA_BROADCAST", Kind::kBool, Of(&Settings::intra_broadcast), "0",
        "in hierarchical operations only one rank per node crosses the network, then broadcasts in the node"},
-      {"GRADCOMP_SHM_BUFFER_MB", nullptr, Kind::kInt, &Settings::shm_buffer_mb, "16",
+      {"GRADCOMP_SHM_BUFFER_MB", nullptr, Kind::kInt, Of(&Settings::shm_buffer_mb), "16",
        "size of each rank's staging area in the node's shared-memory window", 1, 4096},
-      {"GRADCOMP_PIPELINE_STRIPES", nullptr, Kind::kInt, &Settings::pipeline_stripes, "0",
+      {"GRADCOMP_PIPELINE_STRIPES", nullptr, Kind::kInt, Of(&Settings::pipeline_stripes), "0",
        "compressed allreduces of 1M+ values go in at least this many stripes (about 1 MB on the wire each) "
        "whose encoding overlaps the network (0: 4 for max-min allreduces that cross nodes, else none; 1: off)",
        0, 64},
-      {"GRADCOMP_TIMELINE", nullptr, Kind::kString, &Settings::timeline, "",
+      {"GRADCOMP_TIMELINE", nullptr, Kind::kString, Of(&Settings::timeline), "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},
-      {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, &Settings::timeline_mark_cycles, "0",
+      {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, Of(&Settings::timeline_mark_cycles), "0",
        "mark each background-thread cycle in the timeline"},
-      {"GRADCOMP_STALL_CHECK_TIME_SECONDS", nullptr, Kind::kFloat, &Settings::stall_check_time_seconds, "60",
+      {"GRADCOMP_STALL_CHECK_TIME_SECONDS", nullptr, Kind::kFloat, Of(&Settings::stall_check_time_seconds), "60",
        "warn, naming the missing ranks, when a tensor waits this long for other ranks (0 disables)", 0, 1e9},
-      {"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", nullptr, Kind::kFloat, &Settings::stall_shutdown_time_seconds, "0",
+      {"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", nullptr, Kind::kFloat, Of(&Settings::stall_shutdown_time_seconds), "0",
        "fail a tensor on every rank once it has waited this long (0 disables)", 0, 1e9},
-      {"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", nullptr, Kind::kFloat, &Settings::collective_timeout_seconds, "600",
+      {"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", nullptr, Kind::kFloat, Of(&Settings::collective_timeout_seconds), "600",
        "end the process (status 1, naming what waited) when init, a negotiation round or a collective has not "
        "completed after this long: a peer rank died, stopped or lost its link (0: wait forever)", 0, 1e9},
-      {"GRADCOMP_LOG_LEVEL", nullptr, Kind::kChoice, &Settings::log_level, "warning",
+      {"GRADCOMP_LOG_LEVEL", nullptr, Kind::kChoice, Of(&Settings::log_level), "warning",
        "least severe log level printed", -kInf, kInf, false, kNoExtra,
        "trace|debug|info|warning|error|fatal|off"},
   };
@@ -197,7 +214,7 @@ void Assign(const Entry& e, const std::string& variable, const std::string& raw,
     case Kind::kBool: {
       bool b = false;
       if (!ParseBool(v, &b)) Reject(e, variable, raw);
-      s->*std::get<bool Settings::*>(e.field) = b;
+      std::get<Member<bool>>(e.field).In(*s) = b;
       return;
     }
     case Kind::kInt: {
@@ -206,7 +223,12 @@ void Assign(const Entry& e, const std::string& variable, const std::string& raw,
       const long long x = std::strtoll(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || errno == ERANGE) Reject(e, variable, raw);
       if (!InRange(e, static_cast<double>(x)) && x != e.extra) Reject(e, variable, raw);
-      s->*std::get<int64_t Settings::*>(e.field) = x;
+      std::visit(
+          [&](const auto& m) {
+            using T = std::decay_t<decltype(m.In(*s))>;
+            if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) m.In(*s) = static_cast<T>(x);
+          },
+          e.field);
       return;
     }
     case Kind::kFloat: {
@@ -216,7 +238,7 @@ void Assign(const Entry& e, const std::string& variable, const std::string& raw,
       if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x) || !InRange(e, x)) {
         Reject(e, variable, raw);
       }
-      s->*std::get<double Settings::*>(e.field) = x;
+      std::get<Member<double>>(e.field).In(*s) = x;
       return;
     }
     case Kind::kChoice: {
@@ -224,14 +246,14 @@ void Assign(const Entry& e, const std::string& variable, const std::string& raw,
       std::stringstream choices(e.choices);
       for (std::string c; std::getline(choices, c, '|');) {
         if (c == want) {
-          s->*std::get<std::string Settings::*>(e.field) = c;
+          std::get<Member<std::string>>(e.field).In(*s) = c;
           return;
         }
       }
       Reject(e, variable, raw);
     }
     case Kind::kString:
-      s->*std::get<std::string Settings::*>(e.field) = raw;
+      std::get<Member<std::string>>(e.field).In(*s) = raw;
       return;
   }
 }
@@ -240,7 +262,7 @@ bool Same(const Entry& e, const std::string& a, const std::string& b) {
   Settings x, y;
   Assign(e, e.name, a, &x);
   Assign(e, e.name, b, &y);
-  return std::visit([&](auto field) { return x.*field == y.*field; }, e.field);
+  return std::visit([&](const auto& m) { return m.In(x) == m.In(y); }, e.field);
 }
 
 }  // namespace
@@ -267,12 +289,13 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
   }
 
   // CGX semantics: choosing a bit width below 32 turns quantization on, 32 turns it off.
-  if (!explicitly_set.count("GRADCOMP_COMPRESSION") && explicitly_set.count("GRADCOMP_BITS") && s.bits < 32) {
-    s.compression = "maxmin";
-    s.notes.push_back("compression set to maxmin because " + std::to_string(s.bits) + " bits were requested");
+  CompressionSpec& c = s.compression;
+  if (!explicitly_set.count("GRADCOMP_COMPRESSION") && explicitly_set.count("GRADCOMP_BITS") && c.bits < 32) {
+    c.codec = "maxmin";
+    s.notes.push_back("compression set to maxmin because " + std::to_string(c.bits) + " bits were requested");
   }
-  if (s.compression == "maxmin" && s.bits == 32) {
-    s.compression = "none";
+  if (c.codec == "maxmin" && c.bits == 32) {
+    c.codec = "none";
     s.notes.push_back("maxmin with 32 bits means no quantization: compression set to none");
   }
   // CGX documents that its minimal size is never below 16.
@@ -330,8 +353,8 @@ std::string AgreedSettingsText(const Settings& settings) {
   for (const Entry& e : Registry()) {
     if (kPerProcess.count(e.name)) continue;
     const std::string value = std::visit(
-        [&](auto field) -> std::string {
-          const auto& v = settings.*field;
+        [&](const auto& m) -> std::string {
+          const auto& v = m.In(settings);
           if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
             return v;
           } else {

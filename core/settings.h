@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/compression/spec.h"
+
 namespace gradcomp {
 
 /// Parsed values of every setting. Field defaults are overwritten by the registry's
@@ -17,17 +19,11 @@ struct Settings {
   double fusion_threshold_mb = 0;
   double cycle_time_ms = 0;
   int64_t cache_capacity = 0;
-  std::string compression;
-  int64_t bits = 0;
-  int64_t bucket_size = 0;
-  bool stochastic = false;
+  /// What tensors that pass the layer filter (min_size, more than one dimension) are
+  /// compressed with; its fields are GRADCOMP_COMPRESSION, GRADCOMP_BITS, ...
+  CompressionSpec compression;
   int64_t seed = 0;
-  bool skip_incomplete_buckets = false;
   int64_t min_size = 0;
-  double topk_ratio = 0;
-  double topk_momentum = 0;
-  bool topk_nesterov = false;
-  bool error_feedback = false;
   bool hierarchical = false;
   int64_t local_size = 0;
   std::string inner_communicator;

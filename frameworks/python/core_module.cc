@@ -11,6 +11,8 @@
 
 #include "core/settings.h"
 #include "gradcomp/config.h"
+#include "ops/collectives/compressed_allreduce.h"
+#include "ops/comm/communicator.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #include "ops/compression/topk.h"
@@ -93,6 +95,68 @@ void Decode(py::bytes wire, py::buffer out, const std::string& codec_name, const
   }
 }
 
+void BindCodecs(py::module& m) {
+  m.def("codecs", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const Codec* c : AllCodecs()) out.emplace_back(c->name(), c->description());
+    return out;
+  }, "(name, description) of every codec");
+  m.def("codec_info", [] {
+    py::dict out;
+    const CompressionSpec spec;
+    for (const Codec* c : AllCodecs()) {
+      py::list fields;
+      CompressionSpec::ForEachField(
+          [&](const SpecField& f, const auto&) {
+            if (f.bit != 0 && (c->fields() & f.bit) != 0) fields.append(f.key);
+          },
+          spec);
+      py::dict d;
+      d["description"] = c->description();
+      d["sparse"] = c->sparse();
+      d["fields"] = fields;
+      out[c->name()] = d;
+    }
+    return out;
+  }, "{codec name: {description, sparse, fields (the spec keys it reads)}}");
+  m.def("even_split", &EvenSplit, py::arg("count"), py::arg("parts"),
+        "Values of each part when `count` values are cut into `parts` (the first count % parts get one more): "
+        "SRA's chunks");
+  m.def("sra_stream_seeds", [](uint64_t seed, int rank) {
+    CodecParams p;
+    p.seed = seed;
+    return py::make_tuple(SraScatterParams(p, rank).seed, SraGatherParams(p, rank).seed);
+  }, py::arg("seed"), py::arg("rank"), "(scatter seed, gather seed) rank `rank` rounds with in SRA");
+  m.def("codec_encode", &Encode, py::arg("array"), py::arg("codec"), py::arg("dtype"), py::arg("first_index") = 0,
+        GC_CODEC_KWARGS, "Encodes a contiguous buffer as one segment; returns the wire bytes");
+  m.def("codec_decode", &Decode, py::arg("wire"), py::arg("out"), py::arg("codec"), py::arg("dtype"),
+        py::arg("accumulate") = false, GC_CODEC_KWARGS, "Decodes (or decode-accumulates) into `out`");
+  m.def("codec_wire_size", [](size_t n, const std::string& codec, int bits, size_t bucket_size, bool stochastic,
+                              uint64_t seed, uint64_t step, bool skip, double ratio, double sample_ratio,
+                              const std::string& value_dtype) {
+    return FindCodec(codec).MaxWireSize(
+        n, MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype));
+  }, py::arg("n"), py::arg("codec"), GC_CODEC_KWARGS, "Encoded bytes of n values (an upper bound for topk)");
+}
+
+void BindSettings(py::module& m) {
+  m.def("settings_table", &SettingsMarkdownTable, "Every setting as a Markdown table");
+  m.def("describe_settings", [] {
+    std::vector<py::dict> out;
+    for (const SettingInfo& s : DescribeSettings()) {
+      py::dict d;
+      d["name"] = s.name;
+      d["alias"] = s.alias;
+      d["type"] = s.type;
+      d["default"] = s.default_value;
+      d["allowed"] = s.allowed;
+      d["help"] = s.help;
+      out.push_back(d);
+    }
+    return out;
+  }, "Every setting of the registry as a dict");
+}
+
 }  // namespace
 }  // namespace gradcomp
 
@@ -120,21 +184,7 @@ PYBIND11_MODULE(_core, m) {
   }
   m.attr("reduce_ops") = reduce_ops;
 
-  m.def("codecs", [] {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const Codec* c : AllCodecs()) out.emplace_back(c->name(), c->description());
-    return out;
-  }, "(name, description) of every codec");
-  m.def("codec_encode", &Encode, py::arg("array"), py::arg("codec"), py::arg("dtype"), py::arg("first_index") = 0,
-        GC_CODEC_KWARGS, "Encodes a contiguous buffer as one segment; returns the wire bytes");
-  m.def("codec_decode", &Decode, py::arg("wire"), py::arg("out"), py::arg("codec"), py::arg("dtype"),
-        py::arg("accumulate") = false, GC_CODEC_KWARGS, "Decodes (or decode-accumulates) into `out`");
-  m.def("codec_wire_size", [](size_t n, const std::string& codec, int bits, size_t bucket_size, bool stochastic,
-                              uint64_t seed, uint64_t step, bool skip, double ratio, double sample_ratio,
-                              const std::string& value_dtype) {
-    return FindCodec(codec).MaxWireSize(
-        n, MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype));
-  }, py::arg("n"), py::arg("codec"), GC_CODEC_KWARGS, "Encoded bytes of n values (an upper bound for topk)");
+  BindCodecs(m);
   BindRuntime(m);
   m.def("build_info", [] {
     py::dict d;
@@ -148,19 +198,5 @@ PYBIND11_MODULE(_core, m) {
     d["nccl"] = false;
     return d;
   }, "What this build of gradcomp contains");
-  m.def("settings_table", &SettingsMarkdownTable, "Every setting as a Markdown table");
-  m.def("describe_settings", [] {
-    std::vector<py::dict> out;
-    for (const SettingInfo& s : DescribeSettings()) {
-      py::dict d;
-      d["name"] = s.name;
-      d["alias"] = s.alias;
-      d["type"] = s.type;
-      d["default"] = s.default_value;
-      d["allowed"] = s.allowed;
-      d["help"] = s.help;
-      out.push_back(d);
-    }
-    return out;
-  }, "Every setting of the registry as a dict");
+  BindSettings(m);
 }

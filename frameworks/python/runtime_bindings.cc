@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,37 +62,24 @@ struct PyHandle {
   }
 };
 
-// None: the settings' policy; otherwise a dict with "codec" and optional bits, bucket_size,
-// stochastic, skip_incomplete_buckets, error_feedback, ratio, momentum, nesterov.
+// None: the settings' policy; otherwise a dict with "codec" and any of the other keys of
+// CompressionSpec::ForEachField (bits, bucket_size, ..., ratio, momentum, nesterov).
 std::optional<CompressionSpec> SpecFrom(const py::object& obj) {
   if (obj.is_none()) return std::nullopt;
   const py::dict d = obj.cast<py::dict>();
   CompressionSpec spec;
+  std::set<std::string> known;
+  std::string keys;
+  CompressionSpec::ForEachField(
+      [&](const SpecField& f, auto& v) {
+        known.insert(f.key);
+        keys += (keys.empty() ? "" : ", ") + std::string(f.key);
+        if (d.contains(f.key)) v = d[f.key].template cast<std::decay_t<decltype(v)>>();
+      },
+      spec);
   for (auto item : d) {
-    const std::string key = item.first.cast<std::string>();
-    if (key == "codec") {
-      spec.codec = item.second.cast<std::string>();
-    } else if (key == "bits") {
-      spec.bits = item.second.cast<int32_t>();
-    } else if (key == "bucket_size") {
-      spec.bucket_size = item.second.cast<int64_t>();
-    } else if (key == "stochastic") {
-      spec.stochastic = item.second.cast<bool>();
-    } else if (key == "skip_incomplete_buckets") {
-      spec.skip_incomplete_buckets = item.second.cast<bool>();
-    } else if (key == "error_feedback") {
-      spec.error_feedback = item.second.cast<bool>();
-    } else if (key == "ratio") {
-      spec.topk_ratio = item.second.cast<double>();
-    } else if (key == "momentum") {
-      spec.topk_momentum = item.second.cast<double>();
-    } else if (key == "nesterov") {
-      spec.topk_nesterov = item.second.cast<bool>();
-    } else {
-      throw InvalidArgument("unknown compression field '" + key +
-                            "' (codec, bits, bucket_size, stochastic, skip_incomplete_buckets, error_feedback, ratio, "
-                            "momentum, nesterov)");
-    }
+    const std::string key = py::str(item.first);
+    if (!known.count(key)) throw InvalidArgument("unknown compression field '" + key + "' (" + keys + ")");
   }
   return spec;
 }
@@ -99,15 +87,7 @@ std::optional<CompressionSpec> SpecFrom(const py::object& obj) {
 /// The inverse of SpecFrom: a spec as the dict the adapters pass in.
 py::dict SpecDict(const CompressionSpec& spec) {
   py::dict d;
-  d["codec"] = spec.codec;
-  d["bits"] = spec.bits;
-  d["bucket_size"] = spec.bucket_size;
-  d["stochastic"] = spec.stochastic;
-  d["skip_incomplete_buckets"] = spec.skip_incomplete_buckets;
-  d["error_feedback"] = spec.error_feedback;
-  d["ratio"] = spec.topk_ratio;
-  d["momentum"] = spec.topk_momentum;
-  d["nesterov"] = spec.topk_nesterov;
+  CompressionSpec::ForEachField([&](const SpecField& f, const auto& v) { d[f.key] = v; }, spec);
   return d;
 }
 
@@ -129,6 +109,60 @@ std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& o
   options.settings = Settings::FromMap(EnvironmentWith(overrides));
   py::gil_scoped_release release;  // construction is collective: let other Python threads run
   return std::make_unique<Runtime>(std::move(options));
+}
+
+// Every buffer is (address, dtype code, shape); `keep` owns the memory until completion.
+PyHandle AllreduceAsync(Runtime& rt, uintptr_t input, uintptr_t output, int dtype, const std::vector<int64_t>& shape,
+                        const std::string& name, int op, double pre, double post, const py::object& compression,
+                        py::object keep) {
+  const DataType dt = DtypeFromInt(dtype, "allreduce of '" + name + "'");
+  const std::optional<CompressionSpec> spec = SpecFrom(compression);
+  auto h = rt.Allreduce(name, dt, shape, Ptr(input), MutablePtr(output), ReduceOpFromInt(op), pre, post,
+                        spec ? &*spec : nullptr);
+  return PyHandle{h, std::move(keep)};
+}
+
+std::vector<PyHandle> GroupedAllreduceAsync(Runtime& rt, const std::vector<uintptr_t>& buffers, int dtype,
+                                            const std::vector<std::vector<int64_t>>& shapes,
+                                            const std::vector<std::string>& names, int op, double pre, double post,
+                                            const py::object& compression, py::object keep) {
+  if (buffers.size() != names.size() || buffers.size() != shapes.size() || buffers.empty()) {
+    throw InvalidArgument("grouped allreduce needs one name and shape per tensor (and at least one tensor)");
+  }
+  const DataType dt = DtypeFromInt(dtype, "grouped allreduce of '" + names[0] + "'");
+  std::vector<const void*> ins;
+  std::vector<void*> outs;
+  for (uintptr_t b : buffers) {
+    ins.push_back(Ptr(b));
+    outs.push_back(MutablePtr(b));
+  }
+  const std::optional<CompressionSpec> spec = SpecFrom(compression);
+  auto hs = rt.GroupedAllreduce(names, dt, shapes, ins, outs, ReduceOpFromInt(op), pre, post,
+                                spec ? &*spec : nullptr);
+  std::vector<PyHandle> out;
+  for (auto& h : hs) out.push_back(PyHandle{h, keep});
+  return out;
+}
+
+py::dict StatsDict(const Runtime& rt) {
+  const RuntimeStats s = rt.stats();
+  py::dict d;
+  d["cycles"] = s.cycles;
+  d["cache_hits"] = s.cache_hits;
+  d["coordinator_responses"] = s.coordinator_responses;
+  d["executed_responses"] = s.executed_responses;
+  d["executed_tensors"] = s.executed_tensors;
+  d["compressed_bytes_in"] = s.compressed_bytes_in;
+  d["compressed_bytes_on_wire"] = s.compressed_bytes_on_wire;
+  d["nonfinite_memory_skips"] = s.nonfinite_memory_skips;
+  d["queued_operations"] = s.queued_operations;
+  d["negotiating_tensors"] = s.negotiating_tensors;
+  d["cache_entries"] = s.cache_entries;
+  d["compression_memories"] = s.compression_memories;
+  d["timeline_rows"] = s.timeline_rows;
+  d["timeline_queued"] = s.timeline_queued;
+  d["background_cpu_seconds"] = rt.BackgroundCpuSeconds();
+  return d;
 }
 
 }  // namespace
@@ -156,40 +190,12 @@ void BindRuntime(py::module& m) {
       .def("local_size", &Runtime::local_size)
       .def("cross_rank", &Runtime::cross_rank)
       .def("cross_size", &Runtime::cross_size)
-      // Every buffer is (address, dtype code, shape); `keep` owns the memory until completion.
       .def("allreduce_async",
-           [](Runtime& rt, uintptr_t input, uintptr_t output, int dtype, const std::vector<int64_t>& shape,
-              const std::string& name, int op, double pre, double post, const py::object& compression,
-              py::object keep) {
-             const DataType dt = DtypeFromInt(dtype, "allreduce of '" + name + "'");
-             const std::optional<CompressionSpec> spec = SpecFrom(compression);
-             auto h = rt.Allreduce(name, dt, shape, Ptr(input), MutablePtr(output), ReduceOpFromInt(op), pre, post,
-                                   spec ? &*spec : nullptr);
-             return PyHandle{h, std::move(keep)};
-           },
+           &AllreduceAsync,
            py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"))
       .def("grouped_allreduce_async",
-           [](Runtime& rt, const std::vector<uintptr_t>& buffers, int dtype,
-              const std::vector<std::vector<int64_t>>& shapes, const std::vector<std::string>& names, int op,
-              double pre, double post, const py::object& compression, py::object keep) {
-             if (buffers.size() != names.size() || buffers.size() != shapes.size() || buffers.empty()) {
-               throw InvalidArgument("grouped allreduce needs one name and shape per tensor (and at least one tensor)");
-             }
-             const DataType dt = DtypeFromInt(dtype, "grouped allreduce of '" + names[0] + "'");
-             std::vector<const void*> ins;
-             std::vector<void*> outs;
-             for (uintptr_t b : buffers) {
-               ins.push_back(Ptr(b));
-               outs.push_back(MutablePtr(b));
-             }
-             const std::optional<CompressionSpec> spec = SpecFrom(compression);
-             auto hs = rt.GroupedAllreduce(names, dt, shapes, ins, outs, ReduceOpFromInt(op), pre, post,
-                                           spec ? &*spec : nullptr);
-             std::vector<PyHandle> out;
-             for (auto& h : hs) out.push_back(PyHandle{h, keep});
-             return out;
-           },
+           &GroupedAllreduceAsync,
            py::arg("buffers"), py::arg("dtype"), py::arg("shapes"), py::arg("names"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"),
            "In-place allreduce of every buffer, negotiated as one group")
@@ -222,32 +228,13 @@ void BindRuntime(py::module& m) {
       .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
       .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; })
       .def("default_compression",
-           [](const Runtime& rt) { return py::make_tuple(SpecDict(rt.SettingsCompression()), rt.settings().min_size); },
+           [](const Runtime& rt) { return py::make_tuple(SpecDict(rt.settings().compression), rt.settings().min_size); },
            "(the settings' compression spec, the layer filter's minimum size)")
       .def("forget_compression_state", &Runtime::ForgetCompressionState,
            "Drops error-feedback and DGC state kept for these tensor names (local)")
       .def("start_timeline", &Runtime::StartTimeline)
       .def("stop_timeline", &Runtime::StopTimeline)
-      .def("stats", [](const Runtime& rt) {
-        const RuntimeStats s = rt.stats();
-        py::dict d;
-        d["cycles"] = s.cycles;
-        d["cache_hits"] = s.cache_hits;
-        d["coordinator_responses"] = s.coordinator_responses;
-        d["executed_responses"] = s.executed_responses;
-        d["executed_tensors"] = s.executed_tensors;
-        d["compressed_bytes_in"] = s.compressed_bytes_in;
-        d["compressed_bytes_on_wire"] = s.compressed_bytes_on_wire;
-        d["nonfinite_memory_skips"] = s.nonfinite_memory_skips;
-        d["queued_operations"] = s.queued_operations;
-        d["negotiating_tensors"] = s.negotiating_tensors;
-        d["cache_entries"] = s.cache_entries;
-        d["compression_memories"] = s.compression_memories;
-        d["timeline_rows"] = s.timeline_rows;
-        d["timeline_queued"] = s.timeline_queued;
-        d["background_cpu_seconds"] = rt.BackgroundCpuSeconds();
-        return d;
-      });
+      .def("stats", &StatsDict);
 }
 
 }  // namespace gradcomp

@@ -32,8 +32,6 @@ const void* ApplyPrescale(const AllreduceOptions& o) {
 
 ReduceOp LoweredOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
-void RunFlat(const Topology& topo, const AllreduceOptions& o) { Allreduce(*topo.world, o); }
-
 }  // namespace
 
 void Allreduce(Communicator& comm, const AllreduceOptions& o) {
@@ -99,24 +97,6 @@ void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<B
     Communicator& comm = topo.cross_size() == 1 ? *topo.local : *topo.world;
     comm.AllreducePieces(pieces, o.dtype, LoweredOp(o.op), o.prescale, finish, fusion);
   });
-}
-
-const std::vector<AllreduceAlgorithm>& AllreduceAlgorithms() {
-  static const std::vector<AllreduceAlgorithm> table = {
-      {"flat", "one MPI_Allreduce over all ranks", &RunFlat},
-      {"hierarchical", "node-local reduce-scatter (shared memory), cross-node allreduce, node-local allgather",
-       &HierarchicalAllreduce},
-  };
-  return table;
-}
-
-const AllreduceAlgorithm& FindAllreduceAlgorithm(const std::string& name) {
-  std::string known;
-  for (const auto& algo : AllreduceAlgorithms()) {
-    if (name == algo.name) return algo;
-    known += known.empty() ? algo.name : std::string(", ") + algo.name;
-  }
-  throw InvalidArgument("unknown allreduce algorithm '" + name + "' (known: " + known + ")");
 }
 
 }  // namespace gradcomp

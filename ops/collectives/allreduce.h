@@ -42,15 +42,4 @@ void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& opts);
 void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<BufferPiece>& pieces,
                     const AllreduceOptions& opts, std::vector<char>& fusion);
 
-/// One allreduce algorithm of the table: a name, a one-line description and its entry point.
-struct AllreduceAlgorithm {
-  const char* name;
-  const char* description;
-  void (*run)(const Topology& topo, const AllreduceOptions& opts);
-};
-/// Every allreduce algorithm, in the order users see them listed.
-const std::vector<AllreduceAlgorithm>& AllreduceAlgorithms();
-/// The algorithm called `name`; throws listing the known names when there is none.
-const AllreduceAlgorithm& FindAllreduceAlgorithm(const std::string& name);
-
 }  // namespace gradcomp

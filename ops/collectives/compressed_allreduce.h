@@ -1,4 +1,6 @@
-// Compressed allreduce algorithms (docs/design.md "Compressed allreduce").
+// Compressed allreduce algorithms (docs/design.md "Compressed allreduce"), one file each:
+// sra.cc (with its plan in sra.h), hierarchical_compressed.cc, sparse_allreduce.cc; the steps
+// they share in compressed_steps.h and the helper thread of the striped SRA in pipeline.h.
 //
 // SRA (scatter-reduce-allgather, as CGX and Bagua): the buffer is cut into one chunk per
 // rank; every rank encodes each peer's chunk and the chunks are exchanged (all-to-all); the
@@ -32,12 +34,12 @@
 
 namespace gradcomp {
 
-/// Scratch buffers reused across calls (large fresh allocations cost a page fault per 4 KB
-/// on every call). One per caller thread; optional.
-/// Stripes the runtime uses for max-min allreduces that cross nodes when
-/// GRADCOMP_PIPELINE_STRIPES is 0 (auto).
+/// Stripes the runtime uses for allreduces that cross nodes with a codec whose stripes pay
+/// (Codec::stripes_pay: max-min) when GRADCOMP_PIPELINE_STRIPES is 0 (auto).
 constexpr size_t kAutoPipelineStripes = 4;
 
+/// Scratch buffers reused across calls (large fresh allocations cost a page fault per 4 KB
+/// on every call). One per caller thread; optional.
 struct CompressionWorkspace {
   std::vector<float> x, out, acc, shard, shard_out;
   std::vector<uint8_t> send, recv, own, all;
@@ -82,6 +84,12 @@ struct CompressedAllreduceStats {
   double decompress_seconds = 0;
   double communicate_seconds = 0;
 };
+
+/// The parameters rank `rank` encodes with in SRA's scatter (its peers' chunks) and in its
+/// gather (its reduced chunk): each rank and stage rounds with its own random stream. The DDP
+/// hook (frameworks/python) uses the same streams through _core.
+CodecParams SraScatterParams(const CodecParams& p, int rank);
+CodecParams SraGatherParams(const CodecParams& p, int rank);
 
 /// SRA over `comm` (maxmin, fp16, bf16; none works too, as a float32 reference).
 CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const CompressedAllreduceOptions& opts);

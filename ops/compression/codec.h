@@ -11,24 +11,16 @@
 
 #include "ops/common/cpu.h"
 #include "ops/common/dtype.h"
+#include "ops/compression/spec.h"
 
 namespace gradcomp {
 
-/// Parameters of an encode/decode. Only the fields a codec uses matter to it.
-struct CodecParams {
-  /// maxmin: bits per value, 1..8.
-  int bits = 4;
-  /// maxmin: values per bucket (each bucket has its own min and unit), >= 1.
-  size_t bucket_size = 512;
-  /// maxmin: stochastic rounding instead of round-to-nearest.
-  bool stochastic = false;
-  /// maxmin: the last partial bucket of a segment travels as raw float32.
-  bool skip_incomplete_buckets = false;
+/// Parameters of an encode/decode: the options users chose (spec.h) and what the runtime
+/// supplies per call. Only the fields a codec uses (its fields()) matter to it.
+struct CodecParams : CompressionOptions {
   /// Stochastic rounding and topk sampling are keyed by (seed, step, element index).
   uint64_t seed = 0;
   uint64_t step = 0;
-  /// topk: fraction of values kept, in (0, 1].
-  double topk_ratio = 0.01;
   /// topk: fraction of values sampled to estimate the threshold.
   double topk_sample_ratio = 0.01;
   /// topk: dtype of the values on the wire (float32 or float16).
@@ -37,8 +29,14 @@ struct CodecParams {
   Isa isa = BestIsa();
 };
 
-/// Checks the parameters a codec uses; throws gradcomp::InvalidArgument naming the field,
-/// the value and the allowed range.
+/// The codec parameters of `options`, with the per-call fields at their defaults.
+inline CodecParams ParamsOf(const CompressionOptions& options) {
+  CodecParams p;
+  static_cast<CompressionOptions&>(p) = options;
+  return p;
+}
+
+/// Checks the parameters codec `codec` uses (FindCodec(codec).Validate).
 void ValidateCodecParams(const std::string& codec, const CodecParams& p);
 
 /// A compression codec. Inputs and outputs are float32, float16 or bfloat16; `n` counts
@@ -51,6 +49,18 @@ class Codec {
   virtual const char* name() const = 0;
   /// One line for users.
   virtual const char* description() const = 0;
+  /// The CodecField bits of the options this codec reads (they describe and distinguish
+  /// its specs; spec.h).
+  virtual uint32_t fields() const { return 0; }
+  /// Sparse codecs encode a data-dependent selection (variable size): they are allreduced by
+  /// an allgather of every rank's encoding and a scatter-add, not by SRA.
+  virtual bool sparse() const { return false; }
+  /// Whether encoding costs enough that striping a cross-node allreduce (encoding one stripe
+  /// while another is on the wire) pays by default; cheap casts do not repay the messages.
+  virtual bool stripes_pay() const { return false; }
+  /// Throws InvalidArgument naming the field, the value and the allowed range when `p` holds
+  /// a value this codec cannot use.
+  virtual void Validate(const CodecParams& p) const { (void)p; }
   /// Bytes an encoded segment of n values can take (exact for every codec but topk, whose
   /// size depends on the data; Encode returns the real size).
   virtual size_t MaxWireSize(size_t n, const CodecParams& p) const = 0;
@@ -67,6 +77,8 @@ class Codec {
                                 DataType out_dtype, void* out) const = 0;
 };
 
+/// The codec registered as `name`, or null.
+const Codec* LookupCodec(const std::string& name);
 /// The codec registered as `name`; throws InvalidArgument listing the known names.
 const Codec& FindCodec(const std::string& name);
 /// Every codec, in registry order.

@@ -16,7 +16,7 @@ namespace gradcomp {
 namespace {
 
 codec_kernels::MaxMinArgs Args(const CodecParams& p, uint64_t first_index) {
-  return {p.bits, p.bucket_size, p.stochastic, p.skip_incomplete_buckets, p.seed, p.step, first_index};
+  return {p.bits, static_cast<size_t>(p.bucket_size), p.stochastic, p.skip_incomplete_buckets, p.seed, p.step, first_index};
 }
 
 class MaxMin final : public Codec {
@@ -25,15 +25,25 @@ class MaxMin final : public Codec {
   const char* description() const override {
     return "max-min quantization (CGX/QSGD): 1-8 bits per value, a float32 min and unit per bucket";
   }
+  uint32_t fields() const override {
+    return kFieldBits | kFieldBucketSize | kFieldStochastic | kFieldSkipIncomplete;
+  }
+  bool stripes_pay() const override { return true; }
+  void Validate(const CodecParams& p) const override {
+    if (p.bits < 1 || p.bits > 8) {
+      throw InvalidArgument("maxmin: bits=" + std::to_string(p.bits) + " is outside 1..8");
+    }
+    if (p.bucket_size < 1) throw InvalidArgument("maxmin: bucket_size must be >= 1, got " + std::to_string(p.bucket_size));
+  }
 
   size_t MaxWireSize(size_t n, const CodecParams& p) const override {
-    ValidateCodecParams("maxmin", p);
+    Validate(p);
     return maxmin::WireBytes(n, p.bits, p.bucket_size, p.skip_incomplete_buckets);
   }
 
   size_t Encode(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t first_index,
                 void* out) const override {
-    ValidateCodecParams("maxmin", p);
+    Validate(p);
     CheckCodecDataType(dtype, "maxmin", "input");
     auto* wire = static_cast<uint8_t*>(out);
     const size_t written = p.isa == Isa::kAvx2

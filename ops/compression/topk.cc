@@ -51,15 +51,29 @@ class TopK final : public Codec {
   const char* description() const override {
     return "DGC top-k sparsification: the largest values with int32 indices, float32 or float16 values";
   }
+  uint32_t fields() const override { return kFieldRatio | kFieldMomentum | kFieldNesterov; }
+  bool sparse() const override { return true; }
+  void Validate(const CodecParams& p) const override {
+    if (!(p.topk_ratio > 0.0 && p.topk_ratio <= 1.0)) {
+      throw InvalidArgument("topk: ratio=" + std::to_string(p.topk_ratio) + " is outside (0, 1]");
+    }
+    if (!(p.topk_sample_ratio > 0.0 && p.topk_sample_ratio <= 1.0)) {
+      throw InvalidArgument("topk: sample_ratio=" + std::to_string(p.topk_sample_ratio) + " is outside (0, 1]");
+    }
+    if (p.topk_value_dtype != DataType::kFloat32 && p.topk_value_dtype != DataType::kFloat16) {
+      throw InvalidArgument(std::string("topk: value dtype ") + DataTypeName(p.topk_value_dtype) +
+                            " is not supported (float32 or float16)");
+    }
+  }
 
   size_t MaxWireSize(size_t n, const CodecParams& p) const override {
-    ValidateCodecParams("topk", p);
+    Validate(p);
     return 4 + TopKMaxCount(n, p.topk_ratio) * (4 + DataTypeSize(p.topk_value_dtype));
   }
 
   size_t Encode(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t first_index,
                 void* out) const override {
-    ValidateCodecParams("topk", p);
+    Validate(p);
     CheckCodecDataType(dtype, "topk", "input");
     const TopKSelection sel = SelectTopK(in, dtype, n, p, first_index);
     const uint32_t count = static_cast<uint32_t>(sel.indices.size());
@@ -111,6 +125,24 @@ class TopK final : public Codec {
 };
 
 }  // namespace
+
+TopKWire::TopKWire(const uint8_t* wire, DataType value_dtype)
+    : wire_(wire), value_dtype_(value_dtype), value_size_(DataTypeSize(value_dtype)) {
+  std::memcpy(&kept_, wire, 4);
+}
+
+uint32_t TopKWire::index(uint32_t j) const {
+  uint32_t idx;
+  std::memcpy(&idx, wire_ + 4 + 4 * size_t{j}, 4);
+  return idx;
+}
+
+float TopKWire::value(uint32_t j) const {
+  float v;
+  CastBuffer(wire_ + 4 + 4 * size_t{kept_} + j * value_size_, value_dtype_, 1, &v, DataType::kFloat32, false,
+             Isa::kScalar);
+  return v;
+}
 
 size_t TopKTarget(size_t n, double ratio) {
   if (n == 0) return 0;

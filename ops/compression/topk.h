@@ -19,6 +19,25 @@ struct TopKSelection {
   bool exact = false;
 };
 
+/// One encoded topk segment read in place: a uint32 count, the count uint32 indices, then
+/// the count values (float32 or float16).
+class TopKWire {
+ public:
+  TopKWire(const uint8_t* wire, DataType value_dtype);
+  /// Values kept, and the bytes of the whole segment.
+  uint32_t kept() const { return kept_; }
+  size_t bytes() const { return 4 + size_t{kept_} * (4 + value_size_); }
+  /// The j-th kept index and its value, as float32.
+  uint32_t index(uint32_t j) const;
+  float value(uint32_t j) const;
+
+ private:
+  const uint8_t* wire_;
+  DataType value_dtype_;
+  size_t value_size_;
+  uint32_t kept_;
+};
+
 /// Target count k for n values: ceil(n * ratio), at least 1 (0 for n = 0), at most n.
 size_t TopKTarget(size_t n, double ratio);
 /// Most values a selection can hold: floor(1.3 k), at least k, at most n.

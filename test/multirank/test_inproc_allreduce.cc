@@ -56,7 +56,7 @@ TEST_P(HierarchicalAllreduceTest, EqualsTheReference) {
       }
       std::vector<char> in = MakeInput(c.dtype, c.op, c.count, topo.rank());
       std::vector<char> out(in.size());
-      FindAllreduceAlgorithm("hierarchical").run(topo, ToAllreduceOptions(c, in.data(), out.data()));
+      HierarchicalAllreduce(topo, ToAllreduceOptions(c, in.data(), out.data()));
       return CompareReduction(c, world, out.data(), expected);
     });
     ASSERT_EQ(Failures(results), "") << c.Describe() << " world=" << world << " local=" << local;
@@ -71,19 +71,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HierarchicalAllreduceTest,
                            return "world" + std::to_string(shape.param.world) + "_local" +
                                   std::to_string(shape.param.local);
                          });
-
-TEST(AllreduceAlgorithms, TableListsNamesAndRejectsUnknown) {
-  ASSERT_GE(AllreduceAlgorithms().size(), 2u);
-  for (const auto& algo : AllreduceAlgorithms()) EXPECT_GT(std::strlen(algo.description), 10u) << algo.name;
-  try {
-    FindAllreduceAlgorithm("ring9");
-    FAIL() << "no error";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown allreduce algorithm 'ring9' (known: flat, hierarchical)"),
-              std::string::npos)
-        << e.what();
-  }
-}
 
 TEST(AllreduceErrors, AverageOfBoolNamesTheTensor) {
   const auto run = [] {

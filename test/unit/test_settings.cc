@@ -29,12 +29,12 @@ void ExpectRejected(const std::string& var, const std::string& value, const std:
 
 TEST(Settings, DefaultsComeFromTheRegistry) {
   const Settings s = Settings::FromMap({});
-  EXPECT_EQ(s.compression, "none");
-  EXPECT_EQ(s.bits, 4);
-  EXPECT_EQ(s.bucket_size, 512);
+  EXPECT_EQ(s.compression.codec, "none");
+  EXPECT_EQ(s.compression.bits, 4);
+  EXPECT_EQ(s.compression.bucket_size, 512);
   EXPECT_EQ(s.min_size, 16);
   EXPECT_DOUBLE_EQ(s.fusion_threshold_mb, 64);
-  EXPECT_DOUBLE_EQ(s.topk_ratio, 0.01);
+  EXPECT_DOUBLE_EQ(s.compression.topk_ratio, 0.01);
   EXPECT_EQ(s.inner_communicator, "shm");
   EXPECT_EQ(s.cross_communicator, "mpi");
   EXPECT_EQ(s.log_level, "warning");
@@ -60,8 +60,8 @@ TEST(Settings, RatioOutsideZeroOneIsRejected) {
   ExpectRejected("GRADCOMP_TOPK_RATIO", "1.5", "a number in (0, 1]");
   ExpectRejected("GRADCOMP_TOPK_RATIO", "-0.1", "a number in (0, 1]");
   ExpectRejected("GRADCOMP_TOPK_RATIO", "nan", "a number in (0, 1]");
-  EXPECT_DOUBLE_EQ(Settings::FromMap({{"GRADCOMP_TOPK_RATIO", "1"}}).topk_ratio, 1.0);
-  EXPECT_DOUBLE_EQ(Settings::FromMap({{"GRADCOMP_TOPK_RATIO", "0.001"}}).topk_ratio, 0.001);
+  EXPECT_DOUBLE_EQ(Settings::FromMap({{"GRADCOMP_TOPK_RATIO", "1"}}).compression.topk_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(Settings::FromMap({{"GRADCOMP_TOPK_RATIO", "0.001"}}).compression.topk_ratio, 0.001);
 }
 
 TEST(Settings, OtherKindsAreRejectedClearly) {
@@ -78,9 +78,9 @@ TEST(Settings, ValuesAreParsedCaseAndSpaceInsensitively) {
                                         {"GRADCOMP_HIERARCHICAL", "yes"},
                                         {"GRADCOMP_BITS", "2"},
                                         {"GRADCOMP_TIMELINE", "/tmp/t.json"}});
-  EXPECT_EQ(s.compression, "maxmin");
+  EXPECT_EQ(s.compression.codec, "maxmin");
   EXPECT_TRUE(s.hierarchical);
-  EXPECT_EQ(s.bits, 2);
+  EXPECT_EQ(s.compression.bits, 2);
   EXPECT_EQ(s.timeline, "/tmp/t.json");
 }
 
@@ -91,20 +91,20 @@ TEST(Settings, CgxAliasesAreHonoured) {
                                         {"CGX_CROSS_COMMUNICATOR_TYPE", "NCCL"},
                                         {"CGX_INTRA_BROADCAST", "1"},
                                         {"CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS", "1"}});
-  EXPECT_EQ(s.bucket_size, 128);
+  EXPECT_EQ(s.compression.bucket_size, 128);
   EXPECT_DOUBLE_EQ(s.fusion_threshold_mb, 32);
   EXPECT_EQ(s.inner_communicator, "mpi");
   EXPECT_EQ(s.cross_communicator, "nccl");
   EXPECT_TRUE(s.intra_broadcast);
-  EXPECT_TRUE(s.skip_incomplete_buckets);
+  EXPECT_TRUE(s.compression.skip_incomplete_buckets);
 }
 
 TEST(Settings, CgxBitsEnableQuantizationAndThirtyTwoDisablesIt) {
-  EXPECT_EQ(Settings::FromMap({{"CGX_COMPRESSION_QUANTIZATION_BITS", "4"}}).compression, "maxmin");
-  EXPECT_EQ(Settings::FromMap({{"CGX_COMPRESSION_QUANTIZATION_BITS", "32"}}).compression, "none");
-  EXPECT_EQ(Settings::FromMap({{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "32"}}).compression, "none");
+  EXPECT_EQ(Settings::FromMap({{"CGX_COMPRESSION_QUANTIZATION_BITS", "4"}}).compression.codec, "maxmin");
+  EXPECT_EQ(Settings::FromMap({{"CGX_COMPRESSION_QUANTIZATION_BITS", "32"}}).compression.codec, "none");
+  EXPECT_EQ(Settings::FromMap({{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "32"}}).compression.codec, "none");
   // An explicit compression choice is kept.
-  EXPECT_EQ(Settings::FromMap({{"GRADCOMP_COMPRESSION", "topk"}, {"GRADCOMP_BITS", "4"}}).compression, "topk");
+  EXPECT_EQ(Settings::FromMap({{"GRADCOMP_COMPRESSION", "topk"}, {"GRADCOMP_BITS", "4"}}).compression.codec, "topk");
   const std::string msg = ErrorFor({{"CGX_COMPRESSION_QUANTIZATION_BITS", "9"}});
   EXPECT_NE(msg.find("CGX_COMPRESSION_QUANTIZATION_BITS (alias of GRADCOMP_BITS)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'9'"), std::string::npos) << msg;
@@ -112,7 +112,7 @@ TEST(Settings, CgxBitsEnableQuantizationAndThirtyTwoDisablesIt) {
 
 TEST(Settings, GradcompValueWinsOverAliasAndTheConflictIsNoted) {
   const Settings s = Settings::FromMap({{"GRADCOMP_BITS", "2"}, {"CGX_COMPRESSION_QUANTIZATION_BITS", "8"}});
-  EXPECT_EQ(s.bits, 2);
+  EXPECT_EQ(s.compression.bits, 2);
   ASSERT_FALSE(s.notes.empty());
   EXPECT_NE(s.notes[0].find("GRADCOMP_BITS=2 overrides CGX_COMPRESSION_QUANTIZATION_BITS=8"), std::string::npos);
   // The same value through both names is no conflict.
@@ -146,7 +146,7 @@ TEST(Settings, EnvironmentIsRead) {
   setenv("GRADCOMP_BUCKET_SIZE", "64", 1);
   const Settings s = Settings::FromEnvironment();
   unsetenv("GRADCOMP_BUCKET_SIZE");
-  EXPECT_EQ(s.bucket_size, 64);
+  EXPECT_EQ(s.compression.bucket_size, 64);
 }
 
 }  // namespace

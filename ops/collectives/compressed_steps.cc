@@ -1,0 +1,144 @@
+#include "ops/collectives/compressed_steps.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "ops/common/enforce.h"
+#include "ops/compression/maxmin_math.h"
+#include "ops/reduce/reduce.h"
+
+namespace gradcomp {
+
+Phase::Phase(const CompressedAllreduceOptions& o, const char* name, double* seconds)
+    : hook_(o.on_phase), name_(name), seconds_(seconds), start_(std::chrono::steady_clock::now()) {
+  if (hook_) hook_(name_, true);
+}
+
+Phase::~Phase() {
+  *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  if (hook_) hook_(name_, false);
+}
+
+std::vector<size_t> SegmentBounds(const CompressedAllreduceOptions& o) {
+  std::vector<size_t> bounds{0};
+  if (o.segments.empty()) {
+    bounds.push_back(o.count);
+    return bounds;
+  }
+  for (size_t s : o.segments) bounds.push_back(bounds.back() + s);
+  return bounds;
+}
+
+std::vector<Piece> PiecesIn(size_t begin, size_t len, const std::vector<size_t>& bounds) {
+  std::vector<Piece> pieces;
+  const size_t end = begin + len;
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    const size_t a = std::max(begin, bounds[k]), b = std::min(end, bounds[k + 1]);
+    if (a < b) pieces.push_back({a, b - a});
+  }
+  return pieces;
+}
+
+std::vector<Piece> CutIntoBlocks(const std::vector<Piece>& pieces, size_t bucket_size) {
+  const size_t unit = std::lcm(std::max<size_t>(bucket_size, 1), size_t{8});
+  if (unit > kBlockValues) return pieces;
+  const size_t block = kBlockValues / unit * unit;
+  std::vector<Piece> out;
+  for (const Piece& pc : pieces) {
+    for (size_t at = 0; at < pc.len; at += block) out.push_back({pc.start + at, std::min(block, pc.len - at)});
+  }
+  return out;
+}
+
+size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<Piece>& pieces) {
+  size_t total = 0;
+  for (const Piece& pc : pieces) total += codec.MaxWireSize(pc.len, p);
+  return total;
+}
+
+size_t EncodePieces(const Codec& codec, const CodecParams& p, const float* x, size_t base,
+                    const std::vector<Piece>& pieces, uint8_t* out) {
+  size_t used = 0;
+  for (const Piece& pc : pieces) {
+    used += codec.Encode(x + (pc.start - base), DataType::kFloat32, pc.len, p, pc.start, out + used);
+  }
+  return used;
+}
+
+void DecodePieces(const Codec& codec, const CodecParams& p, const uint8_t* wire, const std::vector<Piece>& pieces,
+                  size_t base, DataType out_dtype, void* out) {
+  const size_t esize = DataTypeSize(out_dtype);
+  for (const Piece& pc : pieces) {
+    const size_t bytes = codec.MaxWireSize(pc.len, p);
+    codec.Decode(wire, bytes, pc.len, p, out_dtype, static_cast<char*>(out) + (pc.start - base) * esize);
+    wire += bytes;
+  }
+}
+
+namespace {
+
+// The parameters of random stream `stream`.
+CodecParams StreamFor(const CodecParams& p, uint32_t stream) {
+  CodecParams q = p;
+  q.seed = p.seed ^ (static_cast<uint64_t>(maxmin::Mix32(stream + 0x51ed27u)) << 32);
+  return q;
+}
+
+}  // namespace
+
+CodecParams SraScatterParams(const CodecParams& p, int rank) { return StreamFor(p, static_cast<uint32_t>(rank)); }
+
+CodecParams SraGatherParams(const CodecParams& p, int rank) {
+  return StreamFor(p, 0x10000u + static_cast<uint32_t>(rank));
+}
+
+void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse) {
+  if (o.codec == nullptr) throw InvalidArgument("compressed allreduce needs a codec");
+  if (o.codec->sparse() != sparse) {
+    throw InvalidArgument(std::string("codec ") + o.codec->name() + (sparse ? " is not sparse" : " needs the sparse allreduce"));
+  }
+  CheckCodecDataType(o.dtype, o.codec->name(), "tensor");
+  if (o.op != ReduceOp::kSum && o.op != ReduceOp::kAverage) {
+    throw InvalidArgument(std::string("compressed allreduce supports sum and average, not ") + ReduceOpName(o.op));
+  }
+  o.codec->Validate(o.params);
+  if (!o.segments.empty()) {
+    size_t total = 0;
+    for (size_t s : o.segments) total += s;
+    if (total != o.count) {
+      throw InvalidArgument("compressed allreduce: segments sum to " + std::to_string(total) + ", not " +
+                            std::to_string(o.count));
+    }
+  }
+  if (o.count > 0 && (o.input == nullptr || o.output == nullptr)) {
+    throw InvalidArgument("compressed allreduce got a null buffer");
+  }
+}
+
+const float* WorkingCopy(const CompressedAllreduceOptions& o, CompressionWorkspace& ws) {
+  if (o.dtype == DataType::kFloat32 && o.prescale == 1.0 && o.residual == nullptr) {
+    return static_cast<const float*>(o.input);
+  }
+  ws.x.resize(o.count);
+  CastBuffer(o.input, o.dtype, o.count, ws.x.data(), DataType::kFloat32, false, o.params.isa);
+  if (o.prescale != 1.0) ScaleInPlace(ws.x.data(), o.count, DataType::kFloat32, o.prescale);
+  if (o.residual != nullptr) ReduceInto(ws.x.data(), o.residual, o.count, DataType::kFloat32, ReduceOp::kSum);
+  return ws.x.data();
+}
+
+float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& ws) {
+  if (o.dtype == DataType::kFloat32) return static_cast<float*>(o.output);
+  ws.out.resize(o.count);
+  return ws.out.data();
+}
+
+double OutputScale(const CompressedAllreduceOptions& o, int ranks) {
+  return o.op == ReduceOp::kAverage ? o.postscale / ranks : o.postscale;
+}
+
+void StoreOutput(const CompressedAllreduceOptions& o, const float* result) {
+  if (result != o.output) CastBuffer(result, DataType::kFloat32, o.count, o.output, o.dtype, false, o.params.isa);
+}
+
+}  // namespace gradcomp

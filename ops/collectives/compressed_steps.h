@@ -1,0 +1,70 @@
+// The steps every compressed allreduce algorithm (sra.cc, hierarchical_compressed.cc,
+// sparse_allreduce.cc) is written with: pieces of a buffer, encoding and decoding them,
+// the float32 working copy and the output, phase timing. Internal to ops/collectives.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "ops/collectives/compressed_allreduce.h"
+
+namespace gradcomp {
+
+/// Times one phase into `seconds` and reports its begin and end to the options' hook.
+class Phase {
+ public:
+  Phase(const CompressedAllreduceOptions& o, const char* name, double* seconds);
+  ~Phase();
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  const std::function<void(const char*, bool)>& hook_;
+  const char* name_;
+  double* seconds_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// A run of values inside one chunk and one tensor: an encoded segment of its own.
+struct Piece {
+  size_t start;  ///< in buffer coordinates
+  size_t len;
+};
+
+/// 0, then the end of each tensor of the buffer (o.segments; one tensor when empty).
+std::vector<size_t> SegmentBounds(const CompressedAllreduceOptions& o);
+/// The pieces of [begin, begin + len) cut at the tensor bounds.
+std::vector<Piece> PiecesIn(size_t begin, size_t len, const std::vector<size_t>& bounds);
+
+/// Pieces longer than a block are cut into blocks of whole buckets (and whole 8-value code
+/// groups), so each step of the reduction works on data that stays in cache. The buckets, the
+/// values and the bytes on the wire stay the same; each block is an encoded segment of its own.
+constexpr size_t kBlockValues = size_t{1} << 14;
+std::vector<Piece> CutIntoBlocks(const std::vector<Piece>& pieces, size_t bucket_size);
+
+/// Encoded bytes of `pieces` (each a segment of its own).
+size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<Piece>& pieces);
+/// Encodes the float32 values of `pieces` piece after piece; x[0] is buffer element `base`.
+size_t EncodePieces(const Codec& codec, const CodecParams& p, const float* x, size_t base,
+                    const std::vector<Piece>& pieces, uint8_t* out);
+/// Decodes pieces into `out`, whose element 0 is buffer element `base`.
+void DecodePieces(const Codec& codec, const CodecParams& p, const uint8_t* wire, const std::vector<Piece>& pieces,
+                  size_t base, DataType out_dtype, void* out);
+
+/// Throws InvalidArgument for options an algorithm cannot run (`sparse`: the sparse one).
+void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse);
+
+/// The float32 values to reduce: input * prescale (+ the carried residual). A float32 input
+/// with nothing to add is used in place (it is only read, and before any output is written).
+const float* WorkingCopy(const CompressedAllreduceOptions& o, CompressionWorkspace& ws);
+/// Where the float32 result goes: the output itself when it is float32.
+float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& ws);
+/// The factor applied to the sum: postscale, over `ranks` for Average.
+double OutputScale(const CompressedAllreduceOptions& o, int ranks);
+/// Converts the float32 result into the output (nothing when it is the output).
+void StoreOutput(const CompressedAllreduceOptions& o, const float* result);
+
+}  // namespace gradcomp

@@ -1,0 +1,71 @@
+#include "ops/collectives/pipeline.h"
+
+namespace gradcomp {
+
+Pipeline::Pipeline(bool inline_tasks) : inline_(inline_tasks) {
+  if (!inline_) thread_ = std::thread([this] { Loop(); });
+}
+
+Pipeline::~Pipeline() {
+  if (inline_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+size_t Pipeline::Submit(std::function<void()> task) {
+  if (inline_) {
+    task();
+    return done_++;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  tasks_.push_back(std::move(task));
+  cv_.notify_all();
+  return submitted_++;
+}
+
+bool Pipeline::Busy() {
+  if (inline_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ < submitted_;
+}
+
+bool Pipeline::Done(size_t ticket) {
+  if (inline_) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+  return done_ > ticket;
+}
+
+void Pipeline::Wait(size_t ticket) {
+  if (inline_) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ > ticket || error_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Pipeline::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    try {
+      task();
+    } catch (...) {
+      lock.lock();
+      if (!error_) error_ = std::current_exception();
+      lock.unlock();
+    }
+    lock.lock();
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,338 @@
+// SRA: every rank encodes each peer's chunk, the chunks are exchanged (all-to-all), the owner
+// sums its chunk in float32, encodes it once, and the reduced chunks are allgathered
+// (compressed_allreduce.h gives the error bound). Steps, then the two drivers.
+#include "ops/collectives/sra.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "ops/collectives/context.h"
+#include "ops/collectives/pipeline.h"
+#include "ops/reduce/reduce.h"
+
+namespace gradcomp {
+
+namespace {
+
+// Tags of the striped SRA's point-to-point messages: two per stripe (scatter, gather).
+constexpr int kSraTagBase = 0x5300;
+// Stripes of one step (scatter or gather) a rank has on the wire to each peer at once. One:
+// on the emulated 1 Gbit/s cluster two or four in flight made runs swing to much slower (fp16
+// 0.42-0.49 s against 0.29-0.32 s for 64 MB); the overlap that pays is encoding and decoding
+// with the network, which one in flight keeps.
+constexpr size_t kStripesInFlight = 1;
+
+// How many stripes: the options' count for buffers worth pipelining, raised so that each
+// stripe's message stays near kStripeBytes (large messages need the transport's progress all
+// along once the kernel's socket buffer is full; small stripes are handed over whole).
+size_t StripeCount(const CompressedAllreduceOptions& o, const std::vector<size_t>& chunks) {
+  if (o.count < kPipelineMinValues || o.pipeline_stripes <= 1) return 1;
+  const size_t chunk_wire = o.codec->MaxWireSize(*std::max_element(chunks.begin(), chunks.end()), o.params);
+  return std::min(kMaxStripes, std::max(o.pipeline_stripes, (chunk_wire + kStripeBytes - 1) / kStripeBytes));
+}
+
+// Bound s of chunk [c0, c1): about s/stripes of the way, moved up to where a bucket of the
+// tensor there begins anyway.
+size_t StripeCut(size_t c0, size_t c1, size_t s, size_t stripes, size_t bucket, const std::vector<size_t>& bounds) {
+  const size_t len = c1 - c0;
+  if (s == 0) return c0;
+  if (s >= stripes) return c1;
+  const size_t target = c0 + std::min(len, s * ((len + stripes - 1) / stripes));
+  if (target >= c1) return c1;
+  const size_t k = static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end(), target) - bounds.begin()) - 1;
+  const size_t piece_start = std::max(bounds[k], c0), piece_end = std::min(bounds[k + 1], c1);
+  const size_t cut = piece_start + (target - piece_start + bucket - 1) / bucket * bucket;
+  return std::min(cut, piece_end);
+}
+
+}  // namespace
+
+SraPlan SraPlan::Make(const CompressedAllreduceOptions& o, size_t ranks, size_t me) {
+  SraPlan plan;
+  plan.ranks = ranks;
+  plan.mine = me;
+  const std::vector<size_t> bounds = SegmentBounds(o);
+  plan.chunks = EvenSplit(o.count, static_cast<int>(ranks));
+  plan.chunk_offsets = Offsets(plan.chunks);
+  plan.stripes = StripeCount(o, plan.chunks);
+  const size_t bucket = static_cast<size_t>(std::max<int64_t>(1, o.params.bucket_size));
+  plan.cuts.assign(ranks, std::vector<size_t>(plan.stripes + 1));
+  for (size_t c = 0; c < ranks; ++c) {
+    const size_t c0 = plan.chunk_offsets[c], c1 = c0 + plan.chunks[c];
+    for (size_t s = 0; s <= plan.stripes; ++s) plan.cuts[c][s] = StripeCut(c0, c1, s, plan.stripes, bucket, bounds);
+  }
+  plan.pieces.assign(plan.stripes, std::vector<std::vector<Piece>>(ranks));
+  plan.bytes.assign(plan.stripes, std::vector<size_t>(ranks));
+  for (size_t s = 0; s < plan.stripes; ++s) {
+    for (size_t c = 0; c < ranks; ++c) {
+      plan.pieces[s][c] = CutIntoBlocks(PiecesIn(plan.StripeBegin(c, s), plan.StripeLength(c, s), bounds), bucket);
+      plan.bytes[s][c] = EncodedSize(*o.codec, o.params, plan.pieces[s][c]);
+    }
+  }
+  for (size_t s = 0; s < plan.stripes; ++s) {
+    plan.send_at.push_back(plan.send_total);
+    plan.recv_at.push_back(plan.recv_total);
+    plan.own_at.push_back(plan.own_total);
+    plan.all_at.push_back(plan.all_total);
+    for (size_t c = 0; c < ranks; ++c) {
+      if (c != me) plan.send_total += plan.bytes[s][c];
+      if (c != me) plan.recv_total += plan.bytes[s][me];
+      plan.all_total += plan.bytes[s][c];
+    }
+    plan.own_total += plan.bytes[s][me];
+  }
+  return plan;
+}
+
+std::vector<size_t> SraPlan::ScatterBytes(size_t s, bool sending) const {
+  std::vector<size_t> v(ranks, 0);
+  for (size_t c = 0; c < ranks; ++c) {
+    if (c != mine) v[c] = sending ? bytes[s][c] : bytes[s][mine];
+  }
+  return v;
+}
+
+size_t SraPlan::BytesSent() const {
+  size_t sent = send_total;
+  for (size_t s = 0; s < stripes; ++s) sent += (ranks - 1) * bytes[s][mine];
+  return sent;
+}
+
+namespace {
+
+// One SRA on one rank: the plan, the buffers and the three steps each stripe goes through.
+class SraRun {
+ public:
+  SraRun(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+         CompressionWorkspace& ws, CompressedAllreduceStats* st)
+      : comm_(comm), o_(o), codec_(*o.codec), x_(x), scale_(scale), out_(out), ws_(ws), st_(st),
+        plan_(SraPlan::Make(o, static_cast<size_t>(comm.size()), static_cast<size_t>(comm.rank()))),
+        p1_(SraScatterParams(o.params, comm.rank())),
+        p2_(SraGatherParams(o.params, comm.rank())),
+        rr_(o.reduced_residual ? o.reduced_residual + plan_.chunk_offsets[plan_.mine] : nullptr) {
+    ws.send.resize(plan_.send_total);
+    ws.recv.resize(plan_.recv_total);
+    ws.own.resize(plan_.own_total);
+    ws.all.resize(plan_.all_total);
+  }
+
+  void Run() {
+    Pipeline pipe(plan_.stripes == 1);
+    if (plan_.stripes == 1) {
+      RunBlocking(pipe);
+    } else {
+      RunStriped(pipe);
+    }
+    st_->bytes_sent += plan_.BytesSent();
+  }
+
+ private:
+  void EncodePeers(size_t s);
+  void ReduceOwn(size_t s);
+  void DecodeAll(size_t s);
+  void RunBlocking(Pipeline& pipe);
+  void RunStriped(Pipeline& pipe);
+  void ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded, std::vector<size_t>* decoded);
+
+  Communicator& comm_;
+  const CompressedAllreduceOptions& o_;
+  const Codec& codec_;
+  const float* x_;
+  const double scale_;
+  float* out_;
+  CompressionWorkspace& ws_;
+  CompressedAllreduceStats* st_;
+  const SraPlan plan_;
+  const CodecParams p1_;  // this rank's stream in the scatter
+  const CodecParams p2_;  // and in the gather
+  float* rr_;             // reduced residual of this rank's chunk, or null
+};
+
+// 1. Encodes every peer's stripe (and keeps what that encoding lost, for error feedback).
+void SraRun::EncodePeers(size_t s) {
+  Phase phase(o_, "COMPRESS", &st_->compress_seconds);
+  const std::vector<size_t> off = Offsets(plan_.ScatterBytes(s, true));
+  for (size_t p = 0; p < plan_.ranks; ++p) {
+    if (p == plan_.mine) continue;
+    uint8_t* dst = ws_.send.data() + plan_.send_at[s] + off[p];
+    EncodePieces(codec_, p1_, x_, 0, plan_.pieces[s][p], dst);
+    if (!o_.residual) continue;
+    const size_t begin = plan_.StripeBegin(p, s), len = plan_.StripeLength(p, s);
+    float* r = o_.residual + begin;
+    DecodePieces(codec_, p1_, dst, plan_.pieces[s][p], begin, DataType::kFloat32, r);
+    for (size_t k = 0; k < len; ++k) r[k] = x_[begin + k] - r[k];
+  }
+}
+
+// 2 + 3. Sums this rank's stripe in float32 (own values, then the peers' in rank order),
+// scales, compensates and encodes once: block by block, so the sum never leaves the cache.
+void SraRun::ReduceOwn(size_t s) {
+  Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
+  const size_t mine = plan_.mine;
+  const std::vector<size_t> off = Offsets(plan_.ScatterBytes(s, false));
+  std::vector<float>& acc = ws_.acc;
+  acc.resize(kBlockValues);
+  size_t wire_at = 0;  // of this block in every peer's message, and in our own encoding
+  for (const Piece& pc : plan_.pieces[s][mine]) {
+    float* a = pc.len <= acc.size() ? acc.data() : (acc.resize(pc.len), acc.data());
+    std::memcpy(a, x_ + pc.start, pc.len * sizeof(float));
+    const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
+    for (size_t p = 0; p < plan_.ranks; ++p) {
+      if (p == mine) continue;
+      codec_.DecodeAccumulate(ws_.recv.data() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
+                              DataType::kFloat32, a);
+    }
+    ScaleInPlace(a, pc.len, DataType::kFloat32, scale_);
+    float* r = rr_ ? rr_ + (pc.start - plan_.chunk_offsets[mine]) : nullptr;
+    if (r) ReduceInto(a, r, pc.len, DataType::kFloat32, ReduceOp::kSum);
+    uint8_t* dst = ws_.own.data() + plan_.own_at[s] + wire_at;
+    codec_.Encode(a, DataType::kFloat32, pc.len, p2_, pc.start, dst);
+    // This rank's share of the result is its encoding decoded, as on every other rank;
+    // decoded here while it is in cache (x's block was read above, so out may alias x).
+    float* result = out_ + pc.start;
+    codec_.Decode(dst, block_bytes, pc.len, p2_, DataType::kFloat32, result);
+    if (r) {
+      for (size_t k = 0; k < pc.len; ++k) r[k] = a[k] - result[k];
+    }
+    wire_at += block_bytes;
+  }
+}
+
+// 5. Decodes every other rank's stripe into the output (this rank's is decoded already).
+void SraRun::DecodeAll(size_t s) {
+  Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
+  const std::vector<size_t> off = Offsets(plan_.bytes[s]);
+  for (size_t c = 0; c < plan_.ranks; ++c) {
+    if (c == plan_.mine) continue;
+    const CodecParams pc = SraGatherParams(o_.params, static_cast<int>(c));
+    DecodePieces(codec_, pc, ws_.all.data() + plan_.all_at[s] + off[c], plan_.pieces[s][c], 0, DataType::kFloat32,
+                 out_);
+  }
+}
+
+// One stripe: encode, alltoall, reduce, allgather, decode, one after the other.
+void SraRun::RunBlocking(Pipeline& pipe) {
+  pipe.Wait(pipe.Submit([&] { EncodePeers(0); }));
+  {
+    Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
+    comm_.Alltoallv(ws_.send.data(), plan_.ScatterBytes(0, true), ws_.recv.data(), plan_.ScatterBytes(0, false));
+  }
+  pipe.Wait(pipe.Submit([&] { ReduceOwn(0); }));
+  {
+    Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
+    comm_.Allgatherv(ws_.own.data(), ws_.all.data(), plan_.bytes[0]);
+  }
+  pipe.Wait(pipe.Submit([&] { DecodeAll(0); }));
+}
+
+// Stripes travel point to point: every receive is posted up front (a stripe arriving early
+// lands in place) and each send starts once its stripe is encoded (or reduced) and the
+// previous stripe of that step has left (kStripesInFlight), so the scatter of one stripe, the
+// gather of another and the helper thread's encoding and decoding overlap. (One blocking
+// exchange per stripe left the link idle during each exchange's rendezvous handshake through
+// a congested link.) This thread only polls, napping while the helper thread works (it needs
+// the core) and spinning otherwise (the transport progresses only inside MPI calls).
+void SraRun::RunStriped(Pipeline& pipe) {
+  const size_t stripes = plan_.stripes;
+  std::vector<size_t> encoded(stripes), decoded(stripes);
+  for (size_t s = 0; s < stripes; ++s) encoded[s] = pipe.Submit([this, s] { EncodePeers(s); });
+  {
+    Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
+    ExchangeStripes(pipe, encoded, &decoded);
+  }
+  for (size_t s = 0; s < stripes; ++s) pipe.Wait(decoded[s]);
+}
+
+// The striped driver's network side: posts every receive, then polls, sending each stripe
+// once it is ready and handing what arrives to the pipeline (reduce, then decode).
+void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded, std::vector<size_t>* decoded) {
+  const size_t stripes = plan_.stripes, ranks = plan_.ranks, mine = plan_.mine;
+  using Transfers = std::vector<std::unique_ptr<PendingTransfer>>;
+  std::vector<Transfers> scatter_in(stripes), gather_in(stripes), scatter_out(stripes), gather_out(stripes);
+  const auto tag = [](size_t s, int step) { return kSraTagBase + static_cast<int>(2 * s) + step; };
+  for (size_t s = 0; s < stripes; ++s) {
+    const std::vector<size_t> roff = Offsets(plan_.ScatterBytes(s, false)), aoff = Offsets(plan_.bytes[s]);
+    for (size_t p = 0; p < ranks; ++p) {
+      if (p == mine) continue;
+      const int peer = static_cast<int>(p);
+      scatter_in[s].push_back(
+          comm_.Irecv(ws_.recv.data() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine], peer, tag(s, 0)));
+      gather_in[s].push_back(
+          comm_.Irecv(ws_.all.data() + plan_.all_at[s] + aoff[p], plan_.bytes[s][p], peer, tag(s, 1)));
+    }
+  }
+  const auto all_done = [](Transfers& ts) {
+    bool done = true;
+    for (auto& t : ts) done = t->Test() && done;
+    return done;
+  };
+  const auto window_free = [&](std::vector<Transfers>& sends, size_t s) {
+    return s < kStripesInFlight || all_done(sends[s - kStripesInFlight]);
+  };
+  std::vector<size_t> reduced(stripes);
+  size_t scattered = 0, reducing = 0, gathered = 0, decoding = 0;
+  PollUntil([&] {
+    if (scattered < stripes && window_free(scatter_out, scattered) && pipe.Done(encoded[scattered])) {
+      const std::vector<size_t> soff = Offsets(plan_.ScatterBytes(scattered, true));
+      for (size_t p = 0; p < ranks; ++p) {
+        if (p == mine) continue;
+        scatter_out[scattered].push_back(comm_.Isend(ws_.send.data() + plan_.send_at[scattered] + soff[p],
+                                                     plan_.bytes[scattered][p], static_cast<int>(p),
+                                                     tag(scattered, 0)));
+      }
+      ++scattered;
+    }
+    if (reducing < stripes && all_done(scatter_in[reducing])) {
+      reduced[reducing] = pipe.Submit([this, s = reducing] { ReduceOwn(s); });
+      ++reducing;
+    }
+    if (gathered < reducing && window_free(gather_out, gathered) && pipe.Done(reduced[gathered])) {
+      for (size_t p = 0; p < ranks; ++p) {
+        if (p == mine) continue;
+        gather_out[gathered].push_back(comm_.Isend(ws_.own.data() + plan_.own_at[gathered],
+                                                   plan_.bytes[gathered][mine], static_cast<int>(p), tag(gathered, 1)));
+      }
+      ++gathered;
+    }
+    if (decoding < stripes && all_done(gather_in[decoding])) {
+      (*decoded)[decoding] = pipe.Submit([this, s = decoding] { DecodeAll(s); });
+      ++decoding;
+    }
+    // Done once every stripe went out (peers may finish decoding ours later than we finish
+    // decoding theirs) and every stripe came in.
+    if (scattered < stripes || gathered < stripes || decoding < stripes) return false;
+    bool sent = true;
+    for (size_t s = 0; s < stripes; ++s) sent = all_done(scatter_out[s]) && all_done(gather_out[s]) && sent;
+    return sent;
+  }, [&] { return pipe.Busy(); });
+}
+
+}  // namespace
+
+void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+         CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+  if (comm.size() == 1) {  // nothing crosses a wire: exact
+    ScaleCopy(out, x, o.count, DataType::kFloat32, scale);
+    if (o.residual) std::memset(o.residual, 0, o.count * sizeof(float));
+    return;
+  }
+  SraRun(comm, o, x, scale, out, ws, st).Run();
+}
+
+CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const CompressedAllreduceOptions& o) {
+  CompressedAllreduceStats st;
+  WithTensorContext("compressed allreduce", o.name, [&] {
+    ValidateCompressed(o, false);
+    if (o.count == 0) return;
+    CompressionWorkspace local;
+    CompressionWorkspace& ws = o.workspace ? *o.workspace : local;
+    const float* x = WorkingCopy(o, ws);
+    float* out = ResultBuffer(o, ws);
+    Sra(comm, o, x, OutputScale(o, comm.size()), out, ws, &st);
+    StoreOutput(o, out);
+  });
+  return st;
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,48 @@
+#include "ops/compression/spec.h"
+
+#include <sstream>
+#include <type_traits>
+
+#include "ops/compression/codec.h"
+
+namespace gradcomp {
+
+uint32_t CompressionSpec::UsedFields() const {
+  const Codec* c = LookupCodec(codec);
+  return c != nullptr ? c->fields() : ~0u;
+}
+
+bool CompressionSpec::operator==(const CompressionSpec& o) const {
+  if (codec != o.codec) return false;
+  const uint32_t used = UsedFields();
+  bool equal = true;
+  CompressionOptions::ForEach(
+      [&](const SpecField& f, const auto& mine, const auto& theirs) {
+        if ((f.bit == 0 || (used & f.bit) != 0) && mine != theirs) equal = false;
+      },
+      *this, o);
+  return equal;
+}
+
+std::string CompressionSpec::Describe() const {
+  // The fields the codec reads: numbers when set (momentum 0 means off), flags when on.
+  const uint32_t used = UsedFields();
+  std::ostringstream os, args;
+  CompressionOptions::ForEach(
+      [&](const SpecField& f, const auto& v) {
+        if (f.bit == 0 || (used & f.bit) == 0) return;
+        const char* sep = args.tellp() > 0 ? ", " : "";
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) {
+          if (v) args << sep << f.label;
+        } else if (v != 0) {
+          args << sep << f.label << "=" << v;
+        }
+      },
+      *this);
+  os << codec;
+  if (args.tellp() > 0) os << "(" << args.str() << ")";
+  if (error_feedback) os << "+ef";
+  return os.str();
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,84 @@
+// What users choose about gradient compression, declared once. CompressionOptions is the one
+// list of compression fields; CodecParams (codec.h) extends it with what the runtime supplies
+// per call, CompressionSpec adds the codec's name, and Settings (core/settings.h) holds the
+// default spec. ForEachField visits the fields in wire order, so the negotiation encoding,
+// equality, Describe and the Python dicts are all written against the list, not the names.
+//
+// Adding a field: declare it here, add it to ForEach (its key, its label, the CodecField bit
+// codecs declare in fields()), give it a GRADCOMP_* row in core/settings.cc if it has a
+// process-wide default, and document it in README's settings table and docs/design.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace gradcomp {
+
+/// The fields a codec may read; Codec::fields() is a set of these. A field whose bit is 0
+/// matters to every codec but none.
+enum CodecField : uint32_t {
+  kFieldBits = 1u << 0,
+  kFieldBucketSize = 1u << 1,
+  kFieldStochastic = 1u << 2,
+  kFieldSkipIncomplete = 1u << 3,
+  kFieldRatio = 1u << 4,
+  kFieldMomentum = 1u << 5,
+  kFieldNesterov = 1u << 6,
+};
+
+/// How one field is named: `key` in Python dicts, `label` in Describe(), `bit` in a codec's
+/// fields() (0: every codec).
+struct SpecField {
+  const char* key;
+  const char* label;
+  uint32_t bit;
+};
+
+/// The compression fields users choose (defaults: CGX's).
+struct CompressionOptions {
+  int32_t bits = 4;                      ///< maxmin: bits per value, 1..8
+  int64_t bucket_size = 512;             ///< maxmin: values per bucket (own min and unit)
+  bool stochastic = false;               ///< maxmin: stochastic instead of nearest rounding
+  bool skip_incomplete_buckets = false;  ///< maxmin: the last partial bucket travels as float32
+  bool error_feedback = false;           ///< carry each tensor's compression error into its next step
+  double topk_ratio = 0.01;              ///< topk: fraction of values kept, in (0, 1]
+  double topk_momentum = 0.0;            ///< topk: DGC momentum correction when > 0
+  bool topk_nesterov = false;            ///< topk: Nesterov variant of the momentum correction
+
+  /// Calls f(SpecField, member of each of `self`...) for every field, in wire order:
+  /// ForEach(f, a) visits one options, ForEach(f, a, b) two side by side.
+  template <typename F, typename... Self>
+  static void ForEach(F&& f, Self&... self) {
+    f(SpecField{"bits", "bits", kFieldBits}, self.bits...);
+    f(SpecField{"bucket_size", "bucket", kFieldBucketSize}, self.bucket_size...);
+    f(SpecField{"stochastic", "stochastic", kFieldStochastic}, self.stochastic...);
+    f(SpecField{"skip_incomplete_buckets", "skip_incomplete", kFieldSkipIncomplete}, self.skip_incomplete_buckets...);
+    f(SpecField{"error_feedback", "ef", 0}, self.error_feedback...);
+    f(SpecField{"ratio", "ratio", kFieldRatio}, self.topk_ratio...);
+    f(SpecField{"momentum", "momentum", kFieldMomentum}, self.topk_momentum...);
+    f(SpecField{"nesterov", "nesterov", kFieldNesterov}, self.topk_nesterov...);
+  }
+};
+
+/// How a float allreduce is compressed: a codec and its options. Part of a tensor's identity
+/// for validation, caching and fusion (only tensors with equal specs are fused).
+struct CompressionSpec : CompressionOptions {
+  std::string codec = "none";  ///< a registered codec name (codec.h AllCodecs)
+
+  /// ForEach with the codec's name first: the whole spec, in wire order.
+  template <typename F, typename... Self>
+  static void ForEachField(F&& f, Self&... self) {
+    f(SpecField{"codec", "codec", 0}, self.codec...);
+    CompressionOptions::ForEach(f, self...);
+  }
+
+  /// Equal codec, error feedback and every field the codec reads.
+  bool operator==(const CompressionSpec& o) const;
+  bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
+  /// "maxmin(bits=4, bucket=512)", "topk(ratio=0.01, momentum=0.9)+ef", "none", ...
+  std::string Describe() const;
+  /// The fields the codec reads (its fields()); every bit for a name no codec has.
+  uint32_t UsedFields() const;
+};
+
+}  // namespace gradcomp
