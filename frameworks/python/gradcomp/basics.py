@@ -135,9 +135,14 @@ def check_op(op, average=None):
 _CODECS = tuple(name for name, _ in _core.codecs())
 
 
+def codec_info():
+    """{codec name: {"description", "sparse", "fields"}}: what each codec is, from the core."""
+    return _core.codec_info()
+
+
 def compression_spec(compression):
     """None (the settings' policy), a codec name, or a dict with "codec" and its parameters
-    (bits, bucket_size, stochastic, skip_incomplete_buckets, error_feedback, ratio)."""
+    (the keys of ``codec_info()[codec]["fields"]``, and error_feedback)."""
     if compression is None:
         return None
     if isinstance(compression, str):

@@ -94,7 +94,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         self._seq = 0
         self._seq_lock = threading.Lock()  # hooks may issue collectives from callback threads
         spec, self._min_size = _b.runtime().default_compression()
-        if spec["codec"] == "topk":
+        if _b.codec_info()[spec["codec"]]["sparse"]:
             warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=topk needs a per-tensor accumulator across steps, "
                           "which c10d's unnamed collectives cannot key; the backend's all_reduce stays exact (use "
                           "DistributedOptimizer(compression=Compression.topk(...)) for DGC)")

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gradcomp import _core
 from gradcomp import codec as _codec
 from gradcomp.torch.futures import failing_in_cpp
 
@@ -92,11 +93,9 @@ class DDPHookState:
 
 
 def _chunks(n, world):
-    """(start, length) of each rank's chunk of n values (the first n % world get one more)."""
-    base, extra = divmod(n, world)
+    """(start, length) of each rank's chunk of n values: the runtime SRA's split."""
     out, at = [], 0
-    for r in range(world):
-        length = base + (1 if r < extra else 0)
+    for length in _core.even_split(n, world):
         out.append((at, length))
         at += length
     return out
@@ -149,15 +148,19 @@ class _Exchange:
         self._reduced = None  # future of this rank's encoded reduced chunk
         self._exact = None  # (future, values) of the exact layers' all_reduce
 
-    def _seeded(self, seed):
-        """Codec parameters of one rounding stream (each rank and stage has its own)."""
-        return dict(self.params, seed=seed, step=self.step)
+    def _scatter_params(self, rank):
+        """Codec parameters `rank` encodes its peers' chunks with (the runtime SRA's stream)."""
+        return dict(self.params, seed=_core.sra_stream_seeds(0, rank)[0], step=self.step)
+
+    def _gather_params(self, rank):
+        """Codec parameters `rank` encodes its reduced chunk with (the runtime SRA's stream)."""
+        return dict(self.params, seed=_core.sra_stream_seeds(0, rank)[1], step=self.step)
 
     def _encode_for_peers(self):
         """Phase 1 payload: for each peer, every layer's chunk for that peer, encoded; keeps
         each layer's residual (what encoding lost) unless it is not finite, as the runtime's
         memories do (an inf or NaN value makes its bucket decode to NaN)."""
-        send_params = self._seeded(self.me)
+        send_params = self._scatter_params(self.me)
         parts = [[] for _ in range(self.world)]
         feedback = self.state.error_feedback
         for layer in self.layers:
@@ -198,8 +201,8 @@ class _Exchange:
         encoded once, padded to the widest rank's payload (all_gather needs equal sizes)."""
         fut.wait()  # raises the exchange's error, if any
         received = recv.cpu().numpy()
-        send_params = [self._seeded(p) for p in range(self.world)]
-        reduce_params = self._seeded(self.world + self.me)
+        send_params = [self._scatter_params(p) for p in range(self.world)]
+        reduce_params = self._gather_params(self.me)
         padded = np.zeros(width, np.uint8)
         within = 0  # where the layer's bytes start in each rank's part
         at = 0
@@ -241,7 +244,7 @@ class _Exchange:
         with torch.no_grad():
             for p in range(self.world):
                 data, at = gathered[p].cpu().numpy(), 0
-                owner_params = self._seeded(self.world + p)
+                owner_params = self._gather_params(p)
                 for layer in self.layers:
                     start, length = layer.chunks[p]
                     values = _codec.decode(data[at:at + layer.sizes[p]], length, "maxmin", **owner_params)

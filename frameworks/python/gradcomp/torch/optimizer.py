@@ -64,6 +64,37 @@ class _Plan:
         return self.spec_override if self.spec_override is not None else self.choice
 
 
+class _Once:
+    """A handle that several gradients share (a grouped allreduce): waited on once."""
+
+    __slots__ = ("handle", "done")
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.done = False
+
+    def wait(self):
+        if not self.done:
+            synchronize(self.handle)
+            self.done = True
+
+
+class _Pending:
+    """A gradient whose exchange has started: `once` completes it (None: nothing to wait for
+    here, as for PowerSGD, finished separately) and then `sent` holds the reduced gradient
+    (None: nothing to copy into .grad)."""
+
+    __slots__ = ("once", "sent")
+
+    def __init__(self, once, sent):
+        self.once = once
+        self.sent = sent
+
+    def wait(self):
+        if self.once is not None:
+            self.once.wait()
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups):
@@ -261,17 +292,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _start(self, p):
         """Starts p's communication (or defers it until its group is complete) and records
-        it in self._handles[p]: ("single", handle, sent tensor), ("grouped", shared, sent
-        tensor), ("powersgd",) or ("waiting",) for a group member."""
+        it in self._handles[p] as a _Pending."""
         plan = self._plans[p]
         if plan.powersgd and self._powersgd.compresses(p.grad):
             self._powersgd_started[p] = self._powersgd.start(plan.name, plan.index, p.grad)
-            self._handles[p] = ("powersgd",)
+            self._handles[p] = _Pending(None, None)  # finished with every PowerSGD tensor at once
             return
         send = self._to_send(p, plan)
         if p in self._groups:
             gi = self._groups[p]
-            self._handles[p] = ("waiting",)
+            self._handles[p] = _Pending(None, None)  # replaced once the group is complete
             ready = self._group_ready.setdefault(gi, {})
             ready[p] = send
             if len(ready) == self._group_sizes[gi]:
@@ -280,7 +310,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handle = allreduce_async_(send, name=f"allreduce.{plan.name}", op=self._op,
                                   prescale_factor=self._prescale, postscale_factor=self._postscale,
                                   compression=plan.compression)
-        self._handles[p] = ("single", handle, send)
+        self._handles[p] = _Pending(_Once(handle), send)
 
     def _start_group(self, gi):
         """One grouped allreduce per (compression, dtype) among the group's ready gradients."""
@@ -297,9 +327,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             handle = grouped_allreduce_async_([s for _, s in items], name=f"allreduce.group{gi}.{plan.name}",
                                               op=self._op, prescale_factor=self._prescale,
                                               postscale_factor=self._postscale, compression=plan.compression)
-            shared = {"handle": handle, "done": False}
+            shared = _Once(handle)
             for p, send in items:
-                self._handles[p] = ("grouped", shared, send)
+                self._handles[p] = _Pending(shared, send)
 
     def synchronize(self):
         """Waits for every gradient's allreduce and writes the results into .grad."""
@@ -316,20 +346,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._start(p)
         for gi in list(self._group_ready):
             self._start_group(gi)
-        for p, h in self._handles.items():
-            if h[0] == "powersgd":
-                continue
-            if h[0] == "grouped":
-                _, shared, send = h
-                if not shared["done"]:
-                    synchronize(shared["handle"])
-                    shared["done"] = True
-            else:
-                _, handle, send = h
-                synchronize(handle)
-            if send is not p.grad:
+        for p, pending in self._handles.items():
+            pending.wait()
+            if pending.sent is not None and pending.sent is not p.grad:
                 with torch.no_grad():
-                    p.grad.copy_(send)
+                    p.grad.copy_(pending.sent)
         if self._powersgd_started:
             started = sorted(self._powersgd_started.items(), key=lambda kv: self._plans[kv[0]].index)
             approxes = self._powersgd.finish([c for _, c in started])
