@@ -13,6 +13,7 @@ growth after warm-up; it exits with status 1 on any rank where RSS grew by more 
 """
 import argparse
 import sys
+import time
 
 import torch
 from sklearn.datasets import load_digits
@@ -36,7 +37,14 @@ def rss_kib():
 
 
 def sample():
+    # The timeline's writer thread empties its queue in the background: a busy machine can
+    # catch it mid-batch. Give it up to 5 s to drain, so what is compared is what stays queued
+    # (a queue that never drains is still reported as grown).
+    deadline = time.monotonic() + 5.0
     s = hvd.stats()
+    while s["timeline_queued"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        s = hvd.stats()
     return dict({"rss_kib": rss_kib()}, **{g: int(s[g]) for g in GAUGES})
 
 
