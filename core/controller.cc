@@ -194,6 +194,7 @@ std::vector<Response> Controller::Coordinate(const std::vector<Request>& mine, s
       for (const Request& req : ParseRequests(all.substr(offsets[i], bytes[i]))) CoordinatorAdd(req, now);
     }
     std::vector<Response> ready = CoordinatorReady();
+    for (Response& failed : FailNameDrift(now)) ready.push_back(std::move(failed));
     const std::set<int> joined(join_order_.begin(), join_order_.end());
     StallInspector::Report report = stall_.Check(now, joined);
     last_stall_check_ = now;
@@ -213,6 +214,33 @@ std::vector<Response> Controller::Coordinate(const std::vector<Request>& mine, s
     if (r.type != RequestType::kJoin) coordinator_responses_ += r.names.size();
   }
   return responses;
+}
+
+std::vector<Response> Controller::FailNameDrift(Clock::time_point now) {
+  // Long enough that two threads of one process submitting unnamed calls out of order have
+  // long caught up; short enough that a user sees the error instead of a hang.
+  constexpr double kNameDriftSeconds = 1.0;
+  std::vector<Response> failed;
+  for (const StallInspector::Drift& d : stall_.FindNameDrift(now, kNameDriftSeconds)) {
+    log_.error("{}", d.message);
+    for (const std::string& name : {d.ahead, d.behind}) {
+      const auto it = table_.find(name);
+      if (it == table_.end()) continue;
+      const Request& ref = it->second.by_rank.begin()->second;
+      Response resp;
+      resp.type = ref.type;
+      resp.names = {name};
+      resp.dtype = ref.dtype;
+      resp.shapes = {ref.shape};
+      resp.error = d.message;
+      failed.push_back(std::move(resp));
+      timeline_.End(name, "NEGOTIATE");
+      stall_.Remove(name);
+      table_.erase(it);
+      arrival_order_.erase(std::remove(arrival_order_.begin(), arrival_order_.end(), name), arrival_order_.end());
+    }
+  }
+  return failed;
 }
 
 void Controller::CoordinatorAdd(const Request& r, Clock::time_point now) {
@@ -326,9 +354,13 @@ Response Controller::BuildResponse(const std::string& name, const TableEntry& en
   resp.shapes = {ref.shape};
   const std::string what = std::string(RequestTypeName(ref.type)) + " of tensor '" + name + "'";
   if (!FieldsAgree(entry.by_rank, what, &resp.error)) return resp;
-  const std::set<int> joined(join_order_.begin(), join_order_.end());
-  if (ref.type == RequestType::kBroadcast && joined.count(ref.root)) {
-    resp.error = what + ": root rank " + std::to_string(ref.root) + " has already joined";
+  if (!join_order_.empty() && ref.type != RequestType::kAllreduce && ref.type != RequestType::kBarrier) {
+    // As Horovod: only allreduces go on while ranks have joined (they contribute zeros).
+    std::ostringstream ranks;
+    for (size_t i = 0; i < join_order_.size(); ++i) ranks << (i ? ", " : "") << join_order_[i];
+    resp.error = what + ": not supported while ranks have joined (rank " + ranks.str() +
+                 "); only allreduce continues until every rank has called join";
+    return resp;
   }
   if (ref.type == RequestType::kAllgather) {
     int64_t total = 0;
@@ -340,10 +372,6 @@ Response Controller::BuildResponse(const std::string& name, const TableEntry& en
     resp.shapes[0][0] = total;
   }
   if (ref.type == RequestType::kAlltoall) {
-    if (!joined.empty()) {
-      resp.error = what + ": alltoall is not supported while ranks have joined";
-      return resp;
-    }
     for (const auto& [rank, req] : entry.by_rank) {
       resp.rank_dims.insert(resp.rank_dims.end(), req.splits.begin(), req.splits.end());
     }

@@ -119,6 +119,9 @@ class Controller {
   std::vector<Response> Coordinate(const std::vector<Request>& mine, std::string* fatal);
   void CoordinatorAdd(const Request& r, Clock::time_point now);
   std::vector<Response> CoordinatorReady();
+  // Fails the pairs of unnamed tensors whose ranks' counters drifted apart (StallInspector::
+  // FindNameDrift), on every rank, instead of letting them wait forever.
+  std::vector<Response> FailNameDrift(Clock::time_point now);
   Response BuildResponse(const std::string& name, const TableEntry& entry) const;
 
   Communicator& world_;

@@ -240,8 +240,13 @@ std::shared_ptr<Handle> Runtime::Alltoall(const std::string& name, DataType dtyp
   Request r = NewRequest(RequestType::kAlltoall, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("alltoall of '" + name + "' needs a tensor with at least one dimension");
   std::vector<int64_t> s = splits;
-  if (s.empty()) {  // Horovod's default: the first dimension split evenly
-    for (size_t rows : EvenSplit(static_cast<size_t>(shape[0]), topo_.size())) s.push_back(static_cast<int64_t>(rows));
+  if (s.empty()) {  // Horovod's default: the first dimension split evenly, or an error
+    if (shape[0] % topo_.size() != 0) {
+      throw InvalidArgument("alltoall of '" + name + "': without splits the first dimension (" +
+                            std::to_string(shape[0]) + ") must be a multiple of the number of ranks (" +
+                            std::to_string(topo_.size()) + "); pass splits for an uneven exchange");
+    }
+    s.assign(static_cast<size_t>(topo_.size()), shape[0] / topo_.size());
   }
   if (s.size() != static_cast<size_t>(topo_.size())) {
     throw InvalidArgument("alltoall of '" + name + "': " + std::to_string(s.size()) + " splits for " +

@@ -108,7 +108,8 @@ class Runtime {
   /// root's buffer into every rank's buffer.
   std::shared_ptr<Handle> Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     void* buffer, int root);
-  /// Rows splits[p] of input go to rank p (output and received rows in the handle).
+  /// Rows splits[p] of input go to rank p (output and received rows in the handle). Without
+  /// splits the first dimension is split evenly; it must then be a multiple of the ranks.
   std::shared_ptr<Handle> Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                    const void* input, const std::vector<int64_t>& splits);
   /// Reduction whose first dimension is split evenly across ranks (output in the handle).

@@ -38,6 +38,75 @@ std::string StallInspector::Describe(const std::string& name, const Waiting& w, 
   return os.str();
 }
 
+namespace {
+
+// "allgather.noname.82.sizes" -> ("allgather", 82, ".sizes"); false for other names.
+bool SplitAutoName(const std::string& name, std::string* kind, uint64_t* number, std::string* rest) {
+  static const std::string kMark = ".noname.";
+  const size_t at = name.find(kMark);
+  if (at == std::string::npos) return false;
+  size_t end = at + kMark.size();
+  const size_t digits = end;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == digits || end - digits > 18) return false;
+  *kind = name.substr(0, at);
+  *number = std::stoull(name.substr(digits, end - digits));
+  *rest = name.substr(end);
+  return true;
+}
+
+std::string RankList(const std::set<int>& ranks) {
+  std::ostringstream os;
+  bool first = true;
+  for (int r : ranks) {
+    os << (first ? "" : ", ") << r;
+    first = false;
+  }
+  return os.str();
+}
+
+}  // namespace
+
+std::vector<StallInspector::Drift> StallInspector::FindNameDrift(Clock::time_point now, double min_seconds) const {
+  struct Auto {
+    const std::string* name;
+    const Waiting* w;
+    uint64_t number;
+  };
+  std::map<std::string, std::vector<Auto>> by_kind;  // kind + rest -> waiting tensors
+  for (const auto& [name, w] : waiting_) {
+    std::string kind, rest;
+    uint64_t number = 0;
+    if (std::chrono::duration<double>(now - w.since).count() < min_seconds) continue;
+    if (SplitAutoName(name, &kind, &number, &rest)) by_kind[kind + '\n' + rest].push_back({&name, &w, number});
+  }
+  std::vector<Drift> drifts;
+  std::set<const std::string*> used;
+  for (const auto& [key, list] : by_kind) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      for (size_t j = i + 1; j < list.size(); ++j) {
+        const Auto& a = list[i].number > list[j].number ? list[i] : list[j];
+        const Auto& b = list[i].number > list[j].number ? list[j] : list[i];
+        if (used.count(a.name) || used.count(b.name)) continue;
+        bool disjoint = true;
+        for (int r : a.w->ranks) disjoint = disjoint && !b.w->ranks.count(r);
+        if (!disjoint) continue;
+        used.insert(a.name);
+        used.insert(b.name);
+        const std::string kind = key.substr(0, key.find('\n'));
+        drifts.push_back({*a.name, *b.name,
+                          "unnamed collectives out of step between ranks: ranks [" + RankList(a.w->ranks) +
+                              "] submitted '" + *a.name + "' while ranks [" + RankList(b.w->ranks) + "] submitted '" +
+                              *b.name + "'. Each rank numbers its unnamed " + kind +
+                              " calls, and these numbers no longer match (a call failed or was skipped on some "
+                              "ranks only), so neither could ever complete. Give the tensors names (name=...) or "
+                              "make every rank issue the same unnamed calls."});
+      }
+    }
+  }
+  return drifts;
+}
+
 StallInspector::Report StallInspector::Check(Clock::time_point now, const std::set<int>& joined) {
   Report report;
   for (auto& [name, w] : waiting_) {

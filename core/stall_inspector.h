@@ -31,6 +31,19 @@ class StallInspector {
   /// Checks every waiting tensor; `joined` ranks count as present.
   Report Check(Clock::time_point now, const std::set<int>& joined);
 
+  /// Two waiting tensors that show the ranks' counters of unnamed collectives out of step.
+  struct Drift {
+    std::string ahead, behind;  ///< "<kind>.noname.<n>..." with the larger and the smaller n
+    std::string message;
+  };
+  /// Pairs of tensors named "<kind>.noname.<n><rest>" (the adapters' automatic names) with
+  /// the same kind and rest but different numbers, submitted by disjoint sets of ranks, both
+  /// waiting at least `min_seconds`. The ranks at the larger number have passed the smaller
+  /// one without submitting it, and it cannot have completed without them: their counters
+  /// drifted (a call failed or was skipped on some ranks only), and both would wait forever.
+  /// The wait rules out a momentary reordering between threads of one process.
+  std::vector<Drift> FindNameDrift(Clock::time_point now, double min_seconds) const;
+
  private:
   struct Waiting {
     std::string type;

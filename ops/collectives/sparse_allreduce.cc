@@ -76,7 +76,9 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
       }
     }
     if (o.residual) std::memcpy(o.residual, x.data(), o.count * sizeof(float));
-    ScaleInPlace(acc.data(), o.count, DataType::kFloat32, OutputScale(o, static_cast<int>(ranks)));
+    // As the uncompressed allreduce finishes (a true division for Average), so ratio 1 gives
+    // its very bits.
+    FinishReduction(acc.data(), o.count, DataType::kFloat32, o.op, o.postscale, static_cast<int>(ranks));
     st.bytes_sent = mine.size() * (ranks - 1);
     StoreOutput(o, acc.data());
   });

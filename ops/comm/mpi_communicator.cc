@@ -20,6 +20,7 @@ MPI_Datatype MpiDataType(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8: return MPI_UINT8_T;
     case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
     case DataType::kInt32: return MPI_INT32_T;
     case DataType::kInt64: return MPI_INT64_T;
     case DataType::kFloat16: return MPI_UINT16_T;  // reduced only through our user ops

@@ -34,8 +34,9 @@ ncclDataType_t NcclType(DataType dtype) {
     case DataType::kFloat32: return ncclFloat32;
     case DataType::kFloat64: return ncclFloat64;
     case DataType::kBool: return ncclUint8;
+    case DataType::kInt16: break;  // NCCL has no 16-bit integer type
   }
-  throw InvalidArgument("NCCL communicator: unknown dtype");
+  throw InvalidArgument(std::string("NCCL communicator: dtype ") + DataTypeName(dtype) + " is not supported");
 }
 
 ncclRedOp_t NcclOp(ReduceOp op, DataType dtype) {

@@ -19,8 +19,9 @@ enum class DataType : uint8_t {
   kFloat32 = 6,
   kFloat64 = 7,
   kBool = 8,
+  kInt16 = 9,
 };
-inline constexpr int kNumDataTypes = 9;
+inline constexpr int kNumDataTypes = 10;
 
 /// Reduction applied by allreduce / reducescatter. Average is Sum followed by a division
 /// by the number of ranks; the communicators only ever see Sum, Min, Max and Product.

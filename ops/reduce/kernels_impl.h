@@ -136,21 +136,31 @@ void Reduce16(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
   for (; i < n; ++i) Elem::Store1(d + i, ApplyScalar(Elem::Load1(x + i), Elem::Load1(y + i), op));
 }
 
-template <typename Elem>
+// buf[i] *= factor, or /= factor with kDivide, for 16-bit floats computed in float32.
+template <typename Elem, bool kDivide = false>
 void Scale16(void* buf, size_t n, float factor) {
   uint16_t* b = static_cast<uint16_t*>(buf);
   size_t i = 0;
 #if GC_KERNELS_SIMD
   const __m256 f = _mm256_set1_ps(factor);
-  for (; i + 8 <= n; i += 8) Elem::Store8(b + i, _mm256_mul_ps(Elem::Load8(b + i), f));
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = Elem::Load8(b + i);
+    Elem::Store8(b + i, kDivide ? _mm256_div_ps(v, f) : _mm256_mul_ps(v, f));
+  }
 #endif
-  for (; i < n; ++i) Elem::Store1(b + i, Elem::Load1(b + i) * factor);
+  for (; i < n; ++i) Elem::Store1(b + i, kDivide ? Elem::Load1(b + i) / factor : Elem::Load1(b + i) * factor);
 }
 
 template <typename T>
 void ScaleFloat(void* buf, size_t n, T factor) {
   T* b = static_cast<T*>(buf);
   for (size_t i = 0; i < n; ++i) b[i] *= factor;
+}
+
+template <typename T>
+void DivideFloat(void* buf, size_t n, T divisor) {
+  T* b = static_cast<T*>(buf);
+  for (size_t i = 0; i < n; ++i) b[i] /= divisor;
 }
 
 template <typename T>
@@ -165,6 +175,7 @@ void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype
   switch (dtype) {
     case DataType::kUInt8: return ReduceTyped<uint8_t>(dst, a, b, n, op);
     case DataType::kInt8: return ReduceTyped<int8_t>(dst, a, b, n, op);
+    case DataType::kInt16: return ReduceTyped<int16_t>(dst, a, b, n, op);
     case DataType::kInt32: return ReduceTyped<int32_t>(dst, a, b, n, op);
     case DataType::kInt64: return ReduceTyped<int64_t>(dst, a, b, n, op);
     case DataType::kFloat32: return ReduceTyped<float>(dst, a, b, n, op);
@@ -179,6 +190,7 @@ void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor) {
   switch (dtype) {
     case DataType::kUInt8: return ScaleInt<uint8_t>(buf, n, factor);
     case DataType::kInt8: return ScaleInt<int8_t>(buf, n, factor);
+    case DataType::kInt16: return ScaleInt<int16_t>(buf, n, factor);
     case DataType::kInt32: return ScaleInt<int32_t>(buf, n, factor);
     case DataType::kInt64: return ScaleInt<int64_t>(buf, n, factor);
     case DataType::kFloat32: return ScaleFloat<float>(buf, n, static_cast<float>(factor));
@@ -188,6 +200,16 @@ void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor) {
     case DataType::kBool:
       if (factor == 0.0) ScaleInt<uint8_t>(buf, n, 0.0);
       return;
+  }
+}
+
+void DivideFloatsInPlace(void* buf, size_t n, DataType dtype, double divisor) {
+  switch (dtype) {
+    case DataType::kFloat32: return DivideFloat<float>(buf, n, static_cast<float>(divisor));
+    case DataType::kFloat64: return DivideFloat<double>(buf, n, divisor);
+    case DataType::kFloat16: return Scale16<F16, true>(buf, n, static_cast<float>(divisor));
+    case DataType::kBFloat16: return Scale16<BF16, true>(buf, n, static_cast<float>(divisor));
+    default: return;  // callers pass floating types only
   }
 }
 

@@ -44,6 +44,16 @@ void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor) {
   ScaleInPlace(buf, n, dtype, factor, BestIsa());
 }
 
+void DivideFloatsInPlace(void* buf, size_t n, DataType dtype, double divisor) {
+  GC_ENFORCE(IsFloatingPoint(dtype), "DivideFloatsInPlace on non-floating type ", DataTypeName(dtype));
+  if (n == 0 || divisor == 1.0) return;
+  if (BestIsa() == Isa::kAvx2) {
+    kernels_avx2::DivideFloatsInPlace(buf, n, dtype, divisor);
+  } else {
+    kernels_scalar::DivideFloatsInPlace(buf, n, dtype, divisor);
+  }
+}
+
 void ReduceMany(void* dst, const std::vector<const void*>& srcs, size_t offset_bytes, size_t n,
                 DataType dtype, ReduceOp op) {
   GC_ENFORCE(!srcs.empty(), "ReduceMany needs at least one source");
@@ -72,6 +82,7 @@ void DivideIntegersInPlace(void* buf, size_t n, DataType dtype, int64_t divisor)
   switch (dtype) {
     case DataType::kUInt8: return DivideTyped<uint8_t>(buf, n, divisor);
     case DataType::kInt8: return DivideTyped<int8_t>(buf, n, divisor);
+    case DataType::kInt16: return DivideTyped<int16_t>(buf, n, divisor);
     case DataType::kInt32: return DivideTyped<int32_t>(buf, n, divisor);
     case DataType::kInt64: return DivideTyped<int64_t>(buf, n, divisor);
     default: GC_ENFORCE(false, "DivideIntegersInPlace on non-integer type ", DataTypeName(dtype));
@@ -99,10 +110,10 @@ void ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double fact
 void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int num_ranks) {
   if (op == ReduceOp::kAverage) {
     if (IsFloatingPoint(dtype)) {
-      ScaleInPlace(buf, n, dtype, postscale / num_ranks);
-      return;
+      DivideFloatsInPlace(buf, n, dtype, num_ranks);
+    } else {
+      DivideIntegersInPlace(buf, n, dtype, num_ranks);
     }
-    DivideIntegersInPlace(buf, n, dtype, num_ranks);
   }
   ScaleInPlace(buf, n, dtype, postscale);
 }

@@ -30,9 +30,12 @@ void ReduceMany(void* dst, const std::vector<const void*>& srcs, size_t offset_b
 /// buf[i] /= divisor for integer types, truncating toward zero (Average of integers).
 void DivideIntegersInPlace(void* buf, size_t n, DataType dtype, int64_t divisor);
 
+/// buf[i] /= divisor for floating types, divided in their compute precision (float32 for
+/// 16-bit floats): correctly rounded, as torch's div_ (Horovod's Average) is.
+void DivideFloatsInPlace(void* buf, size_t n, DataType dtype, double divisor);
+
 /// Finishes a reduction of `n` elements on `buf`: for Average divides by `num_ranks`
-/// (floats multiply by postscale / num_ranks in one pass; integers divide exactly, then
-/// scale), then applies `postscale`.
+/// (floats with a true division, integers truncating toward zero), then applies `postscale`.
 void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int num_ranks);
 
 /// dst[i] = src[i] * factor (one pass for float32 and float64; a copy and ScaleInPlace for
@@ -49,10 +52,12 @@ void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor, Isa isa);
 namespace kernels_scalar {
 void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
+void DivideFloatsInPlace(void* buf, size_t n, DataType dtype, double divisor);
 }  // namespace kernels_scalar
 namespace kernels_avx2 {
 void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
+void DivideFloatsInPlace(void* buf, size_t n, DataType dtype, double divisor);
 }  // namespace kernels_avx2
 
 }  // namespace gradcomp

@@ -12,7 +12,8 @@ import pytest
 
 import gradcomp.numpy as gc
 
-DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
+
+DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -111,6 +112,15 @@ def test_alltoall_with_splits():
     np.testing.assert_array_equal(out, want)
 
 
+def test_alltoall_without_splits_returns_the_array_and_needs_a_multiple_of_the_ranks():
+    n, me = gc.size(), gc.rank()
+    out = gc.alltoall(np.arange(2 * n, dtype=np.int16) + 10 * me, name="a2a.even")
+    assert isinstance(out, np.ndarray) and out.dtype == np.int16
+    np.testing.assert_array_equal(out, np.concatenate([np.arange(2 * me, 2 * me + 2) + 10 * p for p in range(n)]))
+    with pytest.raises(ValueError, match=rf"first dimension \({n + 1}\) must be a multiple of the number of ranks"):
+        gc.alltoall(np.zeros(n + 1), name="a2a.uneven")
+
+
 def test_reducescatter_even_split():
     n, me = gc.size(), gc.rank()
     x = np.arange((2 * n + 1) * 3, dtype=np.float64).reshape(2 * n + 1, 3) * (me + 1)
@@ -129,6 +139,27 @@ def test_join_with_uneven_batches_and_barrier():
     assert gc.join() == n - 1
     gc.barrier()
     np.testing.assert_array_equal(gc.allreduce(np.ones(2), op=gc.Sum, name="after.join"), np.full(2, n))
+
+
+def test_after_a_join_only_allreduce_goes_on():
+    me, n = gc.rank(), gc.size()
+    if me == 0:
+        assert gc.join() == n - 1
+    else:
+        with pytest.raises(gc.GradcompError, match=r"allgather of tensor 'j\.ag': not supported while ranks have "
+                                                    r"joined \(rank 0\)"):
+            gc.allgather(np.ones(2), name="j.ag")
+        np.testing.assert_array_equal(gc.allreduce(np.ones(2), op=gc.Sum, name="j.ar"), np.full(2, n - 1.0))
+        assert gc.join() == n - 1
+
+
+def test_unnamed_calls_that_drift_apart_fail_on_every_rank_instead_of_hanging():
+    if gc.rank() == 0:
+        with pytest.raises(ValueError, match="complex"):
+            gc.allreduce(np.zeros(2, np.complex64))
+    with pytest.raises(gc.GradcompError, match=r"unnamed collectives out of step between ranks"):
+        gc.allreduce(np.ones(2))
+    np.testing.assert_array_equal(gc.allreduce(np.ones(2), op=gc.Sum, name="drift.after"), np.full(2, gc.size()))
 
 
 def test_errors_reach_every_rank_with_the_values():

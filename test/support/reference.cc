@@ -18,9 +18,10 @@ std::string ReduceCase::Describe() const {
 }
 
 const std::vector<DataType>& AllDataTypes() {
-  static const std::vector<DataType> types = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
-                                              DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
-                                              DataType::kFloat32, DataType::kFloat64,  DataType::kBool};
+  static const std::vector<DataType> types = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt16,
+                                              DataType::kInt32,   DataType::kInt64,   DataType::kFloat16,
+                                              DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
+                                              DataType::kBool};
   return types;
 }
 
@@ -63,6 +64,7 @@ double RawValue(DataType dt, ReduceOp op, size_t i, int rank) {
   switch (dt) {
     case DataType::kUInt8: return static_cast<double>(h % 16);               // 8 * 2 * 15 < 256
     case DataType::kInt8: return static_cast<double>(static_cast<int>(h % 15) - 7);
+    case DataType::kInt16: return static_cast<double>(static_cast<int>(h % 4001) - 2000);  // 8 * 2 * 2000 < 32768
     case DataType::kInt32: return static_cast<double>(static_cast<int64_t>(h % 2000001) - 1000000);
     case DataType::kInt64: return static_cast<double>(static_cast<int64_t>(h) - (int64_t{1} << 31)) * 1024.0;
     default: return (static_cast<double>(h % 65536) - 32768.0) / 16384.0;  // [-2, 2)
@@ -75,6 +77,7 @@ void StoreAt(void* buf, DataType dt, size_t i, double v) {
   switch (dt) {
     case DataType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); return;
     case DataType::kInt8: static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(v); return;
+    case DataType::kInt16: static_cast<int16_t*>(buf)[i] = static_cast<int16_t>(v); return;
     case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
     case DataType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); return;
     case DataType::kFloat16: static_cast<uint16_t*>(buf)[i] = FloatToHalfBits(static_cast<float>(v)); return;
@@ -91,6 +94,7 @@ double ValueAt(const void* buf, DataType dt, size_t i) {
   switch (dt) {
     case DataType::kUInt8: return static_cast<const uint8_t*>(buf)[i];
     case DataType::kInt8: return static_cast<const int8_t*>(buf)[i];
+    case DataType::kInt16: return static_cast<const int16_t*>(buf)[i];
     case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
     case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
     case DataType::kFloat16: return HalfBitsToFloat(static_cast<const uint16_t*>(buf)[i]);

@@ -123,6 +123,29 @@ TEST(ReduceKernels, ReduceManyKeepsRankOrderAndFinishAverages) {
   EXPECT_EQ(thirds[0], 3);  // exact division, not 9 * (1/3) = 2.999...
 }
 
+TEST(ReduceKernels, FloatAverageIsATrueDivision) {
+  // Horovod divides the sum (torch's div_); multiplying by 1/3 rounds differently, e.g. 71.
+  std::vector<float> f(1000);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i) * 0.37f - 100.0f;
+  std::vector<float> got = f;
+  FinishReduction(got.data(), got.size(), DataType::kFloat32, ReduceOp::kAverage, 1.0, 3);
+  for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(got[i], f[i] / 3.0f) << "element " << i;
+  std::vector<double> d = {71.0, -5.5};
+  FinishReduction(d.data(), 2, DataType::kFloat64, ReduceOp::kAverage, 2.0, 3);
+  EXPECT_EQ(d[0], 71.0 / 3.0 * 2.0);
+  EXPECT_EQ(d[1], -5.5 / 3.0 * 2.0);
+  for (DataType dt : {DataType::kFloat16, DataType::kBFloat16}) {
+    std::vector<char> buf = MakeInput(dt, ReduceOp::kSum, 37, 1);
+    const std::vector<char> orig = buf;
+    FinishReduction(buf.data(), 37, dt, ReduceOp::kAverage, 1.0, 3);
+    std::vector<char> want(buf.size());
+    for (size_t i = 0; i < 37; ++i) {
+      StoreAt(want.data(), dt, i, static_cast<float>(ValueAt(orig.data(), dt, i)) / 3.0f);
+    }
+    EXPECT_EQ(buf, want) << DataTypeName(dt);
+  }
+}
+
 TEST(ReduceKernels, AverageIsRejectedByTheKernelEntry) {
   float a = 1, b = 2;
   EXPECT_THROW(ReduceInto(&a, &b, 1, DataType::kFloat32, ReduceOp::kAverage), Error);

@@ -148,8 +148,9 @@ def broadcast_(array, root_rank, name=None):
 
 
 def alltoall_async(array, splits=None, name=None):
-    """Sends rows splits[p] of `array` to rank p (even split by default). The result is
-    (received array, rows received from each rank)."""
+    """Sends rows splits[p] of `array` to rank p (without splits, an even split: the first
+    dimension must be a multiple of the number of ranks). The handle's result is (received
+    array, rows received from each rank)."""
     a = _array(array, "alltoall")
     s = [] if splits is None else [int(v) for v in np.asarray(splits).reshape(-1)]
     name = _b.auto_name("alltoall", name)
@@ -159,7 +160,10 @@ def alltoall_async(array, splits=None, name=None):
 
 
 def alltoall(array, splits=None, name=None):
-    return synchronize(alltoall_async(array, splits, name))
+    """The received array; with `splits`, (received array, rows received from each rank), as
+    Horovod returns them."""
+    received, received_splits = synchronize(alltoall_async(array, splits, name))
+    return received if splits is None else (received, received_splits)
 
 
 def reducescatter_async(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):

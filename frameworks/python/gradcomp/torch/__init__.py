@@ -25,13 +25,18 @@ from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allre
                                     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
                                     broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
                                     grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-                                    grouped_allreduce_async_, join, reducescatter, reducescatter_async)
+                                    grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
+                                    join, reducescatter, reducescatter_async, sparse_allreduce_async)
 from gradcomp.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                       broadcast_parameters)
 from gradcomp.torch.optimizer import DistributedOptimizer
 from gradcomp.torch.sync_batch_norm import SyncBatchNorm
 from gradcomp.torch.ddp_hook import DDPHookState, ddp_hook
 from gradcomp.torch import backend as _backend
+
+# Horovod raises HorovodInternalError when a collective fails for a reason outside the
+# caller's arguments (a peer lost, a stall shut down); gradcomp raises GradcompError then.
+HorovodInternalError = GradcompError
 
 _backend.register()
 
@@ -86,9 +91,10 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "cross_size", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
            "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
            "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
-           "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
+           "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+           "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async", "join",
            "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
-           "GradcompError", "stats", "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built",
+           "GradcompError", "HorovodInternalError", "stats", "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built",
            "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built"]

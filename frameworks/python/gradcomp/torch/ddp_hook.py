@@ -46,6 +46,7 @@ from gradcomp import codec as _codec
 from gradcomp.torch.futures import failing_in_cpp
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_CODEC = "maxmin"  # the hook quantizes as CGX's does
 
 
 class DDPHookState:
@@ -108,7 +109,7 @@ class _Layer:
     def __init__(self, param, offset, values, world, params):
         self.param, self.offset, self.values = param, offset, values
         self.chunks = _chunks(values.size, world)
-        self.sizes = [_codec.wire_size(length, "maxmin", **params) for _, length in self.chunks]
+        self.sizes = [_codec.wire_size(length, _CODEC, **params) for _, length in self.chunks]
 
 
 class _Exchange:
@@ -167,9 +168,9 @@ class _Exchange:
             residual = np.empty_like(layer.values) if feedback else None
             for p, (start, length) in enumerate(layer.chunks):
                 chunk = layer.values[start:start + length]
-                wire = np.frombuffer(_codec.encode(chunk, "maxmin", first_index=start, **send_params), np.uint8)
+                wire = np.frombuffer(_codec.encode(chunk, _CODEC, first_index=start, **send_params), np.uint8)
                 if feedback:
-                    residual[start:start + length] = chunk - _codec.decode(wire, length, "maxmin", **send_params)
+                    residual[start:start + length] = chunk - _codec.decode(wire, length, _CODEC, **send_params)
                 parts[p].append(wire)
             if feedback and np.isfinite(residual).all():
                 self.state._keep_residual(layer.param, residual)
@@ -212,10 +213,10 @@ class _Exchange:
             acc = np.zeros(length, np.float32)
             for p in range(self.world):
                 begin = p * mine + within
-                _codec.decode_accumulate(received[begin:begin + size], acc, "maxmin", **send_params[p])
+                _codec.decode_accumulate(received[begin:begin + size], acc, _CODEC, **send_params[p])
             within += size
             acc /= np.float32(self.world)
-            wire = np.frombuffer(_codec.encode(acc, "maxmin", first_index=start, **reduce_params), np.uint8)
+            wire = np.frombuffer(_codec.encode(acc, _CODEC, first_index=start, **reduce_params), np.uint8)
             padded[at:at + wire.size] = wire
             at += wire.size
         return torch.from_numpy(padded).to(self.device)
@@ -247,7 +248,7 @@ class _Exchange:
                 owner_params = self._gather_params(p)
                 for layer in self.layers:
                     start, length = layer.chunks[p]
-                    values = _codec.decode(data[at:at + layer.sizes[p]], length, "maxmin", **owner_params)
+                    values = _codec.decode(data[at:at + layer.sizes[p]], length, _CODEC, **owner_params)
                     at += layer.sizes[p]
                     begin = layer.offset + start
                     self.flat[begin:begin + length].copy_(torch.from_numpy(values))

@@ -39,7 +39,8 @@ def broadcast_parameters(params, root_rank):
 def broadcast_optimizer_state(optimizer, root_rank):
     """Makes every rank's optimizer state (hyper-parameters and per-parameter buffers) equal
     to root_rank's. An optimizer without state yet gets it initialized first (one step on
-    zero gradients, parameters restored afterwards), as Horovod does."""
+    zero gradients, parameters restored afterwards), as Horovod does; parameters that had
+    no gradient keep the zero gradient of that step, as in Horovod."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state does not support torch.optim.LBFGS")
     if not optimizer.state_dict()["state"]:
@@ -51,7 +52,8 @@ def broadcast_optimizer_state(optimizer, root_rank):
         (base or optimizer.step)()
         for p, data, grad in saved:
             p.data.copy_(data)
-            p.grad = grad
+            if grad is not None:
+                p.grad = grad
     state = optimizer.state_dict()
     # Tensors travel in place, one broadcast each; everything else in one pickled object.
     tensors = []

@@ -153,6 +153,19 @@ class _Group:
             n.wait()
 
 
+class _Handles:
+    """Several registered handles behaving as one (their results are taken by the caller)."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def poll(self):
+        return all(_b.poll(h) for h in self.handles)
+
+    def wait(self):
+        pass
+
+
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              compression=None):
     """Reduces every tensor in place, negotiated and fused as one group; returns a handle
@@ -180,11 +193,29 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     return grouped_allreduce_async_(copies, average, name, op, prescale_factor, postscale_factor, compression)
 
 
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, name, prescale_factor, postscale_factor, compression, *tensors):
+        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale_factor,
+                                                         postscale_factor, compression)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], None, None, ctx.op, ctx.pre,
+                                                      ctx.post))
+        return (None,) * 5 + tuple(reduced)
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
                       postscale_factor=1.0):
-    """Allreduce of a list of tensors, negotiated and fused together; returns new tensors."""
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
-                                               compression))
+    """Allreduce of a list of tensors, negotiated and fused together; returns new tensors.
+    Differentiable: each gradient is the same reduction of its output's gradient."""
+    op = check_op(op, average)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped allreduce needs at least one tensor")
+    return list(_GroupedAllreduceFunction.apply(op, name, prescale_factor, postscale_factor, compression, *tensors))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -207,10 +238,17 @@ def allgather_async(tensor, name=None):
     return _b.register(native, lambda: _from_bytes(native, tensor.dtype, tensor.device))
 
 
-def _first_dims(n, name):
-    """Every rank's first dimension, in rank order."""
-    sizes = synchronize(allgather_async(torch.tensor([n], dtype=torch.int64), f"{name}.sizes"))
-    return [int(v) for v in sizes]
+def _first_dims(dims, name):
+    """Every rank's first dimension of each tensor: dims[i] of rank r at [r][i]."""
+    sizes = synchronize(allgather_async(torch.tensor(dims, dtype=torch.int64), f"{name}.sizes"))
+    return sizes.reshape(_b.size(), len(dims)).tolist()
+
+
+def _own_rows(grads, dims, name):
+    """This rank's rows of each gathered gradient (every rank's first dimensions gathered)."""
+    every = _first_dims(dims, name)
+    me = _b.rank()
+    return [g.narrow(0, sum(every[r][i] for r in range(me)), dims[i]) for i, g in enumerate(grads)]
 
 
 class _AllgatherFunction(torch.autograd.Function):
@@ -224,9 +262,7 @@ class _AllgatherFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         # As Horovod: average the gradient over ranks, then keep this rank's rows.
         grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average))
-        dims = _first_dims(ctx.dim, _b.auto_name("allgather.grad", None))
-        offset = sum(dims[:_b.rank()])
-        return grad.narrow(0, offset, ctx.dim), None
+        return _own_rows([grad], [ctx.dim], _b.auto_name("allgather.grad", None))[0], None
 
 
 def allgather(tensor, name=None):
@@ -238,19 +274,30 @@ def grouped_allgather_async(tensors, name=None):
     """Allgathers each tensor; the result is the list of gathered tensors."""
     base = _b.auto_name("grouped_allgather", name)
     handles = [allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    return _b.register(_Handles(handles), lambda: [synchronize(h) for h in handles])
 
-    class _Gathered:
-        def poll(self):
-            return all(_b.poll(h) for h in handles)
 
-        def wait(self):
-            pass
+class _GroupedAllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        gathered = synchronize(grouped_allgather_async(list(tensors), name))
+        ctx.dims = [t.shape[0] for t in tensors]
+        return tuple(gathered)
 
-    return _b.register(_Gathered(), lambda: [synchronize(h) for h in handles])
+    @staticmethod
+    def backward(ctx, *grads):
+        # As allgather's: the averaged gradients, this rank's rows of each.
+        averaged = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=Average))
+        return (None,) + tuple(_own_rows(averaged, ctx.dims, _b.auto_name("grouped_allgather.grad", None)))
 
 
 def grouped_allgather(tensors, name=None):
-    return synchronize(grouped_allgather_async(tensors, name))
+    """allgather of each tensor, negotiated together; returns the gathered tensors.
+    Differentiable."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped allgather needs at least one tensor")
+    return list(_GroupedAllgatherFunction.apply(name, *tensors))
 
 
 def broadcast_async_(tensor, root_rank, name=None):
@@ -292,8 +339,9 @@ def broadcast_(tensor, root_rank, name=None):
 
 
 def alltoall_async(tensor, splits=None, name=None):
-    """Sends rows splits[p] of `tensor` to rank p (an even split by default). The result is
-    (received tensor, rows received from each rank)."""
+    """Sends rows splits[p] of `tensor` to rank p (without splits, an even split: the first
+    dimension must be a multiple of the number of ranks). The handle's result is (received
+    tensor, rows received from each rank)."""
     name = _b.auto_name("alltoall", name)
     staged = _Staged(tensor, f"alltoall of '{name}'")
     s = []
@@ -307,8 +355,27 @@ def alltoall_async(tensor, splits=None, name=None):
                                         torch.tensor(native.aux(), dtype=torch.int32)))
 
 
+class _AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        received, received_splits = synchronize(alltoall_async(tensor, splits, name))
+        ctx.received_splits = received_splits
+        ctx.mark_non_differentiable(received_splits)
+        return received, received_splits
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_splits):
+        del grad_splits
+        # The gradient of each row goes back to the rank that sent it.
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received_splits))
+        return grad, None, None
+
+
 def alltoall(tensor, splits=None, name=None):
-    return synchronize(alltoall_async(tensor, splits, name))
+    """The received tensor; with `splits`, (received tensor, rows received from each rank), as
+    Horovod returns them. Differentiable."""
+    received, received_splits = _AlltoallFunction.apply(tensor, splits, name)
+    return received if splits is None else (received, received_splits)
 
 
 def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -324,8 +391,87 @@ def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postsca
     return _b.register(native, lambda: _from_bytes(native, tensor.dtype, tensor.device))
 
 
+def _reducescatter_grads(grads, op, prescale_factor, postscale_factor):
+    """Horovod's gradient of a reducescatter: every rank's output gradients gathered (the
+    rows each rank received), times the number of ranks for Sum, times the scale factors."""
+    gathered = synchronize(grouped_allgather_async([g.contiguous() for g in grads]))
+    factor = (_b.size() if op == _b.Sum else 1) * prescale_factor * postscale_factor
+    return [g * factor if factor != 1 else g for g in gathered]
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
+        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+        return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _reducescatter_grads([grad_output], ctx.op, ctx.pre, ctx.post)[0], None, None, None, None
+
+
 def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+    """op (default Average) of `tensor` over all ranks; this rank gets its slice of the first
+    dimension (ranks below first_dim % size get one row more). Differentiable."""
+    return _ReducescatterFunction.apply(tensor, check_op(op), name, prescale_factor, postscale_factor)
+
+
+def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter of each tensor; the handle's result is the list of this rank's slices."""
+    base = _b.auto_name("grouped_reducescatter", name)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"grouped reducescatter '{base}' needs at least one tensor")
+    handles = [reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor)
+               for i, t in enumerate(tensors)]
+    return _b.register(_Handles(handles), lambda: [synchronize(h) for h in handles])
+
+
+class _GroupedReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), op, name, prescale_factor,
+                                                             postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) * 4 + tuple(_reducescatter_grads(grads, ctx.op, ctx.pre, ctx.post))
+
+
+def grouped_reducescatter(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter of each tensor (default Average), negotiated together; returns this
+    rank's slices. Differentiable."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped reducescatter needs at least one tensor")
+    return list(_GroupedReducescatterFunction.apply(check_op(op), name, prescale_factor, postscale_factor,
+                                                    *tensors))
+
+
+def sparse_allreduce_async(tensor, name=None, op=None):
+    """Allreduce of a sparse COO tensor as Horovod does it: every rank's indices and values
+    are allgathered (coordinates present on several ranks appear several times; coalescing
+    sums them) and Average divides the values by the number of ranks. Returns a function
+    that waits and returns the reduced sparse tensor."""
+    op = check_op(op)
+    if op not in (_b.Sum, Average):
+        raise ValueError("sparse allreduce supports Sum and Average")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError(f"sparse_allreduce_async expects a sparse COO tensor, got {type(tensor).__name__}"
+                         + (f" with layout {tensor.layout}" if isinstance(tensor, torch.Tensor) else ""))
+    name = _b.auto_name("sparse_allreduce", name)
+    indices = allgather_async(tensor._indices().t().contiguous(), f"{name}.indices")
+    values = allgather_async(tensor._values().contiguous(), f"{name}.values")
+
+    def result():
+        v = synchronize(values)
+        i = synchronize(indices)
+        if op == Average:
+            v = v / _b.size()
+        return torch.sparse_coo_tensor(i.t(), v, tensor.size())
+
+    return result
 
 
 def join(device=-1):

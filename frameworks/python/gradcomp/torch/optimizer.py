@@ -37,7 +37,7 @@ import torch
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
 from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK
-from gradcomp.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_
+from gradcomp.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async
 from gradcomp.torch.powersgd import PowerSGDState
 
 _NAMED_PARAMETERS_ERROR = ("named_parameters should be a sequence of tuples (name, parameter), usually produced "
@@ -82,13 +82,14 @@ class _Once:
 class _Pending:
     """A gradient whose exchange has started: `once` completes it (None: nothing to wait for
     here, as for PowerSGD, finished separately) and then `sent` holds the reduced gradient
-    (None: nothing to copy into .grad)."""
+    (None: nothing to copy into .grad), or `result()` returns the new gradient (sparse ones)."""
 
-    __slots__ = ("once", "sent")
+    __slots__ = ("once", "sent", "result")
 
-    def __init__(self, once, sent):
+    def __init__(self, once, sent, result=None):
         self.once = once
         self.sent = sent
+        self.result = result
 
     def wait(self):
         if self.once is not None:
@@ -97,8 +98,9 @@ class _Pending:
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups):
+                 gradient_predivide_factor, groups, sparse_as_dense):
         super(self.__class__, self).__init__(params)
+        self._sparse_as_dense = bool(sparse_as_dense)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         op = check_op(op)
@@ -127,6 +129,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             name_of = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
         self._name_of = name_of
+        # Horovod's attribute: parameter -> the name its gradient is reduced under.
+        self._parameter_names = {p: name_of[id(p)] for p in all_params}
 
         self._groups = self._make_groups(groups, all_params)
         self._plans = self._make_plans(compression, all_params)
@@ -298,6 +302,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._powersgd_started[p] = self._powersgd.start(plan.name, plan.index, p.grad)
             self._handles[p] = _Pending(None, None)  # finished with every PowerSGD tensor at once
             return
+        if p.grad.is_sparse:
+            self._start_sparse(p, plan)
+            return
         send = self._to_send(p, plan)
         if p in self._groups:
             gi = self._groups[p]
@@ -311,6 +318,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                   prescale_factor=self._prescale, postscale_factor=self._postscale,
                                   compression=plan.compression)
         self._handles[p] = _Pending(_Once(handle), send)
+
+    def _start_sparse(self, p, plan):
+        """A sparse gradient (an embedding with sparse=True): its indices and values are
+        allgathered, as Horovod does; with sparse_as_dense it is reduced dense and handed back
+        sparse (so sparse optimizers keep working). Compression does not apply to either."""
+        name = f"allreduce.{plan.name}"
+        if self._sparse_as_dense:
+            dense = p.grad.to_dense()
+            handle = allreduce_async_(dense, name=name, op=self._op, prescale_factor=self._prescale,
+                                      postscale_factor=self._postscale, compression=Compression.none)
+            self._handles[p] = _Pending(_Once(handle), None, lambda: dense.to_sparse())
+        else:
+            self._handles[p] = _Pending(None, None, sparse_allreduce_async(p.grad, name, op=self._op))
 
     def _start_group(self, gi):
         """One grouped allreduce per (compression, dtype) among the group's ready gradients."""
@@ -348,7 +368,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._start_group(gi)
         for p, pending in self._handles.items():
             pending.wait()
-            if pending.sent is not None and pending.sent is not p.grad:
+            if pending.result is not None:
+                p.grad = pending.result()
+            elif pending.sent is not None and pending.sent is not p.grad:
                 with torch.no_grad():
                     p.grad.copy_(pending.sent)
         if self._powersgd_started:
@@ -401,11 +423,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     """Wraps `optimizer` so that step() applies gradients averaged (op) over all ranks.
 
     See the module documentation for compression, DGC momentum handling and PowerSGD.
-    `sparse_as_dense` is accepted for Horovod compatibility: sparse gradients are always
-    densified."""
-    del sparse_as_dense
+    Sparse gradients (embeddings with sparse=True) are allgathered as indices and values, or,
+    with `sparse_as_dense`, reduced dense and handed back sparse."""
     if not _b.is_initialized():
         raise ValueError("gradcomp has not been initialized; call gradcomp.torch.init() before DistributedOptimizer")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups)
+               op, gradient_predivide_factor, groups, sparse_as_dense)
