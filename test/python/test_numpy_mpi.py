@@ -121,6 +121,17 @@ def test_alltoall_without_splits_returns_the_array_and_needs_a_multiple_of_the_r
         gc.alltoall(np.zeros(n + 1), name="a2a.uneven")
 
 
+def test_grouped_allgather_and_reducescatter_equal_one_call_per_array():
+    n, me = gc.size(), gc.rank()
+    arrays = [np.full((me + 1, 2), me, np.int16), np.arange(4 * n, dtype=np.float64) * (me + 1)]
+    gathered = gc.grouped_allgather(arrays, name="gag")
+    np.testing.assert_array_equal(gathered[0], gc.allgather(arrays[0], name="ag.0"))
+    np.testing.assert_array_equal(gathered[1], gc.allgather(arrays[1], name="ag.1"))
+    scattered = gc.grouped_reducescatter(arrays[1:], op=gc.Sum, name="grs", postscale_factor=2.0)
+    want = np.arange(4 * n, dtype=np.float64) * sum(range(1, n + 1)) * 2.0
+    np.testing.assert_array_equal(scattered[0], want[4 * me:4 * me + 4])
+
+
 def test_reducescatter_even_split():
     n, me = gc.size(), gc.rank()
     x = np.arange((2 * n + 1) * 3, dtype=np.float64).reshape(2 * n + 1, 3) * (me + 1)

@@ -175,6 +175,24 @@ def register(native_handle, finish):
     return h
 
 
+class _HandleGroup:
+    """Several registered handles standing as one (grouped calls made of single ones)."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def poll(self):
+        return all(poll(h) for h in self.handles)
+
+    def wait(self):
+        pass  # each handle is waited on by the group's result
+
+
+def register_group(handles):
+    """One handle for several registered ones; its result is the list of theirs, in order."""
+    return register(_HandleGroup(handles), lambda: [synchronize(h) for h in handles])
+
+
 def poll(handle):
     """True once the operation behind `handle` has finished; never blocks."""
     if handle not in _state.handles:

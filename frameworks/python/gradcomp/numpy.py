@@ -19,8 +19,9 @@ from gradcomp import basics as _b
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
            "cross_size", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
-           "grouped_allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
-           "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
+           "grouped_allreduce_async", "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+           "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+           "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
            "Product", "GradcompError", "stats"]
 
@@ -125,6 +126,16 @@ def allgather(array, name=None):
     return synchronize(allgather_async(array, name))
 
 
+def grouped_allgather_async(arrays, name=None):
+    """allgather of each array; the handle's result is the list of gathered arrays."""
+    base = _b.auto_name("grouped_allgather", name)
+    return _b.register_group([allgather_async(a, f"{base}.{i}") for i, a in enumerate(arrays)])
+
+
+def grouped_allgather(arrays, name=None):
+    return synchronize(grouped_allgather_async(arrays, name))
+
+
 def broadcast_async_(array, root_rank, name=None):
     """Overwrites `array` with root_rank's in place; returns a handle."""
     _writeable(array, "broadcast_")
@@ -179,3 +190,14 @@ def reducescatter_async(array, op=None, name=None, prescale_factor=1.0, postscal
 
 def reducescatter(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     return synchronize(reducescatter_async(array, op, name, prescale_factor, postscale_factor))
+
+
+def grouped_reducescatter_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter of each array; the handle's result is the list of this rank's slices."""
+    base = _b.auto_name("grouped_reducescatter", name)
+    return _b.register_group([reducescatter_async(a, op, f"{base}.{i}", prescale_factor, postscale_factor)
+                              for i, a in enumerate(arrays)])
+
+
+def grouped_reducescatter(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    return synchronize(grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor))

@@ -153,19 +153,6 @@ class _Group:
             n.wait()
 
 
-class _Handles:
-    """Several registered handles behaving as one (their results are taken by the caller)."""
-
-    def __init__(self, handles):
-        self.handles = handles
-
-    def poll(self):
-        return all(_b.poll(h) for h in self.handles)
-
-    def wait(self):
-        pass
-
-
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              compression=None):
     """Reduces every tensor in place, negotiated and fused as one group; returns a handle
@@ -273,8 +260,7 @@ def allgather(tensor, name=None):
 def grouped_allgather_async(tensors, name=None):
     """Allgathers each tensor; the result is the list of gathered tensors."""
     base = _b.auto_name("grouped_allgather", name)
-    handles = [allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)]
-    return _b.register(_Handles(handles), lambda: [synchronize(h) for h in handles])
+    return _b.register_group([allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)])
 
 
 class _GroupedAllgatherFunction(torch.autograd.Function):
@@ -422,9 +408,8 @@ def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"grouped reducescatter '{base}' needs at least one tensor")
-    handles = [reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor)
-               for i, t in enumerate(tensors)]
-    return _b.register(_Handles(handles), lambda: [synchronize(h) for h in handles])
+    return _b.register_group([reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor)
+                              for i, t in enumerate(tensors)])
 
 
 class _GroupedReducescatterFunction(torch.autograd.Function):
