@@ -1,0 +1,46 @@
+// The devices whose kernels run on the CPU (internal to ops/device): the host device and the
+// separate-memory test device share every kernel here and differ only in how a device pointer
+// becomes an address the CPU can use (Resolve) and how memory is allocated.
+#pragma once
+
+#include <string>
+
+#include "ops/device/device.h"
+
+namespace gradcomp {
+
+class CpuDevice : public Device {
+ public:
+  std::unique_ptr<Stream> NewStream() override;
+  std::unique_ptr<Event> NewEvent() override;
+
+  void CopyToHost(void* host_dst, const void* src, size_t bytes, Stream& stream) override;
+  void CopyFromHost(void* dst, const void* host_src, size_t bytes, Stream& stream) override;
+  void Copy(void* dst, const void* src, size_t bytes, Stream& stream) override;
+  void Fill(void* dst, uint8_t value, size_t bytes, Stream& stream) override;
+
+  void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
+            Stream& stream) override;
+  void Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op,
+              Stream& stream) override;
+  void Scale(void* buf, size_t n, DataType dtype, double factor, Stream& stream) override;
+  void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int ranks,
+                       Stream& stream) override;
+  void Subtract(float* dst, const float* a, const float* b, size_t n, Stream& stream) override;
+  bool AllFinite(const float* buf, size_t n, Stream& stream) override;
+
+  size_t Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
+                uint64_t first_index, void* out, Stream& stream) override;
+  void Decode(const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
+              DataType out_dtype, void* out, bool accumulate, Stream& stream) override;
+
+ protected:
+  /// The CPU address of `bytes` bytes at device pointer `ptr`; throws InvalidArgument naming
+  /// `what` when they are not this device's memory.
+  virtual void* Resolve(const void* ptr, size_t bytes, const char* what) const = 0;
+  /// Throws InvalidArgument naming `what` when `ptr` is this device's memory but a host
+  /// address is required.
+  virtual void CheckHost(const void* ptr, size_t bytes, const char* what) const = 0;
+};
+
+}  // namespace gradcomp
