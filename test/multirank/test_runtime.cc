@@ -304,6 +304,27 @@ TEST(RuntimeErrors, MismatchesFailEveryRankNamingTensorFieldAndValues) {
   EXPECT_EQ(Failures(results), "");
 }
 
+TEST(RuntimeErrors, UnnamedCallsOutOfStepFailOnEveryRankInsteadOfWaiting) {
+  // Rank 0 is one unnamed allreduce ahead of the others (as if a call had been lost on the
+  // others): its "allreduce.noname.5" and their "allreduce.noname.4" could never meet.
+  const auto results = WithRuntimes(3, [&](Runtime& rt) -> std::string {
+    std::vector<float> buf(4, 1.0f);
+    const std::string name = rt.rank() == 0 ? "allreduce.noname.5" : "allreduce.noname.4";
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error =
+        ErrorOf(rt.Allreduce(name, DataType::kFloat32, {4}, buf.data(), buf.data(), ReduceOp::kSum));
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string want = "unnamed collectives out of step between ranks: ranks [0] submitted "
+                             "'allreduce.noname.5' while ranks [1, 2] submitted 'allreduce.noname.4'";
+    if (error.find(want) == std::string::npos) return "got: " + error;
+    if (waited > 20) return "took " + std::to_string(waited) + " s";
+    // Named tensors and ranks that agree are not affected.
+    rt.Allreduce("after", DataType::kFloat32, {4}, buf.data(), buf.data(), ReduceOp::kSum)->Wait();
+    return buf[0] == 3.0f ? "" : "runtime broken after the error";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
 TEST(RuntimeErrors, DuplicateNameBadArgumentsAndUseAfterShutdown) {
   const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
     float a = 1, b = 1;

@@ -141,17 +141,18 @@ def test_horovod_internal_error_is_what_failed_collectives_raise():
         hvd.allreduce(torch.ones(shape), name="hie.shape")
 
 
-def test_unnamed_calls_that_drift_apart_fail_on_every_rank_instead_of_hanging():
-    # A local error on rank 0 uses up one unnamed allreduce number there only.
+def test_a_local_error_on_one_rank_leaves_unnamed_calls_in_step():
+    # Rank 0's failed calls never reach the runtime, so they use up no unnamed numbers: the
+    # next unnamed calls still meet their partners on every rank.
     if hvd.rank() == 0:
         with pytest.raises(ValueError, match="complex64"):
             hvd.allreduce(torch.zeros(2, dtype=torch.complex64))
+        with pytest.raises(ValueError, match="first dimension"):
+            hvd.alltoall(torch.zeros(hvd.size() + 1))
     start = time.monotonic()
-    with pytest.raises(hvd.HorovodInternalError, match=r"unnamed collectives out of step between ranks: ranks \[0\] "
-                                                       r"submitted 'allreduce\.noname\.\d+' while ranks \["):
-        hvd.allreduce(torch.ones(2))
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), hvd.size() * 1.0))
+    assert hvd.alltoall(torch.ones(hvd.size())).shape == (hvd.size(),)
     assert time.monotonic() - start < 30
-    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="drift.after"), torch.full((2,), hvd.size() * 1.0))
 
 
 def test_average_is_a_true_division():

@@ -237,6 +237,29 @@ TEST(StallInspector, WarnsOnceThenAsksForShutdown) {
   EXPECT_TRUE(s.Check(t0 + std::chrono::seconds(9), {}).shutdown.empty());
 }
 
+TEST(StallInspector, FindsUnnamedCallsOutOfStepAndNothingElse) {
+  StallInspector s(0, 0, 4);
+  const auto t0 = StallInspector::Clock::now();
+  s.RecordArrival("allgather.noname.7.sizes", "allgather", 0, t0);
+  s.RecordArrival("allgather.noname.6.sizes", "allgather", 1, t0);
+  s.RecordArrival("allgather.noname.6.sizes", "allgather", 3, t0);
+  // Not drift: a different suffix or kind, a named tensor, and a tensor some rank has both of.
+  s.RecordArrival("allgather.noname.5", "allgather", 2, t0);
+  s.RecordArrival("allreduce.noname.1", "allreduce", 0, t0);
+  s.RecordArrival("allreduce.noname.2", "allreduce", 0, t0);
+  s.RecordArrival("allreduce.noname.2", "allreduce", 1, t0);
+  s.RecordArrival("w.noname", "allreduce", 2, t0);
+  EXPECT_TRUE(s.FindNameDrift(t0 + std::chrono::milliseconds(500), 1.0).empty());  // too fresh
+  const auto drifts = s.FindNameDrift(t0 + std::chrono::seconds(2), 1.0);
+  ASSERT_EQ(drifts.size(), 1u);
+  EXPECT_EQ(drifts[0].ahead, "allgather.noname.7.sizes");
+  EXPECT_EQ(drifts[0].behind, "allgather.noname.6.sizes");
+  EXPECT_NE(drifts[0].message.find("ranks [0] submitted 'allgather.noname.7.sizes' while ranks [1, 3] submitted "
+                                   "'allgather.noname.6.sizes'. Each rank numbers its unnamed allgather calls"),
+            std::string::npos)
+      << drifts[0].message;
+}
+
 TEST(Timeline, WritesChromeTraceRowsAndDropsEndsOfPhasesBegunBeforeRecording) {
   const std::string path = ::testing::TempDir() + "gradcomp_timeline_unit.json";
   Timeline t;

@@ -6,6 +6,7 @@ prefix, lower-case (``init(compression="maxmin", bits=4, fusion_threshold_mb=32)
 override the environment. ``python3 -m gradcomp.settings`` lists them.
 """
 import atexit
+import functools
 import itertools
 import sys
 import threading
@@ -31,6 +32,7 @@ class _State:
         self.handles = {}
         self.next_handle = itertools.count()
         self.name_counters = {}
+        self.reserved_names = {}  # kind -> next number, taken once the call is submitted
 
 
 _state = _State()
@@ -57,6 +59,7 @@ def init(**settings):
         _state.runtime = _core.Runtime(overrides)
         _state.handles.clear()
         _state.name_counters.clear()
+        _state.reserved_names.clear()
 
 
 def shutdown():
@@ -160,16 +163,34 @@ def stats():
 
 
 def auto_name(kind, name):
-    """`name`, or a generated one that is the same on every rank for the same call order."""
+    """`name`, or a generated one that is the same on every rank for the same call order.
+    A generated number is only used up once the call is submitted (register()): a call that
+    fails on one rank before reaching the runtime (a bad dtype, a bad argument) leaves the
+    numbering of every rank in step."""
     if name is not None:
         return str(name)
     n = _state.name_counters.get(kind, 0)
-    _state.name_counters[kind] = n + 1
+    _state.reserved_names[kind] = n + 1
     return f"{kind}.noname.{n}"
+
+
+def submits(fn):
+    """Decorates the adapters' calls that submit collectives: the unnamed-call numbers a call
+    reserved (auto_name) are used up when it is submitted (register) and dropped when it
+    fails before that, so one rank's local error does not shift its numbering."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _state.reserved_names.clear()
+    return call
 
 
 def register(native_handle, finish):
     """Records an enqueued operation; `finish()` turns its completion into the result."""
+    _state.name_counters.update(_state.reserved_names)  # the submitted call's numbers are taken
+    _state.reserved_names.clear()
     h = next(_state.next_handle)
     _state.handles[h] = (native_handle, finish)
     return h

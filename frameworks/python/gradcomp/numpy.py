@@ -54,6 +54,7 @@ def _result(native, like):
     return lambda: native.output_bytes().view(like.dtype).reshape(native.output_shape())
 
 
+@_b.submits
 def allreduce_async_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
                      compression=None):
     """Reduces `array` across ranks in place; returns a handle. `compression` overrides the
@@ -84,6 +85,7 @@ def allreduce_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=
     return synchronize(allreduce_async_(array, op, name, prescale_factor, postscale_factor, average, compression))
 
 
+@_b.submits
 def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Allreduces a list of arrays negotiated together; returns a handle whose result is the list."""
     base = _b.auto_name("grouped_allreduce", name)
@@ -112,6 +114,7 @@ def grouped_allreduce(arrays, op=None, name=None, prescale_factor=1.0, postscale
     return synchronize(grouped_allreduce_async(arrays, op, name, prescale_factor, postscale_factor))
 
 
+@_b.submits
 def allgather_async(array, name=None):
     """Concatenates every rank's `array` along the first dimension (which may differ per rank)."""
     a = _array(array, "allgather")
@@ -126,6 +129,7 @@ def allgather(array, name=None):
     return synchronize(allgather_async(array, name))
 
 
+@_b.submits
 def grouped_allgather_async(arrays, name=None):
     """allgather of each array; the handle's result is the list of gathered arrays."""
     base = _b.auto_name("grouped_allgather", name)
@@ -136,6 +140,7 @@ def grouped_allgather(arrays, name=None):
     return synchronize(grouped_allgather_async(arrays, name))
 
 
+@_b.submits
 def broadcast_async_(array, root_rank, name=None):
     """Overwrites `array` with root_rank's in place; returns a handle."""
     _writeable(array, "broadcast_")
@@ -158,6 +163,7 @@ def broadcast_(array, root_rank, name=None):
     return synchronize(broadcast_async_(array, root_rank, name))
 
 
+@_b.submits
 def alltoall_async(array, splits=None, name=None):
     """Sends rows splits[p] of `array` to rank p (without splits, an even split: the first
     dimension must be a multiple of the number of ranks). The handle's result is (received
@@ -177,6 +183,7 @@ def alltoall(array, splits=None, name=None):
     return received if splits is None else (received, received_splits)
 
 
+@_b.submits
 def reducescatter_async(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `array` and gives each rank a slice of the first dimension (even split)."""
     a = _array(array, "reducescatter")
@@ -192,6 +199,7 @@ def reducescatter(array, op=None, name=None, prescale_factor=1.0, postscale_fact
     return synchronize(reducescatter_async(array, op, name, prescale_factor, postscale_factor))
 
 
+@_b.submits
 def grouped_reducescatter_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """reducescatter of each array; the handle's result is the list of this rank's slices."""
     base = _b.auto_name("grouped_reducescatter", name)

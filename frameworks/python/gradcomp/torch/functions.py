@@ -97,6 +97,7 @@ def _from_bytes(t):
     return torch.load(io.BytesIO(t.numpy().tobytes()))
 
 
+@_b.submits
 def broadcast_object(obj, root_rank=0, name=None):
     """root_rank's `obj` (anything picklable) on every rank."""
     name = _b.auto_name("broadcast_object", name)
@@ -109,6 +110,7 @@ def broadcast_object(obj, root_rank=0, name=None):
     return obj if _b.rank() == root_rank else _from_bytes(payload)
 
 
+@_b.submits
 def allgather_object(obj, name=None):
     """Every rank's `obj` (anything picklable), as a list in rank order."""
     name = _b.auto_name("allgather_object", name)

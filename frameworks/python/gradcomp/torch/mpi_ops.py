@@ -86,6 +86,7 @@ def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postsc
                                         keep)
 
 
+@_b.submits
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      compression=None):
     """Reduces `tensor` across ranks in place; returns a handle for poll()/synchronize().
@@ -100,6 +101,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     return _b.register(native, staged.write_back)
 
 
+@_b.submits
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     compression=None):
     """Reduces a copy of `tensor` across ranks; synchronize(handle) returns the new tensor."""
@@ -153,6 +155,7 @@ class _Group:
             n.wait()
 
 
+@_b.submits
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              compression=None):
     """Reduces every tensor in place, negotiated and fused as one group; returns a handle
@@ -215,6 +218,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 # allgather, broadcast, alltoall, reducescatter
 
 
+@_b.submits
 def allgather_async(tensor, name=None):
     """Concatenates every rank's `tensor` along the first dimension (which may differ per rank)."""
     name = _b.auto_name("allgather", name)
@@ -257,6 +261,7 @@ def allgather(tensor, name=None):
     return _AllgatherFunction.apply(tensor, name)
 
 
+@_b.submits
 def grouped_allgather_async(tensors, name=None):
     """Allgathers each tensor; the result is the list of gathered tensors."""
     base = _b.auto_name("grouped_allgather", name)
@@ -286,6 +291,7 @@ def grouped_allgather(tensors, name=None):
     return list(_GroupedAllgatherFunction.apply(name, *tensors))
 
 
+@_b.submits
 def broadcast_async_(tensor, root_rank, name=None):
     """Overwrites `tensor` with root_rank's, in place; returns a handle."""
     name = _b.auto_name("broadcast", name)
@@ -324,6 +330,7 @@ def broadcast_(tensor, root_rank, name=None):
     return synchronize(broadcast_async_(tensor, root_rank, name))
 
 
+@_b.submits
 def alltoall_async(tensor, splits=None, name=None):
     """Sends rows splits[p] of `tensor` to rank p (without splits, an even split: the first
     dimension must be a multiple of the number of ranks). The handle's result is (received
@@ -364,6 +371,7 @@ def alltoall(tensor, splits=None, name=None):
     return received if splits is None else (received, received_splits)
 
 
+@_b.submits
 def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` (default Average) and gives each rank a slice of the first dimension
     (ranks below first_dim % size get one row more)."""
@@ -402,6 +410,7 @@ def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_fac
     return _ReducescatterFunction.apply(tensor, check_op(op), name, prescale_factor, postscale_factor)
 
 
+@_b.submits
 def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """reducescatter of each tensor; the handle's result is the list of this rank's slices."""
     base = _b.auto_name("grouped_reducescatter", name)
@@ -434,6 +443,7 @@ def grouped_reducescatter(tensors, op=None, name=None, prescale_factor=1.0, post
                                                     *tensors))
 
 
+@_b.submits
 def sparse_allreduce_async(tensor, name=None, op=None):
     """Allreduce of a sparse COO tensor as Horovod does it: every rank's indices and values
     are allgathered (coordinates present on several ranks appear several times; coalescing
