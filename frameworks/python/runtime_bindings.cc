@@ -68,13 +68,22 @@ std::optional<CompressionSpec> SpecFrom(const py::object& obj) {
   if (obj.is_none()) return std::nullopt;
   const py::dict d = obj.cast<py::dict>();
   CompressionSpec spec;
+  size_t found = 0;
+  CompressionSpec::ForEachField(
+      [&](const SpecField& f, auto& v) {
+        if (!d.contains(f.key)) return;
+        v = d[f.key].template cast<std::decay_t<decltype(v)>>();
+        ++found;
+      },
+      spec);
+  if (found == d.size()) return spec;
+  // Some key is none of the fields: name it, and the fields there are.
   std::set<std::string> known;
   std::string keys;
   CompressionSpec::ForEachField(
-      [&](const SpecField& f, auto& v) {
+      [&](const SpecField& f, const auto&) {
         known.insert(f.key);
         keys += (keys.empty() ? "" : ", ") + std::string(f.key);
-        if (d.contains(f.key)) v = d[f.key].template cast<std::decay_t<decltype(v)>>();
       },
       spec);
   for (auto item : d) {

@@ -4,8 +4,11 @@
 
 namespace gradcomp {
 
-std::vector<const Codec*> AllCodecs() {
-  return {&NoneCodec(), &Fp16Codec(), &Bf16Codec(), &MaxMinCodec(), &TopKCodec()};
+const std::vector<const Codec*>& AllCodecs() {
+  // Built once: LookupCodec runs whenever two specs are compared (cache and fusion).
+  static const std::vector<const Codec*> codecs = {&NoneCodec(), &Fp16Codec(), &Bf16Codec(), &MaxMinCodec(),
+                                                   &TopKCodec()};
+  return codecs;
 }
 
 const Codec* LookupCodec(const std::string& name) {
@@ -32,7 +35,5 @@ void CheckCodecDataType(DataType dtype, const char* codec, const char* what) {
                           " is not supported (float32, float16 or bfloat16)");
   }
 }
-
-void ValidateCodecParams(const std::string& codec, const CodecParams& p) { FindCodec(codec).Validate(p); }
 
 }  // namespace gradcomp

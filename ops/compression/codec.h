@@ -36,9 +36,6 @@ inline CodecParams ParamsOf(const CompressionOptions& options) {
   return p;
 }
 
-/// Checks the parameters codec `codec` uses (FindCodec(codec).Validate).
-void ValidateCodecParams(const std::string& codec, const CodecParams& p);
-
 /// A compression codec. Inputs and outputs are float32, float16 or bfloat16; `n` counts
 /// values. One call encodes one *segment*: buckets restart at its first value, so callers
 /// encode each tensor (and each chunk of a collective) as a segment of its own.
@@ -82,7 +79,7 @@ const Codec* LookupCodec(const std::string& name);
 /// The codec registered as `name`; throws InvalidArgument listing the known names.
 const Codec& FindCodec(const std::string& name);
 /// Every codec, in registry order.
-std::vector<const Codec*> AllCodecs();
+const std::vector<const Codec*>& AllCodecs();
 
 /// True for the dtypes codecs accept (float32, float16, bfloat16).
 bool IsCodecDataType(DataType dtype);

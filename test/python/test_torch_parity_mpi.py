@@ -173,8 +173,20 @@ def test_sparse_allreduce_equals_the_dense_allreduce():
         result = hvd.sparse_allreduce_async(dense.to_sparse(), name=f"sparse.{i}", op=hvd.Average)()
         assert result.is_sparse
         torch.testing.assert_close(result.to_dense(), hvd.allreduce(dense, name=f"dense.{i}"))
-    with pytest.raises(ValueError, match="sparse COO tensor"):
+    with pytest.raises(ValueError, match="sparse_allreduce_async expects a sparse COO tensor, got Tensor with layout "
+                                         "torch.strided"):
         hvd.sparse_allreduce_async(torch.ones(2), name="sparse.bad")
+    with pytest.raises(ValueError, match="sparse allreduce supports Sum and Average"):
+        hvd.sparse_allreduce_async(torch.ones(2).to_sparse(), name="sparse.min", op=hvd.Min)
+
+
+def test_grouped_calls_need_a_tensor():
+    for call, what in [(hvd.grouped_allreduce, "grouped allreduce"), (hvd.grouped_allgather, "grouped allgather"),
+                       (hvd.grouped_reducescatter, "grouped reducescatter")]:
+        with pytest.raises(ValueError, match=f"{what} needs at least one tensor"):
+            call([])
+    with pytest.raises(ValueError, match=r"grouped reducescatter 'g\.rs' needs at least one tensor"):
+        hvd.grouped_reducescatter_async([], name="g.rs")
 
 
 @pytest.mark.parametrize("sparse_as_dense", [False, True])

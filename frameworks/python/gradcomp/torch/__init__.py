@@ -96,5 +96,5 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
-           "GradcompError", "HorovodInternalError", "stats", "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built",
-           "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built"]
+           "GradcompError", "HorovodInternalError", "stats", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built"]

@@ -145,17 +145,18 @@ class _Exchange:
             else:
                 self.exact.append((offset, n))
             offset += n
+        self._seeds = [_core.sra_stream_seeds(0, r) for r in range(self.world)]  # (scatter, gather) per rank
         self.future = torch.futures.Future()
         self._reduced = None  # future of this rank's encoded reduced chunk
         self._exact = None  # (future, values) of the exact layers' all_reduce
 
     def _scatter_params(self, rank):
         """Codec parameters `rank` encodes its peers' chunks with (the runtime SRA's stream)."""
-        return dict(self.params, seed=_core.sra_stream_seeds(0, rank)[0], step=self.step)
+        return dict(self.params, seed=self._seeds[rank][0], step=self.step)
 
     def _gather_params(self, rank):
         """Codec parameters `rank` encodes its reduced chunk with (the runtime SRA's stream)."""
-        return dict(self.params, seed=_core.sra_stream_seeds(0, rank)[1], step=self.step)
+        return dict(self.params, seed=self._seeds[rank][1], step=self.step)
 
     def _encode_for_peers(self):
         """Phase 1 payload: for each peer, every layer's chunk for that peer, encoded; keeps
