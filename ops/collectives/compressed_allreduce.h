@@ -25,12 +25,15 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ops/comm/communicator.h"
 #include "ops/comm/topology.h"
 #include "ops/compression/codec.h"
+#include "ops/device/device.h"
+#include "ops/device/staging.h"
 
 namespace gradcomp {
 
@@ -39,15 +42,28 @@ namespace gradcomp {
 constexpr size_t kAutoPipelineStripes = 4;
 
 /// Scratch buffers reused across calls (large fresh allocations cost a page fault per 4 KB
-/// on every call). One per caller thread; optional.
+/// on every call), on one device, with the stream the collectives queue their work on. One
+/// per caller thread and device; optional.
 struct CompressionWorkspace {
-  std::vector<float> x, out, acc, shard, shard_out;
-  std::vector<uint8_t> send, recv, own, all;
+  explicit CompressionWorkspace(Device& dev = HostDevice()) : device(dev), stream(dev.NewStream()) {}
+  Device& device;
+  std::unique_ptr<Stream> stream;
+  /// float32 values: the working copy, the result, a node's shard and its result.
+  StagedBuffer x, out, shard, shard_out;
+  /// The reduction's block (device only).
+  Scratch acc;
+  /// Encoded bytes: peers' chunks sent, peers' encodings received, this rank's reduced chunk,
+  /// every reduced chunk.
+  StagedBuffer send, recv, own, all;
 };
 
 /// Arguments of a compressed allreduce. Buffers are float32, float16 or bfloat16; the op is
-/// Sum or Average. `output` may equal `input`.
+/// Sum or Average. `output` may equal `input`. Every buffer (input, output, residuals) is in
+/// the memory of `device`; encoding, reduction and decoding run there, and only encoded bytes
+/// are staged to the host for the communicator. The work is done when the call returns.
 struct CompressedAllreduceOptions {
+  /// The device the buffers live on (null: the host).
+  Device* device = nullptr;
   const void* input = nullptr;
   void* output = nullptr;
   size_t count = 0;
@@ -70,7 +86,7 @@ struct CompressedAllreduceOptions {
   /// and encode/decode one stripe on a helper thread while the next is on the wire. 1 = off.
   /// The result is the same bytes either way.
   size_t pipeline_stripes = 1;
-  /// Reused scratch space (recommended for repeated calls), or null.
+  /// Reused scratch space (recommended for repeated calls) on `device`, or null.
   CompressionWorkspace* workspace = nullptr;
   /// Called as each phase ("COMPRESS", "COMMUNICATE", "DECOMPRESS") begins and ends (timeline).
   std::function<void(const char* phase, bool begin)> on_phase;

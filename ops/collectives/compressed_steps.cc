@@ -6,7 +6,6 @@
 
 #include "ops/common/enforce.h"
 #include "ops/compression/maxmin_math.h"
-#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 
@@ -57,21 +56,23 @@ size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<P
   return total;
 }
 
-size_t EncodePieces(const Codec& codec, const CodecParams& p, const float* x, size_t base,
+size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const float* x, size_t base,
                     const std::vector<Piece>& pieces, uint8_t* out) {
   size_t used = 0;
   for (const Piece& pc : pieces) {
-    used += codec.Encode(x + (pc.start - base), DataType::kFloat32, pc.len, p, pc.start, out + used);
+    used += ws.device.Encode(codec, x + (pc.start - base), DataType::kFloat32, pc.len, p, pc.start, out + used,
+                             *ws.stream);
   }
   return used;
 }
 
-void DecodePieces(const Codec& codec, const CodecParams& p, const uint8_t* wire, const std::vector<Piece>& pieces,
-                  size_t base, DataType out_dtype, void* out) {
+void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const uint8_t* wire,
+                  const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out) {
   const size_t esize = DataTypeSize(out_dtype);
   for (const Piece& pc : pieces) {
     const size_t bytes = codec.MaxWireSize(pc.len, p);
-    codec.Decode(wire, bytes, pc.len, p, out_dtype, static_cast<char*>(out) + (pc.start - base) * esize);
+    ws.device.Decode(codec, wire, bytes, pc.len, p, out_dtype, static_cast<char*>(out) + (pc.start - base) * esize,
+                     false, *ws.stream);
     wire += bytes;
   }
 }
@@ -92,6 +93,8 @@ CodecParams SraScatterParams(const CodecParams& p, int rank) { return StreamFor(
 CodecParams SraGatherParams(const CodecParams& p, int rank) {
   return StreamFor(p, 0x10000u + static_cast<uint32_t>(rank));
 }
+
+Device& DeviceOf(const CompressedAllreduceOptions& o) { return o.device != nullptr ? *o.device : HostDevice(); }
 
 void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse) {
   if (o.codec == nullptr) throw InvalidArgument("compressed allreduce needs a codec");
@@ -114,31 +117,45 @@ void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse) {
   if (o.count > 0 && (o.input == nullptr || o.output == nullptr)) {
     throw InvalidArgument("compressed allreduce got a null buffer");
   }
+  if (o.workspace != nullptr && &o.workspace->device != &DeviceOf(o)) {
+    throw InvalidArgument(std::string("compressed allreduce: the buffers are on device ") + DeviceOf(o).name() +
+                          " but the workspace is on " + o.workspace->device.name());
+  }
+}
+
+WorkspaceFor::WorkspaceFor(const CompressedAllreduceOptions& o) {
+  if (o.workspace == nullptr) local_ = std::make_unique<CompressionWorkspace>(DeviceOf(o));
+  ws_ = o.workspace != nullptr ? o.workspace : local_.get();
 }
 
 const float* WorkingCopy(const CompressedAllreduceOptions& o, CompressionWorkspace& ws) {
   if (o.dtype == DataType::kFloat32 && o.prescale == 1.0 && o.residual == nullptr) {
     return static_cast<const float*>(o.input);
   }
-  ws.x.resize(o.count);
-  CastBuffer(o.input, o.dtype, o.count, ws.x.data(), DataType::kFloat32, false, o.params.isa);
-  if (o.prescale != 1.0) ScaleInPlace(ws.x.data(), o.count, DataType::kFloat32, o.prescale);
-  if (o.residual != nullptr) ReduceInto(ws.x.data(), o.residual, o.count, DataType::kFloat32, ReduceOp::kSum);
-  return ws.x.data();
+  Device& d = ws.device;
+  ws.x.Reserve(d, o.count * sizeof(float));
+  float* x = ws.x.device_as<float>();
+  d.Cast(o.input, o.dtype, o.count, x, DataType::kFloat32, false, *ws.stream);
+  if (o.prescale != 1.0) d.Scale(x, o.count, DataType::kFloat32, o.prescale, *ws.stream);
+  if (o.residual != nullptr) d.Reduce(x, x, o.residual, o.count, DataType::kFloat32, ReduceOp::kSum, *ws.stream);
+  return x;
 }
 
 float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& ws) {
   if (o.dtype == DataType::kFloat32) return static_cast<float*>(o.output);
-  ws.out.resize(o.count);
-  return ws.out.data();
+  ws.out.Reserve(ws.device, o.count * sizeof(float));
+  return ws.out.device_as<float>();
 }
 
 double OutputScale(const CompressedAllreduceOptions& o, int ranks) {
   return o.op == ReduceOp::kAverage ? o.postscale / ranks : o.postscale;
 }
 
-void StoreOutput(const CompressedAllreduceOptions& o, const float* result) {
-  if (result != o.output) CastBuffer(result, DataType::kFloat32, o.count, o.output, o.dtype, false, o.params.isa);
+void StoreOutput(const CompressedAllreduceOptions& o, CompressionWorkspace& ws, const float* result) {
+  if (result != o.output) {
+    ws.device.Cast(result, DataType::kFloat32, o.count, o.output, o.dtype, false, *ws.stream);
+  }
+  ws.stream->Synchronize();
 }
 
 }  // namespace gradcomp

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "ops/collectives/compressed_allreduce.h"
@@ -47,24 +48,40 @@ std::vector<Piece> CutIntoBlocks(const std::vector<Piece>& pieces, size_t bucket
 
 /// Encoded bytes of `pieces` (each a segment of its own).
 size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<Piece>& pieces);
-/// Encodes the float32 values of `pieces` piece after piece; x[0] is buffer element `base`.
-size_t EncodePieces(const Codec& codec, const CodecParams& p, const float* x, size_t base,
+/// Encodes the float32 values of `pieces` piece after piece on the workspace's device; x[0] is
+/// buffer element `base`; x and out are device memory.
+size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const float* x, size_t base,
                     const std::vector<Piece>& pieces, uint8_t* out);
-/// Decodes pieces into `out`, whose element 0 is buffer element `base`.
-void DecodePieces(const Codec& codec, const CodecParams& p, const uint8_t* wire, const std::vector<Piece>& pieces,
-                  size_t base, DataType out_dtype, void* out);
+/// Decodes pieces (device memory) into `out`, whose element 0 is buffer element `base`.
+void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const uint8_t* wire,
+                  const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out);
 
+/// The device of the options' buffers (the host unless o.device says otherwise).
+Device& DeviceOf(const CompressedAllreduceOptions& o);
 /// Throws InvalidArgument for options an algorithm cannot run (`sparse`: the sparse one).
 void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse);
 
-/// The float32 values to reduce: input * prescale (+ the carried residual). A float32 input
-/// with nothing to add is used in place (it is only read, and before any output is written).
+/// The options' workspace, or `local` made on their device.
+class WorkspaceFor {
+ public:
+  explicit WorkspaceFor(const CompressedAllreduceOptions& o);
+  CompressionWorkspace& operator*() { return *ws_; }
+
+ private:
+  std::unique_ptr<CompressionWorkspace> local_;
+  CompressionWorkspace* ws_;
+};
+
+/// The float32 values to reduce (device memory): input * prescale (+ the carried residual). A
+/// float32 input with nothing to add is used in place (it is only read, and before any output
+/// is written).
 const float* WorkingCopy(const CompressedAllreduceOptions& o, CompressionWorkspace& ws);
-/// Where the float32 result goes: the output itself when it is float32.
+/// Where the float32 result goes (device memory): the output itself when it is float32.
 float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& ws);
 /// The factor applied to the sum: postscale, over `ranks` for Average.
 double OutputScale(const CompressedAllreduceOptions& o, int ranks);
-/// Converts the float32 result into the output (nothing when it is the output).
-void StoreOutput(const CompressedAllreduceOptions& o, const float* result);
+/// Converts the float32 result into the output (nothing when it is the output), and waits
+/// for the workspace's stream: the collective's work is done.
+void StoreOutput(const CompressedAllreduceOptions& o, CompressionWorkspace& ws, const float* result);
 
 }  // namespace gradcomp

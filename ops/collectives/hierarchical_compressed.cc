@@ -1,5 +1,6 @@
 // Hierarchical compressed allreduce (compressed_allreduce.h): uncompressed inside each node
 // (through the shared-memory window when the local communicator is shm), SRA across nodes.
+// The node-local steps move float32 values through host staging; SRA runs on the device.
 #include "ops/collectives/context.h"
 #include "ops/collectives/sra.h"
 
@@ -17,47 +18,66 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
     if (o.count == 0) return;
     Communicator& local = *topo.local;
     const double scale = OutputScale(o, topo.size());
-    CompressionWorkspace local_ws;
-    CompressionWorkspace& ws = o.workspace ? *o.workspace : local_ws;
+    WorkspaceFor workspace(o);
+    CompressionWorkspace& ws = *workspace;
+    Device& d = ws.device;
+    Stream& stream = *ws.stream;
+    const size_t bytes = o.count * sizeof(float);
+    // The values on the host, summed over the node in place below.
     const float* input = WorkingCopy(o, ws);
-    std::vector<float>& x = ws.x;  // summed over the node in place below
-    if (input != x.data()) x.assign(input, input + o.count);
-    std::vector<float>& result = ws.out;
-    result.resize(o.count);
+    StagedBuffer& x = ws.x;
+    if (input == x.device_as<float>()) {
+      x.ToHost(0, bytes, stream);
+    } else {
+      x.Reserve(d, bytes);
+      d.CopyToHost(x.host(), input, bytes, stream);
+    }
+    StagedBuffer& result = ws.out;
+    result.Reserve(d, bytes);
+    stream.Synchronize();
     if (leader_only) {
       // The node's sum on its leader; leaders compress across nodes; the node gets the result.
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-        local.Allreduce(x.data(), x.data(), o.count, DataType::kFloat32, ReduceOp::kSum);
+        local.Allreduce(x.host(), x.host(), o.count, DataType::kFloat32, ReduceOp::kSum);
       }
-      if (local.rank() == 0) Sra(*topo.cross, o, x.data(), scale, result.data(), ws, &st);  // residuals: node sums
+      if (local.rank() == 0) {  // residuals: of node sums
+        x.ToDevice(0, bytes, stream);
+        Sra(*topo.cross, o, x.device_as<float>(), scale, result.device_as<float>(), ws, &st);
+        result.ToHost(0, bytes, stream);
+        stream.Synchronize();
+      }
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      local.Broadcast(result.data(), o.count * sizeof(float), 0);
+      local.Broadcast(result.host(), bytes, 0);
     } else {
       // Shard of the node sum; SRA of the shard across nodes; the node gathers the shards.
       const std::vector<size_t> shards = EvenSplit(o.count, local.size());
       const size_t me = static_cast<size_t>(local.rank()), s0 = Offsets(shards)[me], len = shards[me];
-      std::vector<float>& shard = ws.shard;
-      shard.resize(len);
+      StagedBuffer& shard = ws.shard;
+      shard.Reserve(d, len * sizeof(float));
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-        local.ReduceScatter(x.data(), shard.data(), shards, DataType::kFloat32, ReduceOp::kSum);
+        local.ReduceScatter(x.host(), shard.host(), shards, DataType::kFloat32, ReduceOp::kSum);
       }
+      shard.ToDevice(0, len * sizeof(float), stream);
       CompressedAllreduceOptions sub = o;
       sub.count = len;
       sub.segments.clear();
       for (const Piece& pc : PiecesIn(s0, len, SegmentBounds(o))) sub.segments.push_back(pc.len);
       sub.residual = o.residual ? o.residual + s0 : nullptr;
       sub.reduced_residual = o.reduced_residual ? o.reduced_residual + s0 : nullptr;
-      std::vector<float>& shard_out = ws.shard_out;
-      shard_out.resize(len);
-      Sra(*topo.cross, sub, shard.data(), scale, shard_out.data(), ws, &st);
-      std::vector<size_t> bytes(shards.size());
-      for (size_t i = 0; i < shards.size(); ++i) bytes[i] = shards[i] * sizeof(float);
+      StagedBuffer& shard_out = ws.shard_out;
+      shard_out.Reserve(d, len * sizeof(float));
+      Sra(*topo.cross, sub, shard.device_as<float>(), scale, shard_out.device_as<float>(), ws, &st);
+      shard_out.ToHost(0, len * sizeof(float), stream);
+      stream.Synchronize();
+      std::vector<size_t> shard_bytes(shards.size());
+      for (size_t i = 0; i < shards.size(); ++i) shard_bytes[i] = shards[i] * sizeof(float);
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      local.Allgatherv(shard_out.data(), result.data(), bytes);
+      local.Allgatherv(shard_out.host(), result.host(), shard_bytes);
     }
-    StoreOutput(o, result.data());
+    result.ToDevice(0, bytes, stream);
+    StoreOutput(o, ws, result.device_as<float>());
   });
   return st;
 }

@@ -1,7 +1,7 @@
 // Sparse allreduce for topk (compressed_allreduce.h): every rank's encoding (values and
-// indices) allgathered, scatter-added in rank order on every rank.
-#include <cstring>
-
+// indices) allgathered, scatter-added in rank order on every rank. Selection and
+// scatter-adds run on the device; the encodings travel through host staging, where their
+// headers (each segment's size) are read.
 #include "ops/collectives/compressed_steps.h"
 #include "ops/collectives/context.h"
 #include "ops/compression/topk.h"
@@ -11,27 +11,31 @@ namespace gradcomp {
 
 namespace {
 
-// Every rank's encoding, gathered (each rank's size first: topk's size depends on the data).
-std::vector<uint8_t> AllgatherEncodings(Communicator& comm, const std::vector<uint8_t>& mine,
-                                        std::vector<size_t>* bytes) {
+// Every rank's encoding (this rank's `bytes` at ws.send's host side), gathered into ws.all's
+// host side (each rank's size first: topk's size depends on the data); returns the sizes.
+std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace& ws, size_t bytes) {
   const size_t ranks = static_cast<size_t>(comm.size());
   std::vector<uint64_t> lens(ranks);
-  const uint64_t my_len = mine.size();
+  const uint64_t my_len = bytes;
   comm.Allgatherv(&my_len, lens.data(), std::vector<size_t>(ranks, sizeof(uint64_t)));
-  bytes->assign(lens.begin(), lens.end());
-  std::vector<uint8_t> all(Offsets(*bytes).back() + bytes->back());
-  comm.Allgatherv(mine.data(), all.data(), *bytes);
-  return all;
+  std::vector<size_t> sizes(lens.begin(), lens.end());
+  ws.all.Reserve(ws.device, Offsets(sizes).back() + sizes.back());
+  comm.Allgatherv(ws.send.host(), ws.all.host(), sizes);
+  return sizes;
 }
 
-// What this rank sent of segment `pc` (its wire `w`): error feedback keeps what was not sent
-// (and the rounding of what was, for float16 values) in x; DGC masks the momentum of what
+// What this rank sent of segment `pc` (its wire at `at` of ws.all): error feedback keeps what
+// was not sent (and the rounding of what was, for float16 values): the residual gets the
+// wire decoded, subtracted from x once every segment is in; DGC masks the momentum of what
 // was sent, so its indices are collected.
-void AccountSent(const CompressedAllreduceOptions& o, const TopKWire& w, const Piece& pc, std::vector<float>& x) {
-  for (uint32_t j = 0; j < w.kept(); ++j) {
-    const uint32_t idx = w.index(j);
-    if (o.residual) x[pc.start + idx] -= w.value(j);
-    if (o.sent_indices) o.sent_indices->push_back(static_cast<uint32_t>(pc.start) + idx);
+void AccountSent(const CompressedAllreduceOptions& o, CompressionWorkspace& ws, const TopKWire& wire, size_t at,
+                 const Piece& pc, const CodecParams& p) {
+  if (o.residual) {
+    ws.device.Decode(*o.codec, ws.all.device() + at, wire.bytes(), pc.len, p, DataType::kFloat32,
+                     o.residual + pc.start, false, *ws.stream);
+  }
+  if (o.sent_indices) {
+    for (uint32_t j = 0; j < wire.kept(); ++j) o.sent_indices->push_back(static_cast<uint32_t>(pc.start) + wire.index(j));
   }
 }
 
@@ -45,42 +49,50 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     if (o.count == 0) return;
     const Codec& codec = *o.codec;
     const size_t ranks = static_cast<size_t>(comm.size()), me = static_cast<size_t>(comm.rank());
-    CompressionWorkspace local_ws;
-    CompressionWorkspace& ws = o.workspace ? *o.workspace : local_ws;
-    const float* input = WorkingCopy(o, ws);
-    std::vector<float> x(input, input + o.count);
+    WorkspaceFor workspace(o);
+    CompressionWorkspace& ws = *workspace;
+    Device& d = ws.device;
+    Stream& stream = *ws.stream;
+    // With error feedback x is the workspace's copy, which stays intact for the residual.
+    const float* x = WorkingCopy(o, ws);
     const std::vector<Piece> segments = PiecesIn(0, o.count, SegmentBounds(o));
     const CodecParams p = SraScatterParams(o.params, static_cast<int>(me));
-    std::vector<uint8_t> mine(EncodedSize(codec, p, segments));
+    ws.send.Reserve(d, EncodedSize(codec, p, segments));
+    size_t mine = 0;
     {
       Phase phase(o, "COMPRESS", &st.compress_seconds);
-      mine.resize(EncodePieces(codec, p, x.data(), 0, segments, mine.data()));
+      mine = EncodePieces(ws, codec, p, x, 0, segments, ws.send.device());
+      ws.send.ToHost(0, mine, stream);
+      stream.Synchronize();
     }
     std::vector<size_t> bytes;
-    std::vector<uint8_t> all;
     {
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      all = AllgatherEncodings(comm, mine, &bytes);
+      bytes = AllgatherEncodings(comm, ws, mine);
     }
-    // Scatter-add every rank's values in rank order (the same float operations everywhere).
+    // Scatter-add every rank's values in rank order (the same float operations everywhere),
+    // into the result (the input is read no more: its encoding is made).
     Phase phase(o, "DECOMPRESS", &st.decompress_seconds);
-    std::vector<float> acc(o.count, 0.0f);
+    ws.all.ToDevice(0, Offsets(bytes).back() + bytes.back(), stream);
+    float* result = ResultBuffer(o, ws);
+    d.Fill(result, 0, o.count * sizeof(float), stream);
     const std::vector<size_t> offsets = Offsets(bytes);
     for (size_t r = 0; r < ranks; ++r) {
-      const uint8_t* w = all.data() + offsets[r];
+      size_t at = offsets[r];
       for (const Piece& pc : segments) {
-        const TopKWire wire(w, o.params.topk_value_dtype);
-        codec.DecodeAccumulate(w, wire.bytes(), pc.len, p, DataType::kFloat32, acc.data() + pc.start);
-        if (r == me) AccountSent(o, wire, pc, x);
-        w += wire.bytes();
+        const TopKWire wire(ws.all.host() + at, o.params.topk_value_dtype);
+        d.Decode(codec, ws.all.device() + at, wire.bytes(), pc.len, p, DataType::kFloat32, result + pc.start, true,
+                 stream);
+        if (r == me) AccountSent(o, ws, wire, at, pc, p);
+        at += wire.bytes();
       }
     }
-    if (o.residual) std::memcpy(o.residual, x.data(), o.count * sizeof(float));
+    if (o.residual) d.Subtract(o.residual, x, o.residual, o.count, stream);
     // As the uncompressed allreduce finishes (a true division for Average), so ratio 1 gives
     // its very bits.
-    FinishReduction(acc.data(), o.count, DataType::kFloat32, o.op, o.postscale, static_cast<int>(ranks));
-    st.bytes_sent = mine.size() * (ranks - 1);
-    StoreOutput(o, acc.data());
+    d.FinishReduction(result, o.count, DataType::kFloat32, o.op, o.postscale, static_cast<int>(ranks), stream);
+    st.bytes_sent = mine * (ranks - 1);
+    StoreOutput(o, ws, result);
   });
   return st;
 }

@@ -4,7 +4,6 @@
 #include "ops/collectives/sra.h"
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 
 #include "ops/collectives/context.h"
@@ -111,10 +110,11 @@ class SraRun {
         p1_(SraScatterParams(o.params, comm.rank())),
         p2_(SraGatherParams(o.params, comm.rank())),
         rr_(o.reduced_residual ? o.reduced_residual + plan_.chunk_offsets[plan_.mine] : nullptr) {
-    ws.send.resize(plan_.send_total);
-    ws.recv.resize(plan_.recv_total);
-    ws.own.resize(plan_.own_total);
-    ws.all.resize(plan_.all_total);
+    Device& d = ws.device;
+    ws.send.Reserve(d, plan_.send_total);
+    ws.recv.Reserve(d, plan_.recv_total);
+    ws.own.Reserve(d, plan_.own_total);
+    ws.all.Reserve(d, plan_.all_total);
   }
 
   void Run() {
@@ -149,54 +149,62 @@ class SraRun {
   float* rr_;             // reduced residual of this rank's chunk, or null
 };
 
-// 1. Encodes every peer's stripe (and keeps what that encoding lost, for error feedback).
+// 1. Encodes every peer's stripe (and keeps what that encoding lost, for error feedback), and
+// stages the encodings for the network.
 void SraRun::EncodePeers(size_t s) {
   Phase phase(o_, "COMPRESS", &st_->compress_seconds);
-  const std::vector<size_t> off = Offsets(plan_.ScatterBytes(s, true));
+  Device& d = ws_.device;
+  Stream& stream = *ws_.stream;
+  const std::vector<size_t> bytes = plan_.ScatterBytes(s, true), off = Offsets(bytes);
   for (size_t p = 0; p < plan_.ranks; ++p) {
     if (p == plan_.mine) continue;
-    uint8_t* dst = ws_.send.data() + plan_.send_at[s] + off[p];
-    EncodePieces(codec_, p1_, x_, 0, plan_.pieces[s][p], dst);
+    uint8_t* dst = ws_.send.device() + plan_.send_at[s] + off[p];
+    EncodePieces(ws_, codec_, p1_, x_, 0, plan_.pieces[s][p], dst);
     if (!o_.residual) continue;
     const size_t begin = plan_.StripeBegin(p, s), len = plan_.StripeLength(p, s);
     float* r = o_.residual + begin;
-    DecodePieces(codec_, p1_, dst, plan_.pieces[s][p], begin, DataType::kFloat32, r);
-    for (size_t k = 0; k < len; ++k) r[k] = x_[begin + k] - r[k];
+    DecodePieces(ws_, codec_, p1_, dst, plan_.pieces[s][p], begin, DataType::kFloat32, r);
+    d.Subtract(r, x_ + begin, r, len, stream);
   }
+  ws_.send.ToHost(plan_.send_at[s], off.back() + bytes.back(), stream);
+  stream.Synchronize();
 }
 
 // 2 + 3. Sums this rank's stripe in float32 (own values, then the peers' in rank order),
 // scales, compensates and encodes once: block by block, so the sum never leaves the cache.
 void SraRun::ReduceOwn(size_t s) {
   Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
+  Device& d = ws_.device;
+  Stream& stream = *ws_.stream;
   const size_t mine = plan_.mine;
-  const std::vector<size_t> off = Offsets(plan_.ScatterBytes(s, false));
-  std::vector<float>& acc = ws_.acc;
-  acc.resize(kBlockValues);
+  const std::vector<size_t> bytes = plan_.ScatterBytes(s, false), off = Offsets(bytes);
+  ws_.recv.ToDevice(plan_.recv_at[s], off.back() + bytes.back(), stream);
+  size_t longest = 0;
+  for (const Piece& pc : plan_.pieces[s][mine]) longest = std::max(longest, pc.len);
+  auto* a = static_cast<float*>(ws_.acc.Reserve(d, std::max(longest, kBlockValues) * sizeof(float)));
   size_t wire_at = 0;  // of this block in every peer's message, and in our own encoding
   for (const Piece& pc : plan_.pieces[s][mine]) {
-    float* a = pc.len <= acc.size() ? acc.data() : (acc.resize(pc.len), acc.data());
-    std::memcpy(a, x_ + pc.start, pc.len * sizeof(float));
+    d.Copy(a, x_ + pc.start, pc.len * sizeof(float), stream);
     const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
     for (size_t p = 0; p < plan_.ranks; ++p) {
       if (p == mine) continue;
-      codec_.DecodeAccumulate(ws_.recv.data() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
-                              DataType::kFloat32, a);
+      d.Decode(codec_, ws_.recv.device() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
+               DataType::kFloat32, a, true, stream);
     }
-    ScaleInPlace(a, pc.len, DataType::kFloat32, scale_);
+    d.Scale(a, pc.len, DataType::kFloat32, scale_, stream);
     float* r = rr_ ? rr_ + (pc.start - plan_.chunk_offsets[mine]) : nullptr;
-    if (r) ReduceInto(a, r, pc.len, DataType::kFloat32, ReduceOp::kSum);
-    uint8_t* dst = ws_.own.data() + plan_.own_at[s] + wire_at;
-    codec_.Encode(a, DataType::kFloat32, pc.len, p2_, pc.start, dst);
+    if (r) d.Reduce(a, a, r, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);
+    uint8_t* dst = ws_.own.device() + plan_.own_at[s] + wire_at;
+    d.Encode(codec_, a, DataType::kFloat32, pc.len, p2_, pc.start, dst, stream);
     // This rank's share of the result is its encoding decoded, as on every other rank;
     // decoded here while it is in cache (x's block was read above, so out may alias x).
     float* result = out_ + pc.start;
-    codec_.Decode(dst, block_bytes, pc.len, p2_, DataType::kFloat32, result);
-    if (r) {
-      for (size_t k = 0; k < pc.len; ++k) r[k] = a[k] - result[k];
-    }
+    d.Decode(codec_, dst, block_bytes, pc.len, p2_, DataType::kFloat32, result, false, stream);
+    if (r) d.Subtract(r, a, result, pc.len, stream);
     wire_at += block_bytes;
   }
+  ws_.own.ToHost(plan_.own_at[s], wire_at, stream);
+  stream.Synchronize();
 }
 
 // 5. Decodes every other rank's stripe into the output (this rank's is decoded already).
@@ -205,9 +213,10 @@ void SraRun::DecodeAll(size_t s) {
   const std::vector<size_t> off = Offsets(plan_.bytes[s]);
   for (size_t c = 0; c < plan_.ranks; ++c) {
     if (c == plan_.mine) continue;
-    const CodecParams pc = SraGatherParams(o_.params, static_cast<int>(c));
-    DecodePieces(codec_, pc, ws_.all.data() + plan_.all_at[s] + off[c], plan_.pieces[s][c], 0, DataType::kFloat32,
-                 out_);
+    const size_t at = plan_.all_at[s] + off[c];
+    ws_.all.ToDevice(at, plan_.bytes[s][c], *ws_.stream);
+    DecodePieces(ws_, codec_, SraGatherParams(o_.params, static_cast<int>(c)), ws_.all.device() + at,
+                 plan_.pieces[s][c], 0, DataType::kFloat32, out_);
   }
 }
 
@@ -216,12 +225,12 @@ void SraRun::RunBlocking(Pipeline& pipe) {
   pipe.Wait(pipe.Submit([&] { EncodePeers(0); }));
   {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    comm_.Alltoallv(ws_.send.data(), plan_.ScatterBytes(0, true), ws_.recv.data(), plan_.ScatterBytes(0, false));
+    comm_.Alltoallv(ws_.send.host(), plan_.ScatterBytes(0, true), ws_.recv.host(), plan_.ScatterBytes(0, false));
   }
   pipe.Wait(pipe.Submit([&] { ReduceOwn(0); }));
   {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    comm_.Allgatherv(ws_.own.data(), ws_.all.data(), plan_.bytes[0]);
+    comm_.Allgatherv(ws_.own.host(), ws_.all.host(), plan_.bytes[0]);
   }
   pipe.Wait(pipe.Submit([&] { DecodeAll(0); }));
 }
@@ -257,9 +266,9 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
       if (p == mine) continue;
       const int peer = static_cast<int>(p);
       scatter_in[s].push_back(
-          comm_.Irecv(ws_.recv.data() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine], peer, tag(s, 0)));
+          comm_.Irecv(ws_.recv.host() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine], peer, tag(s, 0)));
       gather_in[s].push_back(
-          comm_.Irecv(ws_.all.data() + plan_.all_at[s] + aoff[p], plan_.bytes[s][p], peer, tag(s, 1)));
+          comm_.Irecv(ws_.all.host() + plan_.all_at[s] + aoff[p], plan_.bytes[s][p], peer, tag(s, 1)));
     }
   }
   const auto all_done = [](Transfers& ts) {
@@ -277,7 +286,7 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
       const std::vector<size_t> soff = Offsets(plan_.ScatterBytes(scattered, true));
       for (size_t p = 0; p < ranks; ++p) {
         if (p == mine) continue;
-        scatter_out[scattered].push_back(comm_.Isend(ws_.send.data() + plan_.send_at[scattered] + soff[p],
+        scatter_out[scattered].push_back(comm_.Isend(ws_.send.host() + plan_.send_at[scattered] + soff[p],
                                                      plan_.bytes[scattered][p], static_cast<int>(p),
                                                      tag(scattered, 0)));
       }
@@ -290,7 +299,7 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
     if (gathered < reducing && window_free(gather_out, gathered) && pipe.Done(reduced[gathered])) {
       for (size_t p = 0; p < ranks; ++p) {
         if (p == mine) continue;
-        gather_out[gathered].push_back(comm_.Isend(ws_.own.data() + plan_.own_at[gathered],
+        gather_out[gathered].push_back(comm_.Isend(ws_.own.host() + plan_.own_at[gathered],
                                                    plan_.bytes[gathered][mine], static_cast<int>(p), tag(gathered, 1)));
       }
       ++gathered;
@@ -313,8 +322,9 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
 void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
          CompressionWorkspace& ws, CompressedAllreduceStats* st) {
   if (comm.size() == 1) {  // nothing crosses a wire: exact
-    ScaleCopy(out, x, o.count, DataType::kFloat32, scale);
-    if (o.residual) std::memset(o.residual, 0, o.count * sizeof(float));
+    ws.device.Copy(out, x, o.count * sizeof(float), *ws.stream);
+    ws.device.Scale(out, o.count, DataType::kFloat32, scale, *ws.stream);
+    if (o.residual) ws.device.Fill(o.residual, 0, o.count * sizeof(float), *ws.stream);
     return;
   }
   SraRun(comm, o, x, scale, out, ws, st).Run();
@@ -325,12 +335,12 @@ CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const Compresse
   WithTensorContext("compressed allreduce", o.name, [&] {
     ValidateCompressed(o, false);
     if (o.count == 0) return;
-    CompressionWorkspace local;
-    CompressionWorkspace& ws = o.workspace ? *o.workspace : local;
+    WorkspaceFor workspace(o);
+    CompressionWorkspace& ws = *workspace;
     const float* x = WorkingCopy(o, ws);
     float* out = ResultBuffer(o, ws);
     Sra(comm, o, x, OutputScale(o, comm.size()), out, ws, &st);
-    StoreOutput(o, out);
+    StoreOutput(o, ws, out);
   });
   return st;
 }

@@ -32,12 +32,8 @@ class Host final : public CpuDevice {
  public:
   const char* name() const override { return "host"; }
   MemorySpace space() const override { return MemorySpace::kHost; }
-  void* Allocate(size_t bytes) override {
-    void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
-    if (p == nullptr) throw std::bad_alloc();
-    return p;
-  }
-  void Free(void* ptr, size_t) override { std::free(ptr); }
+  void* Allocate(size_t bytes) override { return AllocateHost(bytes); }
+  void Free(void* ptr, size_t bytes) override { FreeHost(ptr, bytes); }
 
  protected:
   void* Resolve(const void* ptr, size_t, const char*) const override { return const_cast<void*>(ptr); }
@@ -47,6 +43,14 @@ class Host final : public CpuDevice {
 size_t ElementBytes(DataType dtype, size_t n) { return n * DataTypeSize(dtype); }
 
 }  // namespace
+
+void* CpuDevice::AllocateHost(size_t bytes) {
+  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void CpuDevice::FreeHost(void* ptr, size_t) { std::free(ptr); }
 
 std::unique_ptr<Stream> CpuDevice::NewStream() { return std::make_unique<CpuStream>(); }
 std::unique_ptr<Event> CpuDevice::NewEvent() { return std::make_unique<CpuEvent>(); }

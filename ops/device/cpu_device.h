@@ -11,6 +11,8 @@ namespace gradcomp {
 
 class CpuDevice : public Device {
  public:
+  void* AllocateHost(size_t bytes) override;
+  void FreeHost(void* ptr, size_t bytes) override;
   std::unique_ptr<Stream> NewStream() override;
   std::unique_ptr<Event> NewEvent() override;
 

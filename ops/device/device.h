@@ -66,6 +66,10 @@ class Device {
   virtual void* Allocate(size_t bytes) = 0;
   /// Returns what Allocate(bytes) gave.
   virtual void Free(void* ptr, size_t bytes) = 0;
+  /// Host memory for staging this device's bytes on their way to the network (page-locked for
+  /// a GPU, so copies run asynchronously at full speed; plain memory for the host devices).
+  virtual void* AllocateHost(size_t bytes) = 0;
+  virtual void FreeHost(void* ptr, size_t bytes) = 0;
   virtual std::unique_ptr<Stream> NewStream() = 0;
   virtual std::unique_ptr<Event> NewEvent() = 0;
 

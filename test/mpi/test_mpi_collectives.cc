@@ -19,6 +19,7 @@
 #include "ops/collectives/reducescatter.h"
 #include "ops/comm/mpi_environment.h"
 #include "ops/comm/shm_communicator.h"
+#include "test/support/device_twin.h"
 #include "test/support/reference.h"
 #include "test/support/sra_reference.h"
 
@@ -332,6 +333,8 @@ CompressedAllreduceOptions AverageWith(const std::vector<float>& in, std::vector
   return o;
 }
 
+// Each compressed allreduce runs on the host and again through the separate-memory device,
+// which must give the same bytes (test/support/device_twin.h).
 TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
   const Settings settings = Settings::FromEnvironment();
   Topology topo = BuildTopology(CreateMpiWorld(), static_cast<int>(settings.local_size),
@@ -345,14 +348,16 @@ TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
   for (int bits : {2, 4, 8}) {
     std::vector<float> out(count);
     const CompressedAllreduceOptions o = AverageWith(in, out, "maxmin", bits);
-    CompressedAllreduce(*topo.world, o);
+    OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { CompressedAllreduce(*topo.world, q); });
     ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "flat, bits " << bits;
     const std::vector<double> bound = SraBound(parts, 1.0 / world, bits, 512, false);
     for (size_t i = 0; i < count; ++i) ASSERT_LE(std::fabs(out[i] - exact[i]), bound[i]) << "flat " << i;
     if (topo.homogeneous && topo.local_size() > 1 && topo.cross_size() > 1) {
       for (bool leader_only : {false, true}) {
         std::fill(out.begin(), out.end(), 0.0f);
-        HierarchicalCompressedAllreduce(topo, o, leader_only);
+        OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) {
+          HierarchicalCompressedAllreduce(topo, q, leader_only);
+        });
         ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "hierarchical, leader only " << leader_only;
         double num = 0, den = 0;
         for (size_t i = 0; i < count; ++i) {
@@ -366,14 +371,15 @@ TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
   std::vector<float> out(count);
   CompressedAllreduceOptions sparse = AverageWith(in, out, "topk");
   sparse.params.topk_ratio = 1.0;
-  SparseAllreduce(*topo.world, sparse);
+  OnHostAndDevice(sparse, [&](const CompressedAllreduceOptions& q) { SparseAllreduce(*topo.world, q); });
   ASSERT_TRUE(SameOnEveryRank(*topo.world, out));
   for (size_t i = 0; i < count; ++i) ASSERT_NEAR(out[i], exact[i], 1e-5) << "topk ratio 1, element " << i;
 }
 
 TEST(Mpi, PipelinedCompressedAllreduceGivesTheSameBytesOverMpi) {
   // Stripes encoded and decoded on a helper thread while this thread waits yielding (the
-  // helper needs the core): the same result as one stripe, over real MPI processes.
+  // helper needs the core): the same result as one stripe, over real MPI processes, on the
+  // host and through the separate-memory device.
   auto world = CreateMpiWorld();
   const size_t count = (size_t{1} << 20) + 4097;
   const std::vector<float> in = Gradient(count, world->rank(), 1e4);
@@ -384,7 +390,7 @@ TEST(Mpi, PipelinedCompressedAllreduceGivesTheSameBytesOverMpi) {
     CompressedAllreduceOptions o = AverageWith(in, out, "maxmin");
     o.segments = {1000, count - 1000};
     o.pipeline_stripes = stripes;
-    CompressedAllreduce(*world, o);
+    OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { CompressedAllreduce(*world, q); });
     ASSERT_TRUE(SameOnEveryRank(*world, out)) << "stripes " << stripes;
   }
   EXPECT_EQ(results[1], results[0]);

@@ -12,6 +12,7 @@
 #include "ops/collectives/compressed_allreduce.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
+#include "test/support/device_twin.h"
 #include "test/support/harness.h"
 #include "test/support/reference.h"
 #include "test/support/sra_reference.h"
@@ -32,6 +33,18 @@ CompressedAllreduceOptions Maxmin(const std::vector<float>& in, std::vector<floa
   o.params.bucket_size = bucket;
   o.name = "grad";
   return o;
+}
+
+// The collectives, run on the host and once more through the separate-memory device, which
+// must give the same bytes (test/support/device_twin.h).
+void SraBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
+  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { CompressedAllreduce(comm, q); });
+}
+void SparseBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
+  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { SparseAllreduce(comm, q); });
+}
+void HierarchicalBoth(const Topology& topo, const CompressedAllreduceOptions& o, bool leader_only) {
+  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { HierarchicalCompressedAllreduce(topo, q, leader_only); });
 }
 
 // Runs `run` on every rank with rank r's input Gradient(count, r, noise); returns all outputs.
@@ -80,13 +93,13 @@ class SraSweep : public ::testing::TestWithParam<int> {};
 
 TEST_P(SraSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
   const int world = GetParam();
-  for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{4097}, size_t{1} << 20}) {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{1} << 20}) {
     const auto parts = Inputs(world, count, 1e4);
     const std::vector<double> exact = ExactSum(parts, 1.0 / world);
     for (int bits : {1, 2, 4, 8}) {
       for (size_t bucket : {size_t{64}, size_t{512}}) {
         const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
-          CompressedAllreduce(comm, Maxmin(in, out, bits, bucket));
+          SraBoth(comm, Maxmin(in, out, bits, bucket));
         });
         const std::string where = " world " + std::to_string(world) + " count " + std::to_string(count) + " bits " +
                                   std::to_string(bits) + " bucket " + std::to_string(bucket);
@@ -98,6 +111,83 @@ TEST_P(SraSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SraSweep, ::testing::Range(1, 9));
+
+// Every codec, with and without its memories, through the host and the separate-memory
+// device (same bytes, checked inside SraBoth / SparseBoth), at the sizes of the sweep above.
+struct CodecCase {
+  const char* codec;
+  DataType dtype;
+  bool feedback;
+  double max_error;  // relative L2 against the exact average (topk: not checked here)
+};
+
+class CodecSweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(CodecSweep, EveryCodecOnEveryDeviceGivesTheSameBytes) {
+  const int world = GetParam();
+  const CodecCase cases[] = {
+      // Measured: none 2e-7, fp16 8e-4, bf16 4e-3, 4-bit 0.27.
+      {"none", DataType::kFloat32, false, 1e-4},  {"fp16", DataType::kFloat32, false, 2e-3},
+      {"bf16", DataType::kFloat32, true, 1e-2},   {"maxmin", DataType::kFloat16, true, 0.35},
+      {"maxmin", DataType::kFloat32, true, 0.35}, {"topk", DataType::kFloat32, true, 0.0},
+  };
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{1} << 20}) {
+    const auto parts = Inputs(world, count, 0.5);  // correlated, as gradients of one model are
+    const std::vector<double> exact = ExactSum(parts, 1.0 / world);
+    for (const CodecCase& c : cases) {
+      const std::string where = std::string(c.codec) + " " + DataTypeName(c.dtype) + " world " +
+                                std::to_string(world) + " count " + std::to_string(count);
+      const Codec& codec = FindCodec(c.codec);
+      std::vector<std::vector<float>> outs(static_cast<size_t>(world));
+      RunRanks(world, [&](Communicator& comm) {
+        const std::vector<float> g = Gradient(count, comm.rank(), 0.5);
+        std::vector<uint16_t> half(count), half_out(count);
+        std::vector<float> out(count, -1.0f), residual(count, 0.0f), reduced(count, 0.0f);
+        std::vector<uint32_t> sent;
+        CompressedAllreduceOptions o;
+        if (c.dtype == DataType::kFloat32) {
+          o.input = g.data();
+          o.output = out.data();
+        } else {
+          CastBuffer(g.data(), DataType::kFloat32, count, half.data(), c.dtype, false);
+          o.input = half.data();
+          o.output = half_out.data();
+        }
+        o.count = count;
+        o.dtype = c.dtype;
+        o.op = ReduceOp::kAverage;
+        o.codec = &codec;
+        o.params.bits = 4;
+        o.params.stochastic = true;
+        o.params.topk_ratio = 0.01;
+        o.segments = count > 3 ? std::vector<size_t>{count / 3, count - count / 3} : std::vector<size_t>{};
+        o.name = "sweep";
+        if (c.feedback) {
+          o.residual = residual.data();
+          o.reduced_residual = codec.sparse() ? nullptr : reduced.data();
+          o.sent_indices = codec.sparse() ? &sent : nullptr;
+        }
+        for (int step = 0; step < 2; ++step) {  // the second step carries the first's residuals
+          o.params.step = static_cast<uint64_t>(step);
+          if (codec.sparse()) {
+            SparseBoth(comm, o);
+          } else {
+            SraBoth(comm, o);
+          }
+        }
+        if (c.dtype != DataType::kFloat32) CastBuffer(half_out.data(), c.dtype, count, out.data(), DataType::kFloat32, false);
+        outs[static_cast<size_t>(comm.rank())] = out;
+        return std::string();
+      });
+      ASSERT_EQ(BitIdentical(outs), "") << where;
+      if (count > 1 && !codec.sparse()) {  // one value may be a sum that cancels to near zero
+        ASSERT_LE(RelativeL2(outs[0], exact), c.max_error) << where;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CodecSweep, ::testing::Range(1, 9));
 
 TEST(Sra, PipelinedStripesGiveTheSameBytes) {
   const size_t count = (size_t{1} << 20) + 4097;
@@ -117,7 +207,7 @@ TEST(Sra, PipelinedStripesGiveTheSameBytes) {
           }
           o.segments = {1000, count - 1000};  // buckets of the second tensor are not aligned to chunks
           o.pipeline_stripes = stripes;
-          CompressedAllreduce(comm, o);
+          SraBoth(comm, o);
           residual.insert(residual.end(), reduced.begin(), reduced.end());
           residuals[k][static_cast<size_t>(comm.rank())] = residual;
         });
@@ -139,7 +229,7 @@ TEST(Sra, BlocksOfTheReductionKeepTheBuckets) {
   for (int world : {2, 3}) {
     for (size_t bucket : {size_t{3}, size_t{100}, size_t{512}, size_t{20000}}) {
       const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
-        CompressedAllreduce(comm, Maxmin(in, out, 1, bucket));
+        SraBoth(comm, Maxmin(in, out, 1, bucket));
       });
       ASSERT_EQ(BitIdentical(outs), "");
       const std::vector<size_t> chunks = EvenSplit(count, world), starts = Offsets(chunks);
@@ -162,7 +252,7 @@ TEST(Sra, StochasticRoundingStaysWithinItsBound) {
       o.params.stochastic = true;
       o.params.seed = 11;
       o.params.step = 4;
-      CompressedAllreduce(comm, o);
+      SraBoth(comm, o);
     });
     EXPECT_EQ(BitIdentical(outs), "");
     EXPECT_EQ(WithinBound(outs[0], ExactSum(parts, 1.0 / world), SraBound(parts, 1.0 / world, 3, 128, true)), "");
@@ -175,7 +265,7 @@ TEST(Sra, FourBitGaussianErrorIsSmallAndDoesNotGrowWithWorldSize) {
   for (int world : {2, 4, 8}) {
     for (double noise : {1e4, 0.5}) {
       const auto outs = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
-        CompressedAllreduce(comm, Maxmin(in, out, 4, 512));
+        SraBoth(comm, Maxmin(in, out, 4, 512));
       });
       const double e = RelativeL2(outs[0], ExactSum(Inputs(world, count, noise), 1.0 / world));
       std::printf("4-bit SRA, world %d, %s inputs: relative L2 error %.4f\n", world,
@@ -194,7 +284,7 @@ TEST(Sra, FourBitGaussianErrorIsSmallAndDoesNotGrowWithWorldSize) {
 TEST(Sra, CountsSmallerThanRanksAndTensorBoundariesInsideTheBuffer) {
   // 3 values on 6 ranks: most chunks are empty. Segments restart buckets at tensor boundaries.
   const auto outs = RunAll(6, 3, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
-    CompressedAllreduce(comm, Maxmin(in, out, 2, 64));
+    SraBoth(comm, Maxmin(in, out, 2, 64));
   });
   EXPECT_EQ(BitIdentical(outs), "");
   const auto parts = Inputs(6, 3, 1e4);
@@ -205,7 +295,7 @@ TEST(Sra, CountsSmallerThanRanksAndTensorBoundariesInsideTheBuffer) {
     std::fill(x.begin(), x.begin() + 50, 0.25f);  // tensor A: constant
     CompressedAllreduceOptions o = Maxmin(x, out, 2, 512);
     o.segments = {50, 150};
-    CompressedAllreduce(comm, o);
+    SraBoth(comm, o);
   });
   for (size_t i = 0; i < 50; ++i) ASSERT_EQ(fused[0][i], 0.25f) << i;
 }
@@ -227,7 +317,7 @@ TEST(Sra, Float16AndBFloat16TensorsAndFp16Codec) {
         o.op = ReduceOp::kSum;
         o.codec = &FindCodec(codec);
         o.params.bits = 8;
-        CompressedAllreduce(comm, o);
+        SraBoth(comm, o);
         outs[static_cast<size_t>(comm.rank())] = out;
         return std::string();
       });
@@ -256,7 +346,7 @@ TEST(Sra, ErrorFeedbackMakesTheAverageOverStepsConverge) {
           o.residual = residual.data();
           o.reduced_residual = reduced.data();
         }
-        CompressedAllreduce(comm, o);
+        SraBoth(comm, o);
         for (size_t i = 0; i < count; ++i) sums[static_cast<size_t>(comm.rank())][i] += out[i];
       }
       return std::string();
@@ -285,7 +375,7 @@ TEST(SparseAllreduce, RatioOneEqualsTheUncompressedAllreduce) {
       o.codec = &FindCodec("topk");
       o.params.topk_ratio = 1.0;
       o.segments = {1000, 2001};
-      SparseAllreduce(comm, o);
+      SparseBoth(comm, o);
     });
     const auto dense = RunAll(world, 3001, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
       AllreduceOptions o;
@@ -317,7 +407,7 @@ TEST(SparseAllreduce, KeepsTheLargestValuesAndFeedsBackTheRest) {
     o.params.topk_ratio = 0.01;
     o.residual = residual.data();
     o.sent_indices = &indices;
-    SparseAllreduce(comm, o);
+    SparseBoth(comm, o);
     residuals[static_cast<size_t>(comm.rank())] = residual;
     sent[static_cast<size_t>(comm.rank())] = indices;
   });
@@ -357,7 +447,7 @@ TEST_P(HierarchicalCompressed, WithinTheCrossNodeBoundAndBitIdentical) {
   RunTopology(world, local, [&](Topology& topo) {
     const std::vector<float> in = Gradient(count, topo.rank(), 1e4);
     std::vector<float> out(count);
-    HierarchicalCompressedAllreduce(topo, Maxmin(in, out, 4, 512), leader_only);
+    HierarchicalBoth(topo, Maxmin(in, out, 4, 512), leader_only);
     outs[static_cast<size_t>(topo.rank())] = out;
     return std::string();
   });

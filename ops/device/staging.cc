@@ -1,0 +1,53 @@
+#include "ops/device/staging.h"
+
+#include <algorithm>
+
+namespace gradcomp {
+
+void* Scratch::Reserve(Device& device, size_t bytes, bool host) {
+  if (device_ == &device && host_ == host && data_ != nullptr && capacity_ >= bytes) return data_;
+  // Grown by at least half, so a size creeping up step by step reallocates only a few times.
+  const bool same = device_ == &device && host_ == host;
+  const size_t want = same && data_ != nullptr ? std::max(bytes, capacity_ + capacity_ / 2) : bytes;
+  Release();
+  data_ = host ? device.AllocateHost(want) : device.Allocate(want);
+  device_ = &device;
+  host_ = host;
+  capacity_ = want;
+  return data_;
+}
+
+void Scratch::Release() {
+  if (data_ != nullptr) {
+    if (host_) {
+      device_->FreeHost(data_, capacity_);
+    } else {
+      device_->Free(data_, capacity_);
+    }
+  }
+  data_ = nullptr;
+  capacity_ = 0;
+}
+
+void StagedBuffer::Reserve(Device& device, size_t bytes) {
+  dev_ = &device;
+  aliased_ = device.space() == MemorySpace::kHost;
+  host_.Reserve(device, bytes, true);
+  if (!aliased_) device_.Reserve(device, bytes);
+}
+
+void StagedBuffer::ReserveHost(Device& device, size_t bytes) {
+  dev_ = &device;
+  aliased_ = true;
+  host_.Reserve(device, bytes, true);
+}
+
+void StagedBuffer::ToHost(size_t at, size_t bytes, Stream& stream) {
+  if (!aliased_ && bytes > 0) dev_->CopyToHost(host() + at, device() + at, bytes, stream);
+}
+
+void StagedBuffer::ToDevice(size_t at, size_t bytes, Stream& stream) {
+  if (!aliased_ && bytes > 0) dev_->CopyFromHost(device() + at, host() + at, bytes, stream);
+}
+
+}  // namespace gradcomp
