@@ -37,12 +37,23 @@ std::string FusedName(const Response& r) {
   return n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
 }
 
-// out = in converted to out_dtype (a copy when the dtypes are equal).
-void CastOrCopy(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype) {
-  if (in_dtype == out_dtype) {
-    std::memcpy(out, in, n * DataTypeSize(in_dtype));
-  } else {
-    CastBuffer(in, in_dtype, n, out, out_dtype, false);
+Device& EntryDevice(const TensorEntry& e) { return e.device != nullptr ? *e.device : HostDevice(); }
+
+// dst (memory of `to`) = src (memory of `from`): within a device, or across through the host.
+void Transfer(Device& to, void* dst, Device& from, const void* src, size_t bytes, Stream& stream) {
+  if (&to == &from) {
+    to.Copy(dst, src, bytes, stream);
+  } else if (from.space() == MemorySpace::kHost) {
+    to.CopyFromHost(dst, src, bytes, stream);
+  } else if (to.space() == MemorySpace::kHost) {
+    from.CopyToHost(dst, src, bytes, stream);
+    stream.Synchronize();
+  } else {  // two devices: through the host
+    std::vector<char> host(bytes);
+    from.CopyToHost(host.data(), src, bytes, stream);
+    stream.Synchronize();
+    to.CopyFromHost(dst, host.data(), bytes, stream);
+    stream.Synchronize();
   }
 }
 
@@ -69,7 +80,14 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
       // Sized here, before the ranks agree to run: an allocation failure then fails the
       // tensors on every rank instead of leaving the others inside the collective.
       const size_t bytes = static_cast<size_t>(total) * esize;
-      if ((r.names.size() > 1 || any_missing) && fusion_.size() < bytes) fusion_.resize(bytes);
+      Device& device = DeviceOf(entries);
+      if (&device != &HostDevice()) {
+        OnDevice& on = On(device);
+        on.host_stage.Reserve(device, bytes, true);
+        if (r.compression.codec != "none") on.fusion.Reserve(device, bytes);
+      } else if ((r.names.size() > 1 || any_missing) && fusion_.size() < bytes) {
+        fusion_.resize(bytes);
+      }
       return;
     }
     case RequestType::kBroadcast:
@@ -99,6 +117,25 @@ void Executor::Run(const Response& r, EntryList& entries) {
         e->handle->Complete();
       }
       return;
+  }
+}
+
+Executor::OnDevice& Executor::On(Device& device) {
+  std::unique_ptr<OnDevice>& d = devices_[&device];
+  if (!d) d = std::make_unique<OnDevice>(device);
+  return *d;
+}
+
+Device& Executor::DeviceOf(const EntryList& entries) {
+  for (const auto& e : entries) {
+    if (e) return EntryDevice(*e);
+  }
+  return HostDevice();
+}
+
+void Executor::WaitReady(const EntryList& entries, Stream& stream) {
+  for (const auto& e : entries) {
+    if (e && e->ready) e->ready->Block(stream);
   }
 }
 
@@ -134,7 +171,11 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   if (record) {
     for (const auto& name : r.names) timeline_.Begin(name, "COMMUNICATE");
   }
-  FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
+  if (&DeviceOf(entries) != &HostDevice()) {
+    RunStagedAllreduce(r, entries, o);
+  } else {
+    FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
+  }
   if (record) {
     for (size_t i = 0; i < n; ++i) {
       const int64_t bytes = NumElements(r.shapes[i]) * static_cast<int64_t>(esize);
@@ -142,6 +183,30 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     }
   }
   CompleteAll(entries);
+}
+
+void Executor::RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o) {
+  // Without a communicator that reads device memory, the values go through host staging: each
+  // tensor is copied in, the host buffer reduced in place, each result copied back.
+  OnDevice& on = On(DeviceOf(entries));
+  Stream& stream = on.stream();
+  WaitReady(entries, stream);
+  const size_t esize = DataTypeSize(r.dtype);
+  char* stage = static_cast<char*>(on.host_stage.data());
+  std::vector<BufferPiece> pieces(r.names.size());
+  for (size_t i = 0, at = 0; i < r.names.size(); at += pieces[i].count * esize, ++i) {
+    pieces[i].count = static_cast<size_t>(NumElements(r.shapes[i]));
+    if (!entries[i]) continue;  // a joined rank contributes zeros
+    EntryDevice(*entries[i]).CopyToHost(stage + at, entries[i]->input, pieces[i].count * esize, stream);
+    pieces[i].input = pieces[i].output = stage + at;
+  }
+  stream.Synchronize();
+  FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    if (!entries[i]) continue;
+    EntryDevice(*entries[i]).CopyFromHost(entries[i]->output, pieces[i].input, pieces[i].count * esize, stream);
+  }
+  stream.Synchronize();
 }
 
 void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total) {
@@ -153,14 +218,17 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
     for (const auto& name : r.names) timeline_.Begin(name, "ALLREDUCE");
   }
   const Staged staged = StageCompressed(r, entries, total, dgc);
+  OnDevice& on = *staged.on;
+  Device& device = on.device();
   CompressedAllreduceOptions o = CompressedOptions(r, codec, staged);
   // Error feedback: each tensor's residuals, assembled in buffer order.
-  std::vector<float> residual, reduced;
   const bool feedback = spec.error_feedback && !dgc;
   if (feedback) {
-    memory_.GatherResiduals(r.names, staged.segments, &residual, &reduced);
-    o.residual = residual.data();
-    o.reduced_residual = codec.sparse() ? nullptr : reduced.data();
+    auto* own = static_cast<float*>(on.residual.Reserve(device, total * sizeof(float)));
+    auto* reduced = static_cast<float*>(on.reduced.Reserve(device, total * sizeof(float)));
+    memory_.GatherResiduals(device, on.stream(), r.names, staged.segments, own, reduced);
+    o.residual = own;
+    o.reduced_residual = codec.sparse() ? nullptr : reduced;
   }
   std::vector<uint32_t> sent;
   if (dgc) o.sent_indices = &sent;
@@ -170,8 +238,11 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
     };
   }
   const CompressedAllreduceStats st = RunCompressedAlgorithm(codec, o);
-  if (feedback) memory_.ScatterResiduals(r.names, staged.segments, residual, reduced);
-  if (dgc) memory_.MaskSent(r.names, staged.segments, sent, staged.skip_masking);
+  if (feedback) {
+    memory_.ScatterResiduals(device, on.stream(), r.names, staged.segments, o.residual,
+                             static_cast<const float*>(on.reduced.data()));
+  }
+  if (dgc) memory_.MaskSent(device, on.stream(), r.names, staged.segments, sent, staged.skip_masking);
   UnstageCompressed(r, entries, staged);
   bytes_in_ += total * DataTypeSize(r.dtype);
   bytes_on_wire_ += st.bytes_sent;
@@ -188,32 +259,48 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
 }
 
 Executor::Staged Executor::StageCompressed(const Response& r, EntryList& entries, size_t total, bool dgc) {
-  // The tensors one after another (zeros for a joined rank), unless one tensor can be reduced
-  // in place; DGC replaces each gradient by its momentum-corrected velocity (float32).
+  // The tensors one after another on the response's device (zeros for a joined rank), unless
+  // one tensor can be reduced in place; DGC replaces each gradient by its momentum-corrected
+  // velocity (float32).
   const size_t n = r.names.size();
   Staged s;
+  s.on = &On(DeviceOf(entries));
+  Device& device = s.on->device();
+  Stream& stream = s.on->stream();
+  WaitReady(entries, stream);
   s.dtype = dgc ? DataType::kFloat32 : r.dtype;
-  s.packed = n == 1 && entries[0] && !dgc ? nullptr : fusion_.data();
-  if (dgc) {
-    s.velocities.resize(total * sizeof(float));
-    s.packed = s.velocities.data();
+  const size_t esize = DataTypeSize(s.dtype), in_size = DataTypeSize(r.dtype);
+  const bool in_place = n == 1 && entries[0] && !dgc;
+  if (!in_place) {
+    Scratch& buffer = dgc ? s.on->velocities : s.on->fusion;
+    s.packed = static_cast<char*>(&device == &HostDevice() && !dgc ? fusion_.data()
+                                                                   : buffer.Reserve(device, total * esize));
   }
   s.segments.resize(n);
   s.skip_masking.assign(n, false);
-  const size_t esize = DataTypeSize(s.dtype);
   for (size_t i = 0, at = 0; i < n; at += s.segments[i], ++i) {
     s.segments[i] = static_cast<size_t>(NumElements(r.shapes[i]));
     s.skip_masking[i] = !entries[i];
     if (s.packed == nullptr) continue;
     char* dst = s.packed + at * esize;
+    const size_t count = s.segments[i];
     if (!entries[i]) {
-      std::memset(dst, 0, s.segments[i] * esize);
-    } else if (dgc) {
-      CastBuffer(entries[i]->input, r.dtype, s.segments[i], dst, DataType::kFloat32, false);
-      s.skip_masking[i] = !memory_.Compensate(r.names[i], reinterpret_cast<float*>(dst), s.segments[i], r.compression);
-    } else {
-      std::memcpy(dst, entries[i]->input, s.segments[i] * esize);
+      device.Fill(dst, 0, count * esize, stream);
+      continue;
     }
+    Device& from = EntryDevice(*entries[i]);
+    if (!dgc) {
+      Transfer(device, dst, from, entries[i]->input, count * esize, stream);
+      continue;
+    }
+    const void* input = entries[i]->input;
+    if (&from != &device) {  // the tensor's bytes onto the response's device, then the cast
+      input = s.on->bounce.Reserve(device, count * in_size);
+      Transfer(device, const_cast<void*>(input), from, entries[i]->input, count * in_size, stream);
+    }
+    device.Cast(input, r.dtype, count, dst, DataType::kFloat32, false, stream);
+    s.skip_masking[i] =
+        !memory_.Compensate(device, stream, r.names[i], reinterpret_cast<float*>(dst), count, r.compression);
   }
   s.input = s.packed != nullptr ? s.packed : entries[0]->input;
   s.output = s.packed != nullptr ? static_cast<void*>(s.packed) : entries[0]->output;
@@ -222,11 +309,25 @@ Executor::Staged Executor::StageCompressed(const Response& r, EntryList& entries
 
 void Executor::UnstageCompressed(const Response& r, EntryList& entries, const Staged& s) {
   if (s.packed == nullptr) return;  // reduced in place
+  Device& device = s.on->device();
+  Stream& stream = s.on->stream();
   for (size_t i = 0, at = 0; i < r.names.size(); at += s.segments[i], ++i) {
     if (!entries[i]) continue;
-    // Converts DGC's float32 velocities back to the tensor's dtype.
-    CastOrCopy(s.packed + at * DataTypeSize(s.dtype), s.dtype, s.segments[i], entries[i]->output, r.dtype);
+    const char* src = s.packed + at * DataTypeSize(s.dtype);
+    const size_t count = s.segments[i], bytes = count * DataTypeSize(r.dtype);
+    Device& to = EntryDevice(*entries[i]);
+    if (s.dtype != r.dtype) {  // DGC's float32 velocities back to the tensor's dtype
+      if (&to == &device) {
+        device.Cast(src, s.dtype, count, entries[i]->output, r.dtype, false, stream);
+        continue;
+      }
+      char* cast = static_cast<char*>(s.on->bounce.Reserve(device, bytes));
+      device.Cast(src, s.dtype, count, cast, r.dtype, false, stream);
+      src = cast;
+    }
+    Transfer(to, entries[i]->output, device, src, bytes, stream);
   }
+  stream.Synchronize();
 }
 
 CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const Codec& codec, const Staged& s) {
@@ -243,7 +344,8 @@ CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const 
   o.params.seed = static_cast<uint64_t>(settings_.seed);
   o.params.step = ++compressed_steps_;
   o.segments = s.segments;
-  o.workspace = &workspace_;
+  o.device = &s.on->device();
+  o.workspace = &s.on->workspace;
   // Stripes overlap encoding and decoding with the network. Automatically only for codecs
   // whose encoding is worth hiding, across nodes: on one node there is no network time to
   // hide behind (only a helper thread competing for the cores).
@@ -294,7 +396,22 @@ void Executor::RunBroadcast(const Response& r, EntryList& entries) {
   o.root = r.root;
   o.name = r.names[0];
   o.buffer = entries[0] ? entries[0]->output : scratch_.data();
+  Device& device = DeviceOf(entries);
+  if (&device == &HostDevice()) {
+    Broadcast(*topo_.world, o);
+    return CompleteAll(entries);
+  }
+  // A device buffer travels through host staging.
+  OnDevice& on = On(device);
+  const size_t bytes = o.count * DataTypeSize(r.dtype);
+  void* device_buffer = o.buffer;
+  o.buffer = on.host_stage.Reserve(device, bytes, true);
+  WaitReady(entries, on.stream());
+  device.CopyToHost(o.buffer, device_buffer, bytes, on.stream());
+  on.stream().Synchronize();
   Broadcast(*topo_.world, o);
+  device.CopyFromHost(device_buffer, o.buffer, bytes, on.stream());
+  on.stream().Synchronize();
   CompleteAll(entries);
 }
 

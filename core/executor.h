@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "core/tensor_queue.h"
 #include "core/timeline.h"
 #include "ops/comm/topology.h"
+#include "ops/collectives/allreduce.h"
 #include "ops/collectives/compressed_allreduce.h"
 
 namespace gradcomp {
@@ -36,13 +38,31 @@ class Executor {
  private:
   void RunAllreduce(const Response& r, EntryList& entries);
   void RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total);
+  /// What the executor keeps on each device it has met: the compressed path's workspace
+  /// (whose stream all the device's work goes on), its fusion buffer and DGC velocities, the
+  /// residuals of a step, and the host staging of uncompressed allreduces.
+  struct OnDevice {
+    explicit OnDevice(Device& d) : workspace(d) {}
+    Device& device() { return workspace.device; }
+    Stream& stream() { return *workspace.stream; }
+    CompressionWorkspace workspace;
+    Scratch fusion, velocities, residual, reduced, bounce;
+    Scratch host_stage;
+  };
+  OnDevice& On(Device& device);
+  /// The device of a response's buffers on this rank: its first present entry's (host if none).
+  static Device& DeviceOf(const EntryList& entries);
+  /// Makes the device's stream wait until the entries' inputs are ready on the framework's stream.
+  static void WaitReady(const EntryList& entries, Stream& stream);
+  /// Uncompressed allreduce of entries on a device: through host staging.
+  void RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o);
   /// A compressed allreduce's buffer: where the tensors are packed (or the one tensor in place).
   struct Staged {
+    OnDevice* on = nullptr;               ///< the device the buffer is on
     DataType dtype = DataType::kFloat32;  ///< float32 for DGC's velocities
     const void* input = nullptr;
     void* output = nullptr;
-    char* packed = nullptr;           ///< the packed tensors; null: the single tensor in place
-    std::vector<char> velocities;     ///< DGC's float32 buffer
+    char* packed = nullptr;           ///< the packed tensors (device memory); null: the one tensor in place
     std::vector<size_t> segments;     ///< element count of each tensor, in buffer order
     std::vector<bool> skip_masking;   ///< DGC: tensors whose momentum this step leaves alone
   };
@@ -62,11 +82,11 @@ class Executor {
   const Topology& topo_;
   const Settings& settings_;
   Timeline& timeline_;
-  std::vector<char> fusion_;   // fusion buffer, grown as needed
+  std::vector<char> fusion_;   // fusion buffer of host allreduces, grown as needed
   std::vector<char> scratch_;  // zeros / receive space of joined ranks
   CompressionMemory memory_;         // kept per tensor name across steps
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
-  CompressionWorkspace workspace_;
+  std::map<Device*, std::unique_ptr<OnDevice>> devices_;
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
 
  public:

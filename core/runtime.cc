@@ -140,11 +140,21 @@ Request Runtime::NewRequest(RequestType type, const std::string& name, DataType 
   return r;
 }
 
-std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void* output) {
+TensorEntry Runtime::NewEntry(const void* input, void* output, Placement placement) {
   TensorEntry entry;
   entry.input = input;
   entry.output = output;
+  entry.device = placement.device != nullptr && placement.device != &HostDevice() ? placement.device : nullptr;
+  if (entry.device != nullptr && placement.stream != nullptr) {
+    entry.ready = entry.device->NewEvent();
+    entry.ready->Record(*placement.stream);
+  }
   entry.handle = std::make_shared<Handle>(std::weak_ptr<WaitObserver>(queue_));
+  return entry;
+}
+
+std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void* output, Placement placement) {
+  TensorEntry entry = NewEntry(input, output, placement);
   std::shared_ptr<Handle> handle = entry.handle;
   queue_->Push(std::move(request), std::move(entry));
   return handle;
@@ -159,8 +169,9 @@ CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_
 
 std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                            const void* input, void* output, ReduceOp op, double prescale,
-                                           double postscale, const CompressionSpec* compression) {
-  return Submit(AllreduceRequest(name, dtype, shape, op, prescale, postscale, compression), input, output);
+                                           double postscale, const CompressionSpec* compression, Placement placement) {
+  return Submit(AllreduceRequest(name, dtype, shape, op, prescale, postscale, compression), input, output,
+                placement);
 }
 
 Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
@@ -198,19 +209,23 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
                                                                const std::vector<const void*>& inputs,
                                                                const std::vector<void*>& outputs, ReduceOp op,
                                                                double prescale, double postscale,
-                                                               const CompressionSpec* compression) {
+                                                               const CompressionSpec* compression,
+                                                               const std::vector<Placement>& placements) {
   if (shapes.size() != names.size() || inputs.size() != names.size() || outputs.size() != names.size()) {
     throw InvalidArgument("grouped allreduce needs one shape, input and output per name");
   }
+  if (placements.size() > 1 && placements.size() != names.size()) {
+    throw InvalidArgument("grouped allreduce needs no placement, one, or one per name (got " +
+                          std::to_string(placements.size()) + " for " + std::to_string(names.size()) + " names)");
+  }
   // Pushed together: the background thread negotiates (and fuses) the group in one cycle.
   std::vector<Request> requests;
-  std::vector<TensorEntry> entries(names.size());
+  std::vector<TensorEntry> entries;
   std::vector<std::shared_ptr<Handle>> handles;
   for (size_t i = 0; i < names.size(); ++i) {
     requests.push_back(AllreduceRequest(names[i], dtype, shapes[i], op, prescale, postscale, compression));
-    entries[i].input = inputs[i];
-    entries[i].output = outputs[i];
-    entries[i].handle = std::make_shared<Handle>(std::weak_ptr<WaitObserver>(queue_));
+    const Placement placement = placements.empty() ? Placement{} : placements[placements.size() == 1 ? 0 : i];
+    entries.push_back(NewEntry(inputs[i], outputs[i], placement));
     handles.push_back(entries[i].handle);
   }
   queue_->PushGroup(std::move(requests), std::move(entries));
@@ -225,14 +240,14 @@ std::shared_ptr<Handle> Runtime::Allgather(const std::string& name, DataType dty
 }
 
 std::shared_ptr<Handle> Runtime::Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                           void* buffer, int root) {
+                                           void* buffer, int root, Placement placement) {
   Request r = NewRequest(RequestType::kBroadcast, name, dtype, shape);
   if (root < 0 || root >= topo_.size()) {
     throw InvalidArgument("broadcast of '" + name + "': root rank " + std::to_string(root) + " is outside 0.." +
                           std::to_string(topo_.size() - 1));
   }
   r.root = root;
-  return Submit(std::move(r), buffer, buffer);
+  return Submit(std::move(r), buffer, buffer, placement);
 }
 
 std::shared_ptr<Handle> Runtime::Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,

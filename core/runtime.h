@@ -39,6 +39,15 @@ struct RuntimeOptions {
   std::function<void(const std::string& name)> fault_injector;
 };
 
+/// Where an operation's buffers live: a device (null: the host) and the stream of that device on
+/// which the framework produced the input (null: the input is ready when enqueued). The runtime
+/// waits for what the stream has queued at enqueue time before it reads the input, and the
+/// output is complete when the handle completes.
+struct Placement {
+  Device* device = nullptr;
+  Stream* stream = nullptr;
+};
+
 /// Counters for tests and diagnostics.
 struct RuntimeStats {
   uint64_t cycles = 0;
@@ -90,14 +99,17 @@ class Runtime {
   /// settings and the layer filter (CompressionFor) unless `compression` overrides it.
   std::shared_ptr<Handle> Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     const void* input, void* output, ReduceOp op, double prescale = 1.0,
-                                    double postscale = 1.0, const CompressionSpec* compression = nullptr);
-  /// Several allreduces negotiated in the same cycle (and fused where they fit).
+                                    double postscale = 1.0, const CompressionSpec* compression = nullptr,
+                                    Placement placement = {});
+  /// Several allreduces negotiated in the same cycle (and fused where they fit). `placements`:
+  /// none (all on the host), one for all, or one per tensor.
   std::vector<std::shared_ptr<Handle>> GroupedAllreduce(const std::vector<std::string>& names, DataType dtype,
                                                         const std::vector<std::vector<int64_t>>& shapes,
                                                         const std::vector<const void*>& inputs,
                                                         const std::vector<void*>& outputs, ReduceOp op,
                                                         double prescale = 1.0, double postscale = 1.0,
-                                                        const CompressionSpec* compression = nullptr);
+                                                        const CompressionSpec* compression = nullptr,
+                                                        const std::vector<Placement>& placements = {});
   /// The compression an allreduce of this tensor gets from the settings: none for non-float
   /// dtypes, ops other than sum/average, tensors with fewer than GRADCOMP_MIN_SIZE elements
   /// and one-dimensional tensors (biases, norms); the configured codec otherwise.
@@ -107,7 +119,7 @@ class Runtime {
                                     const void* input);
   /// root's buffer into every rank's buffer.
   std::shared_ptr<Handle> Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                    void* buffer, int root);
+                                    void* buffer, int root, Placement placement = {});
   /// Rows splits[p] of input go to rank p (output and received rows in the handle). Without
   /// splits the first dimension is split evenly; it must then be a multiple of the ranks.
   std::shared_ptr<Handle> Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
@@ -136,7 +148,9 @@ class Runtime {
   double BackgroundCpuSeconds() const;
 
  private:
-  std::shared_ptr<Handle> Submit(Request request, const void* input, void* output);
+  std::shared_ptr<Handle> Submit(Request request, const void* input, void* output, Placement placement = {});
+  /// An entry for these buffers with a new handle.
+  TensorEntry NewEntry(const void* input, void* output, Placement placement);
   /// Validates one allreduce and builds its request (shared by Allreduce and GroupedAllreduce).
   Request AllreduceRequest(const std::string& name, DataType dtype, const std::vector<int64_t>& shape, ReduceOp op,
                            double prescale, double postscale, const CompressionSpec* compression);

@@ -11,6 +11,7 @@
 
 #include "core/handle.h"
 #include "core/message.h"
+#include "ops/device/device.h"
 
 namespace gradcomp {
 
@@ -21,6 +22,10 @@ struct TensorEntry {
   const void* input = nullptr;
   /// allreduce / broadcast destination (may equal input); other types allocate in the handle.
   void* output = nullptr;
+  /// The device input and output live on (null: the host; allreduce and broadcast only).
+  Device* device = nullptr;
+  /// Recorded on the framework's stream at enqueue: the input is ready once it is reached.
+  std::shared_ptr<Event> ready;
   std::shared_ptr<Handle> handle;
 };
 

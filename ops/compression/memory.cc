@@ -5,57 +5,68 @@
 #include <cstring>
 
 #include "ops/common/enforce.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 
-namespace {
-const std::vector<float>& Empty() {
-  static const std::vector<float> empty;
-  return empty;
+float* DeviceSlots::Get(const std::string& name, size_t k, size_t n, Stream& stream) {
+  Slot& s = slots_[name];
+  if (s.buffers.empty() || s.n != n) {
+    s.buffers.resize(per_name_);
+    for (auto& b : s.buffers) {
+      if (!b) b = std::make_unique<Scratch>();
+      device_.Fill(b->Reserve(device_, n * sizeof(float)), 0, n * sizeof(float), stream);
+    }
+    s.n = n;
+  }
+  return static_cast<float*>(s.buffers[k]->data());
 }
-}  // namespace
 
-std::vector<float>& ErrorFeedback::Slot(const std::string& name, size_t n) {
-  std::vector<float>& r = residuals_[name];
-  if (r.size() != n) r.assign(n, 0.0f);
-  return r;
+const float* DeviceSlots::Find(const std::string& name, size_t k, size_t* n) const {
+  auto it = slots_.find(name);
+  if (it == slots_.end() || it->second.buffers.empty()) return nullptr;
+  *n = it->second.n;
+  return static_cast<const float*>(it->second.buffers[k]->data());
 }
+
+std::vector<float> DeviceSlots::Read(const std::string& name, size_t k, Stream& stream) const {
+  size_t n = 0;
+  const float* p = Find(name, k, &n);
+  std::vector<float> out(p != nullptr ? n : 0);
+  if (p != nullptr) device_.CopyToHost(out.data(), p, n * sizeof(float), stream);
+  stream.Synchronize();
+  return out;
+}
+
+ErrorFeedback::ErrorFeedback(Device& device, Stream* stream)
+    : own_stream_(stream ? nullptr : device.NewStream()), stream_(stream ? stream : own_stream_.get()),
+      slots_(device, 1) {}
 
 void ErrorFeedback::Compensate(const std::string& name, float* values, size_t n) {
-  const std::vector<float>& r = Slot(name, n);
-  for (size_t i = 0; i < n; ++i) values[i] += r[i];
+  const float* r = Slot(name, n);
+  slots_.device().Reduce(values, values, r, n, DataType::kFloat32, ReduceOp::kSum, *stream_);
 }
 
 bool ErrorFeedback::Update(const std::string& name, const float* compensated, const float* decoded, size_t n) {
-  std::vector<float> next(n);
-  for (size_t i = 0; i < n; ++i) next[i] = compensated[i] - decoded[i];
-  return Store(name, next.data(), n);
+  auto* next = static_cast<float*>(next_.Reserve(slots_.device(), n * sizeof(float)));
+  slots_.device().Subtract(next, compensated, decoded, n, *stream_);
+  return Store(name, next, n);
 }
 
 bool ErrorFeedback::Store(const std::string& name, const float* residual, size_t n) {
-  if (!AllFinite(residual, n)) return false;
-  std::vector<float>& r = Slot(name, n);
-  std::copy(residual, residual + n, r.begin());
+  Device& d = slots_.device();
+  if (!d.AllFinite(residual, n, *stream_)) return false;
+  d.Copy(Slot(name, n), residual, n * sizeof(float), *stream_);
   return true;
 }
 
-const std::vector<float>& ErrorFeedback::Residual(const std::string& name) const {
-  auto it = residuals_.find(name);
-  return it == residuals_.end() ? Empty() : it->second;
-}
+std::vector<float> ErrorFeedback::Residual(const std::string& name) const { return slots_.Read(name, 0, *stream_); }
 
-DgcMemory::State& DgcMemory::Slot(const std::string& name, size_t n) {
-  State& s = state_[name];
-  if (s.momentum.size() != n) {
-    s.momentum.assign(n, 0.0f);
-    s.velocity.assign(n, 0.0f);
-  }
-  return s;
-}
+DgcMemory::DgcMemory(Device& device, Stream* stream)
+    : own_stream_(stream ? nullptr : device.NewStream()), stream_(stream ? stream : own_stream_.get()),
+      slots_(device, 2) {}
 
-namespace {
-// DGC's accumulation on arrays u and v; grad becomes the velocity (see DgcMemory::Compensate).
-void Accumulate(float* u, float* v, float* grad, size_t n, float m, bool nesterov) {
+void DgcAccumulate(float* u, float* v, float* grad, size_t n, float m, bool nesterov) {
   if (nesterov) {
     for (size_t i = 0; i < n; ++i) {
       u[i] = (u[i] + grad[i]) * m;
@@ -70,41 +81,35 @@ void Accumulate(float* u, float* v, float* grad, size_t n, float m, bool nestero
     }
   }
 }
-}  // namespace
 
 bool DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov) {
-  State& s = Slot(name, n);
-  if (AllFinite(grad, n)) {
-    Accumulate(s.momentum.data(), s.velocity.data(), grad, n, momentum, nesterov);
+  Device& d = slots_.device();
+  Stream& s = *stream_;
+  float* u = slots_.Get(name, 0, n, s);
+  float* v = slots_.Get(name, 1, n, s);
+  if (d.AllFinite(grad, n, s)) {
+    d.DgcAccumulate(u, v, grad, n, momentum, nesterov, s);
     return true;
   }
   // A non-finite step (rare): the caller gets this step's velocity, computed on copies, and
   // the state keeps what it had.
-  std::vector<float> u = s.momentum, v = s.velocity;
-  Accumulate(u.data(), v.data(), grad, n, momentum, nesterov);
+  auto* cu = static_cast<float*>(u_.Reserve(d, n * sizeof(float)));
+  auto* cv = static_cast<float*>(v_.Reserve(d, n * sizeof(float)));
+  d.Copy(cu, u, n * sizeof(float), s);
+  d.Copy(cv, v, n * sizeof(float), s);
+  d.DgcAccumulate(cu, cv, grad, n, momentum, nesterov, s);
   return false;
 }
 
 void DgcMemory::Update(const std::string& name, const uint32_t* sent, size_t count) {
-  auto it = state_.find(name);
-  GC_ENFORCE(it != state_.end(), "DGC memory has no state for tensor '", name, "'");
-  State& s = it->second;
-  for (size_t j = 0; j < count; ++j) {
-    GC_ENFORCE(sent[j] < s.momentum.size(), "sent index ", sent[j], " outside tensor '", name, "'");
-    s.momentum[sent[j]] = 0.0f;
-    s.velocity[sent[j]] = 0.0f;
-  }
+  size_t n = 0;
+  GC_ENFORCE(slots_.Find(name, 0, &n) != nullptr, "DGC memory has no state for tensor '", name, "'");
+  for (size_t j = 0; j < count; ++j) GC_ENFORCE(sent[j] < n, "sent index ", sent[j], " outside tensor '", name, "'");
+  for (size_t k = 0; k < 2; ++k) slots_.device().ZeroAt(slots_.Get(name, k, n, *stream_), n, sent, count, *stream_);
 }
 
-const std::vector<float>& DgcMemory::Momentum(const std::string& name) const {
-  auto it = state_.find(name);
-  return it == state_.end() ? Empty() : it->second.momentum;
-}
-
-const std::vector<float>& DgcMemory::Velocity(const std::string& name) const {
-  auto it = state_.find(name);
-  return it == state_.end() ? Empty() : it->second.velocity;
-}
+std::vector<float> DgcMemory::Momentum(const std::string& name) const { return slots_.Read(name, 0, *stream_); }
+std::vector<float> DgcMemory::Velocity(const std::string& name) const { return slots_.Read(name, 1, *stream_); }
 
 bool AllFinite(const float* values, size_t n) {
   // Exponent bits all ones is inf or NaN; OR-ing the masked words lets the loop vectorize.

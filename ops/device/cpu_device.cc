@@ -1,12 +1,12 @@
 #include "ops/device/cpu_device.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "ops/common/enforce.h"
+#include "ops/compression/memory.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -109,11 +109,23 @@ void CpuDevice::Subtract(float* dst, const float* a, const float* b, size_t n, S
 }
 
 bool CpuDevice::AllFinite(const float* buf, size_t n, Stream&) {
-  const auto* x = static_cast<const float*>(Resolve(buf, n * sizeof(float), "AllFinite buffer"));
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) return false;
+  return gradcomp::AllFinite(static_cast<const float*>(Resolve(buf, n * sizeof(float), "AllFinite buffer")), n);
+}
+
+void CpuDevice::DgcAccumulate(float* u, float* v, float* grad, size_t n, float momentum, bool nesterov, Stream&) {
+  const size_t bytes = n * sizeof(float);
+  gradcomp::DgcAccumulate(static_cast<float*>(Resolve(u, bytes, "DgcAccumulate momentum")),
+                          static_cast<float*>(Resolve(v, bytes, "DgcAccumulate velocity")),
+                          static_cast<float*>(Resolve(grad, bytes, "DgcAccumulate gradient")), n, momentum, nesterov);
+}
+
+void CpuDevice::ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_t count, Stream&) {
+  CheckHost(host_indices, count * sizeof(uint32_t), "ZeroAt indices");
+  auto* b = static_cast<float*>(Resolve(buf, n * sizeof(float), "ZeroAt buffer"));
+  for (size_t j = 0; j < count; ++j) {
+    GC_ENFORCE(host_indices[j] < n, "ZeroAt: index ", host_indices[j], " outside ", n, " values");
+    b[host_indices[j]] = 0.0f;
   }
-  return true;
 }
 
 size_t CpuDevice::Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,

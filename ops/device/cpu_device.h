@@ -30,6 +30,9 @@ class CpuDevice : public Device {
                        Stream& stream) override;
   void Subtract(float* dst, const float* a, const float* b, size_t n, Stream& stream) override;
   bool AllFinite(const float* buf, size_t n, Stream& stream) override;
+  void DgcAccumulate(float* u, float* v, float* grad, size_t n, float momentum, bool nesterov,
+                     Stream& stream) override;
+  void ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_t count, Stream& stream) override;
 
   size_t Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
                 uint64_t first_index, void* out, Stream& stream) override;

@@ -97,6 +97,12 @@ class Device {
   virtual void Subtract(float* dst, const float* a, const float* b, size_t n, Stream& stream) = 0;
   /// Whether every value of buf is finite (waits for the stream: the answer is for the host).
   virtual bool AllFinite(const float* buf, size_t n, Stream& stream) = 0;
+  /// DGC's momentum correction (DgcAccumulate of ops/compression/memory.h): u, v and grad
+  /// updated in place, grad becomes the velocity.
+  virtual void DgcAccumulate(float* u, float* v, float* grad, size_t n, float momentum, bool nesterov,
+                             Stream& stream) = 0;
+  /// buf[i] = 0 for each of the `count` indices at `host_indices` (host memory, each < n).
+  virtual void ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_t count, Stream& stream) = 0;
 
   /// codec.Encode on this device; returns the bytes written. For a sparse codec the size
   /// depends on the data, so this waits for the stream.

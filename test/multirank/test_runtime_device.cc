@@ -1,0 +1,181 @@
+// The runtime with its tensors on a device: a few training-like steps (fused and single
+// tensors, float32 and float16, the layer filter's uncompressed tensors next to compressed
+// ones, error feedback and DGC memories carried across steps, a broadcast) run once with
+// every tensor on the host and again with every tensor on the separate-memory device (and
+// once with half of them there), and every step must give the same bytes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/runtime.h"
+#include "ops/compression/cast_codec.h"
+#include "test/support/device_twin.h"
+#include "test/support/harness.h"
+#include "test/support/sra_reference.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+
+enum class Where { kHost, kDevice, kMixed };
+
+struct Tensor {
+  std::string name;
+  DataType dtype;
+  std::vector<int64_t> shape;
+};
+
+const std::vector<Tensor>& Model() {
+  static const std::vector<Tensor> model = {
+      {"conv.weight", DataType::kFloat32, {64, 3, 3, 3}},  {"conv.bias", DataType::kFloat32, {64}},
+      {"fc1.weight", DataType::kFloat32, {512, 300}},      {"fc1.bias", DataType::kFloat32, {512}},
+      {"fc2.weight", DataType::kFloat16, {100, 512}},      {"fc2.bias", DataType::kFloat16, {100}},
+      {"big.weight", DataType::kFloat32, {1024, 1030}},
+  };
+  return model;
+}
+
+size_t Bytes(const Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  return static_cast<size_t>(n) * DataTypeSize(t.dtype);
+}
+
+// The bytes of tensor i's gradient at `step` on `rank`.
+std::vector<char> GradientBytes(const Tensor& t, int rank, int step) {
+  const size_t n = Bytes(t) / DataTypeSize(t.dtype);
+  const std::vector<float> g = Gradient(n, rank + 100 * step, 0.5, static_cast<unsigned>(t.name.size()));
+  std::vector<char> out(Bytes(t));
+  CastBuffer(g.data(), DataType::kFloat32, n, out.data(), t.dtype, false);
+  return out;
+}
+
+// Every rank's results, step after step, tensor after tensor, as bytes.
+using Results = std::vector<std::vector<char>>;
+
+Results Train(int world, const std::map<std::string, std::string>& vars, Where where, int steps = 3) {
+  Results results(static_cast<size_t>(world));
+  RunRanks(world, [&](Communicator& comm) {
+    RuntimeOptions options;
+    options.settings = Settings::FromMap(vars);
+    options.world = comm.Split(0, comm.rank());
+    Runtime rt(std::move(options));
+    const auto& model = Model();
+    std::unique_ptr<Stream> stream = TestDevice().NewStream();
+    // Buffers: host vectors, and device copies for the tensors placed on the device.
+    std::vector<std::vector<char>> host(model.size());
+    std::vector<void*> device(model.size(), nullptr);
+    const auto on_device = [&](size_t i) { return where == Where::kDevice || (where == Where::kMixed && i % 2 == 0); };
+    for (size_t i = 0; i < model.size(); ++i) {
+      host[i].resize(Bytes(model[i]));
+      if (on_device(i)) device[i] = TestDevice().Allocate(Bytes(model[i]));
+    }
+    std::vector<char>& mine = results[static_cast<size_t>(rt.rank())];
+    for (int step = 0; step < steps; ++step) {
+      // One group per dtype, each negotiated in one cycle, so that fusion (which decides the
+      // chunks a compressed allreduce quantizes) is the same in every run.
+      std::vector<std::shared_ptr<Handle>> handles;
+      for (DataType dtype : {DataType::kFloat32, DataType::kFloat16}) {
+        std::vector<std::string> names;
+        std::vector<std::vector<int64_t>> shapes;
+        std::vector<const void*> inputs;
+        std::vector<void*> outputs;
+        std::vector<Placement> placements;
+        for (size_t i = 0; i < model.size(); ++i) {
+          if (model[i].dtype != dtype) continue;
+          host[i] = GradientBytes(model[i], rt.rank(), step);
+          void* buf = host[i].data();
+          if (on_device(i)) {
+            TestDevice().CopyFromHost(device[i], host[i].data(), host[i].size(), *stream);
+            buf = device[i];
+          }
+          names.push_back(model[i].name);
+          shapes.push_back(model[i].shape);
+          inputs.push_back(buf);
+          outputs.push_back(buf);
+          placements.push_back(on_device(i) ? Placement{&TestDevice(), stream.get()} : Placement{});
+        }
+        const auto h = rt.GroupedAllreduce(names, dtype, shapes, inputs, outputs, ReduceOp::kAverage, 1.0, 1.0,
+                                           nullptr, placements);
+        handles.insert(handles.end(), h.begin(), h.end());
+      }
+      for (auto& h : handles) h->Wait();
+      // A broadcast of the first tensor from the last rank, where it lies.
+      void* first = on_device(0) ? device[0] : host[0].data();
+      rt.Broadcast("bcast", model[0].dtype, model[0].shape, first, rt.size() - 1,
+                   on_device(0) ? Placement{&TestDevice(), stream.get()} : Placement{})
+          ->Wait();
+      for (size_t i = 0; i < model.size(); ++i) {
+        if (on_device(i)) TestDevice().CopyToHost(host[i].data(), device[i], host[i].size(), *stream);
+        mine.insert(mine.end(), host[i].begin(), host[i].end());
+      }
+    }
+    for (size_t i = 0; i < model.size(); ++i) {
+      if (device[i] != nullptr) TestDevice().Free(device[i], Bytes(model[i]));
+    }
+    return std::string();
+  });
+  return results;
+}
+
+// "" when equal, else where the first byte differs (step and tensor).
+std::string FirstDifference(const std::vector<char>& got, const std::vector<char>& want) {
+  if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " and " + std::to_string(want.size());
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    for (int step = 0;; ++step) {
+      for (const Tensor& t : Model()) {
+        if (i < at + Bytes(t)) {
+          return "step " + std::to_string(step) + " tensor " + t.name + " byte " + std::to_string(i - at);
+        }
+        at += Bytes(t);
+      }
+    }
+  }
+  return "";
+}
+
+class RuntimeOnDevice : public ::testing::TestWithParam<std::map<std::string, std::string>> {};
+
+TEST_P(RuntimeOnDevice, SameBytesAsOnTheHostAtEveryStep) {
+  for (int world : {2, 3}) {
+    const Results host = Train(world, GetParam(), Where::kHost);
+    for (int r = 1; r < world; ++r) ASSERT_EQ(host[static_cast<size_t>(r)], host[0]) << "ranks differ on the host";
+    const Results device = Train(world, GetParam(), Where::kDevice);
+    const Results mixed = Train(world, GetParam(), Where::kMixed);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(FirstDifference(device[static_cast<size_t>(r)], host[static_cast<size_t>(r)]), "")
+          << "all on the device, world " << world << " rank " << r;
+      ASSERT_EQ(FirstDifference(mixed[static_cast<size_t>(r)], host[static_cast<size_t>(r)]), "")
+          << "half on the device, world " << world << " rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Settings, RuntimeOnDevice,
+    ::testing::Values(
+        std::map<std::string, std::string>{},
+        std::map<std::string, std::string>{{"GRADCOMP_FUSION_THRESHOLD_MB", "0"}},
+        std::map<std::string, std::string>{{"GRADCOMP_COMPRESSION", "fp16"}},
+        std::map<std::string, std::string>{{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "4"},
+                                           {"GRADCOMP_ERROR_FEEDBACK", "1"}},
+        std::map<std::string, std::string>{{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "2"},
+                                           {"GRADCOMP_STOCHASTIC", "1"}, {"GRADCOMP_FUSION_THRESHOLD_MB", "0"},
+                                           {"GRADCOMP_PIPELINE_STRIPES", "4"}},
+        std::map<std::string, std::string>{{"GRADCOMP_COMPRESSION", "topk"}, {"GRADCOMP_TOPK_RATIO", "0.01"},
+                                           {"GRADCOMP_TOPK_MOMENTUM", "0.9"}},
+        std::map<std::string, std::string>{{"GRADCOMP_COMPRESSION", "topk"}, {"GRADCOMP_TOPK_RATIO", "0.05"},
+                                           {"GRADCOMP_ERROR_FEEDBACK", "1"}}),
+    [](const ::testing::TestParamInfo<std::map<std::string, std::string>>& p) {
+      const auto codec = p.param.find("GRADCOMP_COMPRESSION");
+      return std::to_string(p.index) + "_" + (codec == p.param.end() ? "none" : codec->second);
+    });
+
+}  // namespace
+}  // namespace gradcomp
