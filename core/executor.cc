@@ -39,24 +39,6 @@ std::string FusedName(const Response& r) {
 
 Device& EntryDevice(const TensorEntry& e) { return e.device != nullptr ? *e.device : HostDevice(); }
 
-// dst (memory of `to`) = src (memory of `from`): within a device, or across through the host.
-void Transfer(Device& to, void* dst, Device& from, const void* src, size_t bytes, Stream& stream) {
-  if (&to == &from) {
-    to.Copy(dst, src, bytes, stream);
-  } else if (from.space() == MemorySpace::kHost) {
-    to.CopyFromHost(dst, src, bytes, stream);
-  } else if (to.space() == MemorySpace::kHost) {
-    from.CopyToHost(dst, src, bytes, stream);
-    stream.Synchronize();
-  } else {  // two devices: through the host
-    std::vector<char> host(bytes);
-    from.CopyToHost(host.data(), src, bytes, stream);
-    stream.Synchronize();
-    to.CopyFromHost(dst, host.data(), bytes, stream);
-    stream.Synchronize();
-  }
-}
-
 void CompleteAll(EntryList& entries) {
   std::vector<Handle*> handles;
   for (auto& e : entries) {
@@ -83,8 +65,11 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
       Device& device = DeviceOf(entries);
       if (&device != &HostDevice()) {
         OnDevice& on = On(device);
-        on.host_stage.Reserve(device, bytes, true);
-        if (r.compression.codec != "none") on.fusion.Reserve(device, bytes);
+        if (r.compression.codec == "none") {
+          on.host_stage.Reserve(device, bytes, true);
+        } else {
+          on.fusion.Reserve(device, bytes);
+        }
       } else if ((r.names.size() > 1 || any_missing) && fusion_.size() < bytes) {
         fusion_.resize(bytes);
       }
@@ -94,6 +79,8 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
     case RequestType::kReducescatter: {
       const size_t bytes = static_cast<size_t>(NumElements(r.shapes[0])) * esize;
       if (!entries[0] && scratch_.size() < bytes) scratch_.resize(bytes);
+      Device& device = DeviceOf(entries);
+      if (&device != &HostDevice()) On(device).host_stage.Reserve(device, bytes, true);
       return;
     }
     default: return;
@@ -133,9 +120,38 @@ Device& Executor::DeviceOf(const EntryList& entries) {
   return HostDevice();
 }
 
-void Executor::WaitReady(const EntryList& entries, Stream& stream) {
+void Executor::WaitReady(const EntryList& entries) {
   for (const auto& e : entries) {
-    if (e && e->ready) e->ready->Block(stream);
+    if (e && e->ready) e->ready->Block(StreamOf(EntryDevice(*e)));
+  }
+}
+
+void Executor::Transfer(Device& to, void* dst, Device& from, const void* src, size_t bytes) {
+  if (&to == &from) {  // ordered on the device's stream like the rest of its work
+    to.Copy(dst, src, bytes, StreamOf(to));
+    return;
+  }
+  // Across devices (a fused response with tensors of several devices): each device's own
+  // stream does its side, and both are waited for.
+  if (from.space() == MemorySpace::kHost) {
+    StreamOf(from).Synchronize();
+    to.CopyFromHost(dst, src, bytes, StreamOf(to));
+  } else if (to.space() == MemorySpace::kHost) {
+    StreamOf(to).Synchronize();
+    from.CopyToHost(dst, src, bytes, StreamOf(from));
+  } else {  // two devices: through the host
+    std::vector<char> host(bytes);
+    from.CopyToHost(host.data(), src, bytes, StreamOf(from));
+    StreamOf(from).Synchronize();
+    to.CopyFromHost(dst, host.data(), bytes, StreamOf(to));
+  }
+  StreamOf(to).Synchronize();
+  StreamOf(from).Synchronize();
+}
+
+void Executor::SynchronizeAll(const EntryList& entries) {
+  for (const auto& e : entries) {
+    if (e) StreamOf(EntryDevice(*e)).Synchronize();
   }
 }
 
@@ -188,25 +204,25 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
 void Executor::RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o) {
   // Without a communicator that reads device memory, the values go through host staging: each
   // tensor is copied in, the host buffer reduced in place, each result copied back.
-  OnDevice& on = On(DeviceOf(entries));
-  Stream& stream = on.stream();
-  WaitReady(entries, stream);
+  WaitReady(entries);
   const size_t esize = DataTypeSize(r.dtype);
-  char* stage = static_cast<char*>(on.host_stage.data());
+  char* stage = static_cast<char*>(On(DeviceOf(entries)).host_stage.data());
   std::vector<BufferPiece> pieces(r.names.size());
   for (size_t i = 0, at = 0; i < r.names.size(); at += pieces[i].count * esize, ++i) {
     pieces[i].count = static_cast<size_t>(NumElements(r.shapes[i]));
     if (!entries[i]) continue;  // a joined rank contributes zeros
-    EntryDevice(*entries[i]).CopyToHost(stage + at, entries[i]->input, pieces[i].count * esize, stream);
+    Device& d = EntryDevice(*entries[i]);
+    d.CopyToHost(stage + at, entries[i]->input, pieces[i].count * esize, StreamOf(d));
     pieces[i].input = pieces[i].output = stage + at;
   }
-  stream.Synchronize();
+  SynchronizeAll(entries);
   FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
   for (size_t i = 0; i < r.names.size(); ++i) {
     if (!entries[i]) continue;
-    EntryDevice(*entries[i]).CopyFromHost(entries[i]->output, pieces[i].input, pieces[i].count * esize, stream);
+    Device& d = EntryDevice(*entries[i]);
+    d.CopyFromHost(entries[i]->output, pieces[i].input, pieces[i].count * esize, StreamOf(d));
   }
-  stream.Synchronize();
+  SynchronizeAll(entries);
 }
 
 void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total) {
@@ -267,7 +283,7 @@ Executor::Staged Executor::StageCompressed(const Response& r, EntryList& entries
   s.on = &On(DeviceOf(entries));
   Device& device = s.on->device();
   Stream& stream = s.on->stream();
-  WaitReady(entries, stream);
+  WaitReady(entries);
   s.dtype = dgc ? DataType::kFloat32 : r.dtype;
   const size_t esize = DataTypeSize(s.dtype), in_size = DataTypeSize(r.dtype);
   const bool in_place = n == 1 && entries[0] && !dgc;
@@ -290,13 +306,13 @@ Executor::Staged Executor::StageCompressed(const Response& r, EntryList& entries
     }
     Device& from = EntryDevice(*entries[i]);
     if (!dgc) {
-      Transfer(device, dst, from, entries[i]->input, count * esize, stream);
+      Transfer(device, dst, from, entries[i]->input, count * esize);
       continue;
     }
     const void* input = entries[i]->input;
     if (&from != &device) {  // the tensor's bytes onto the response's device, then the cast
       input = s.on->bounce.Reserve(device, count * in_size);
-      Transfer(device, const_cast<void*>(input), from, entries[i]->input, count * in_size, stream);
+      Transfer(device, const_cast<void*>(input), from, entries[i]->input, count * in_size);
     }
     device.Cast(input, r.dtype, count, dst, DataType::kFloat32, false, stream);
     s.skip_masking[i] =
@@ -325,7 +341,7 @@ void Executor::UnstageCompressed(const Response& r, EntryList& entries, const St
       device.Cast(src, s.dtype, count, cast, r.dtype, false, stream);
       src = cast;
     }
-    Transfer(to, entries[i]->output, device, src, bytes, stream);
+    Transfer(to, entries[i]->output, device, src, bytes);
   }
   stream.Synchronize();
 }
@@ -406,7 +422,7 @@ void Executor::RunBroadcast(const Response& r, EntryList& entries) {
   const size_t bytes = o.count * DataTypeSize(r.dtype);
   void* device_buffer = o.buffer;
   o.buffer = on.host_stage.Reserve(device, bytes, true);
-  WaitReady(entries, on.stream());
+  WaitReady(entries);
   device.CopyToHost(o.buffer, device_buffer, bytes, on.stream());
   on.stream().Synchronize();
   Broadcast(*topo_.world, o);

@@ -52,8 +52,13 @@ class Executor {
   OnDevice& On(Device& device);
   /// The device of a response's buffers on this rank: its first present entry's (host if none).
   static Device& DeviceOf(const EntryList& entries);
-  /// Makes the device's stream wait until the entries' inputs are ready on the framework's stream.
-  static void WaitReady(const EntryList& entries, Stream& stream);
+  Stream& StreamOf(Device& device) { return On(device).stream(); }
+  /// Makes each entry's device stream wait until its input is ready on the framework's stream.
+  void WaitReady(const EntryList& entries);
+  /// dst (memory of `to`) = src (memory of `from`), on their streams.
+  void Transfer(Device& to, void* dst, Device& from, const void* src, size_t bytes);
+  /// Waits for the streams of the entries' devices.
+  void SynchronizeAll(const EntryList& entries);
   /// Uncompressed allreduce of entries on a device: through host staging.
   void RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o);
   /// A compressed allreduce's buffer: where the tensors are packed (or the one tensor in place).
