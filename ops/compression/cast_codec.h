@@ -14,6 +14,7 @@ class CastCodec final : public Codec {
 
   const char* name() const override { return name_; }
   const char* description() const override { return description_; }
+  DataType wire_dtype() const { return wire_dtype_; }
   size_t MaxWireSize(size_t n, const CodecParams& p) const override;
   size_t Encode(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t first_index,
                 void* out) const override;

@@ -8,16 +8,19 @@
 // scalers that look for non-finite gradients after the allreduce, and never crashes.
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
+#include "ops/compression/cuda/codec_cuda.h"
 #include "ops/compression/kernels.h"
 #include "ops/compression/maxmin_math.h"
 
 namespace gradcomp {
 
-namespace {
-
-codec_kernels::MaxMinArgs Args(const CodecParams& p, uint64_t first_index) {
+codec_kernels::MaxMinArgs MaxMinArgsOf(const CodecParams& p, uint64_t first_index) {
   return {p.bits, static_cast<size_t>(p.bucket_size), p.stochastic, p.skip_incomplete_buckets, p.seed, p.step, first_index};
 }
+
+namespace {
+
+codec_kernels::MaxMinArgs Args(const CodecParams& p, uint64_t first_index) { return MaxMinArgsOf(p, first_index); }
 
 class MaxMin final : public Codec {
  public:

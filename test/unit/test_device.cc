@@ -15,7 +15,11 @@
 
 #include "ops/common/enforce.h"
 #include "ops/device/buffer_pool.h"
+#include "ops/compression/memory.h"
 #include "ops/device/device.h"
+#if GRADCOMP_TEST_CUDA_DEVICE
+#include "ops/device/cuda_device.h"
+#endif
 #include "ops/reduce/reduce.h"
 #include "test/support/reference.h"
 
@@ -65,19 +69,28 @@ std::vector<char> Bytes(const void* p, size_t n) {
   return std::vector<char>(c, c + n);
 }
 
-class DeviceKernels : public ::testing::TestWithParam<bool> {
+enum class Kind { kHost, kSeparate, kCuda };
+
+class DeviceKernels : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
-    if (GetParam()) {
+    if (GetParam() == Kind::kSeparate) {
       owned_ = NewSeparateMemoryDevice(kCapacity);
       dev_ = owned_.get();
+    } else if (GetParam() == Kind::kCuda) {
+#if GRADCOMP_TEST_CUDA_DEVICE
+      dev_ = &CudaDevice(0);
+#endif
     } else {
       dev_ = &HostDevice();
     }
+    ASSERT_NE(dev_, nullptr);
     stream_ = dev_->NewStream();
   }
   Device& dev() { return *dev_; }
   Stream& stream() { return *stream_; }
+  /// The CUDA device has no topk kernels and float32-only arithmetic (cuda_device.h).
+  bool cuda() const { return GetParam() == Kind::kCuda; }
 
  private:
   std::unique_ptr<Device> owned_;
@@ -101,6 +114,11 @@ TEST_P(DeviceKernels, CodecsWriteTheCpuBytes) {
       const size_t want_bytes = codec->Encode(x.data(), DataType::kFloat32, n, p, 3, want.data());
       OnDevice in(dev(), stream(), x.data(), n * sizeof(float));
       OnDevice wire(dev(), stream(), nullptr, max_bytes);
+      if (cuda() && codec->sparse()) {
+        EXPECT_THROW(dev().Encode(*codec, in.ptr(), DataType::kFloat32, n, p, 3, wire.ptr(), stream()),
+                     InvalidArgument);
+        continue;
+      }
       const size_t got_bytes = dev().Encode(*codec, in.ptr(), DataType::kFloat32, n, p, 3, wire.ptr(), stream());
       ASSERT_EQ(got_bytes, want_bytes) << codec->name() << " n=" << n;
       EXPECT_EQ(Bytes(wire.Read().data(), got_bytes), Bytes(want.data(), want_bytes)) << codec->name() << " n=" << n;
@@ -124,6 +142,10 @@ TEST_P(DeviceKernels, ArithmeticWritesTheCpuBytes) {
     const std::vector<char> a = MakeInput(dt, ReduceOp::kSum, n, 0), b = MakeInput(dt, ReduceOp::kSum, n, 1);
     const size_t bytes = a.size();
     OnDevice da(dev(), stream(), a.data(), bytes), db(dev(), stream(), b.data(), bytes);
+    if (cuda() && dt != DataType::kFloat32) {
+      EXPECT_THROW(dev().Reduce(da.ptr(), da.ptr(), db.ptr(), n, dt, ReduceOp::kSum, stream()), InvalidArgument);
+      continue;
+    }
     std::vector<char> want(bytes);
     ReduceTwo(want.data(), a.data(), b.data(), n, dt, ReduceOp::kSum);
     dev().Reduce(da.ptr(), da.ptr(), db.ptr(), n, dt, ReduceOp::kSum, stream());
@@ -169,8 +191,36 @@ TEST_P(DeviceKernels, ArithmeticWritesTheCpuBytes) {
   EXPECT_TRUE(event->Query());
 }
 
-INSTANTIATE_TEST_SUITE_P(HostAndSeparateMemory, DeviceKernels, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "separate" : "host"; });
+TEST_P(DeviceKernels, DgcAndMaskingWriteTheCpuBytes) {
+  const size_t n = 5003;
+  for (bool nesterov : {false, true}) {
+    std::vector<float> u = Gaussian(n, 21), v = Gaussian(n, 22), g = Gaussian(n, 23);
+    OnDevice du(dev(), stream(), u.data(), n * 4), dv(dev(), stream(), v.data(), n * 4),
+        dg(dev(), stream(), g.data(), n * 4);
+    DgcAccumulate(u.data(), v.data(), g.data(), n, 0.9f, nesterov);
+    dev().DgcAccumulate(static_cast<float*>(du.ptr()), static_cast<float*>(dv.ptr()), static_cast<float*>(dg.ptr()),
+                        n, 0.9f, nesterov, stream());
+    EXPECT_EQ(du.Read(), Bytes(u.data(), n * 4));
+    EXPECT_EQ(dv.Read(), Bytes(v.data(), n * 4));
+    EXPECT_EQ(dg.Read(), Bytes(g.data(), n * 4));
+    const std::vector<uint32_t> sent = {0, 17, 4000, static_cast<uint32_t>(n - 1)};
+    for (uint32_t i : sent) u[i] = 0.0f;
+    dev().ZeroAt(static_cast<float*>(du.ptr()), n, sent.data(), sent.size(), stream());
+    EXPECT_EQ(du.Read(), Bytes(u.data(), n * 4));
+    const uint32_t outside = static_cast<uint32_t>(n);
+    EXPECT_THROW(dev().ZeroAt(static_cast<float*>(du.ptr()), n, &outside, 1, stream()), Error);
+  }
+}
+
+#if GRADCOMP_TEST_CUDA_DEVICE
+INSTANTIATE_TEST_SUITE_P(Cuda, DeviceKernels, ::testing::Values(Kind::kCuda),
+                         [](const ::testing::TestParamInfo<Kind>&) { return std::string("cuda"); });
+#else
+INSTANTIATE_TEST_SUITE_P(HostAndSeparateMemory, DeviceKernels, ::testing::Values(Kind::kHost, Kind::kSeparate),
+                         [](const ::testing::TestParamInfo<Kind>& p) {
+                           return std::string(p.param == Kind::kSeparate ? "separate" : "host");
+                         });
+#endif
 
 TEST(SeparateMemoryDevice, HostCodeThatTouchesItsBuffersFaults) {
   auto dev = NewSeparateMemoryDevice(kCapacity);

@@ -11,7 +11,14 @@
 #include <string>
 
 #include "ops/common/dtype.h"
+#include "ops/compression/codec.h"
 #include "ops/compression/kernels.h"
+
+namespace gradcomp {
+/// The max-min kernels' arguments for a segment encoded with `p` whose first value is buffer
+/// element `first_index` (maxmin.cc; the CPU codec uses the same).
+codec_kernels::MaxMinArgs MaxMinArgsOf(const CodecParams& p, uint64_t first_index);
+}  // namespace gradcomp
 
 namespace gradcomp::cuda {
 

@@ -1,0 +1,326 @@
+// The CUDA device (device.h): cudaMalloc'd memory (BufferPool caches it), page-locked host
+// staging, non-blocking streams and timing-free events, and kernels that write the CPU
+// kernels' bytes: the codec kernels of ops/compression/cuda (max-min and the casts), and here
+// the float32 arithmetic the data path needs (reduce, scale, the average's division,
+// differences, finiteness, DGC's accumulation and masking), compiled with --fmad=false so no
+// multiply-add is contracted where the CPU rounds twice. Built when CMake finds CUDA.
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "ops/common/enforce.h"
+#include "ops/compression/cast_codec.h"
+#include "ops/compression/cuda/codec_cuda.h"
+#include "ops/device/cuda_device.h"
+
+namespace gradcomp {
+
+namespace {
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) GC_THROW("CUDA ", what, ": ", cudaGetErrorString(e));
+}
+
+cudaStream_t Native(Stream& s) { return static_cast<cudaStream_t>(s.native()); }
+
+// Makes `device` current for the calling thread while it lives.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    Check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) Check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(int device) {
+    DeviceGuard guard(device);
+    Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }
+  ~CudaStream() override { cudaStreamDestroy(stream_); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  void Synchronize() override { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void* native() const override { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// A framework's stream (torch's current stream), not owned.
+class ForeignStream final : public Stream {
+ public:
+  explicit ForeignStream(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {}
+  void Synchronize() override { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void* native() const override { return stream_; }
+
+ private:
+  cudaStream_t stream_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(int device) {
+    DeviceGuard guard(device);
+    Check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void Record(Stream& stream) override { Check(cudaEventRecord(event_, Native(stream)), "cudaEventRecord"); }
+  bool Query() override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    Check(e, "cudaEventQuery");
+    return true;
+  }
+  void Synchronize() override { Check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  void Block(Stream& stream) override { Check(cudaStreamWaitEvent(Native(stream), event_, 0), "cudaStreamWaitEvent"); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+constexpr int kThreads = 256;
+
+unsigned Blocks(size_t n) {
+  const size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+#define GC_GRID_LOOP(i, n) \
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < (n); i += size_t{blockDim.x} * gridDim.x)
+
+__global__ void ReduceKernel(float* d, const float* a, const float* b, size_t n, int op) {
+  GC_GRID_LOOP(i, n) {
+    const float x = a[i], y = b[i];
+    d[i] = op == 0 ? x + y : op == 1 ? x * y : op == 2 ? (y < x ? y : x) : (x < y ? y : x);
+  }
+}
+
+__global__ void ScaleKernel(float* b, size_t n, float f, bool divide) {
+  GC_GRID_LOOP(i, n) { b[i] = divide ? b[i] / f : b[i] * f; }
+}
+
+__global__ void SubtractKernel(float* d, const float* a, const float* b, size_t n) {
+  GC_GRID_LOOP(i, n) { d[i] = a[i] - b[i]; }
+}
+
+__global__ void NonFiniteKernel(const float* b, size_t n, int* any) {
+  GC_GRID_LOOP(i, n) {
+    if ((__float_as_uint(b[i]) & 0x7f800000u) == 0x7f800000u) *any = 1;
+  }
+}
+
+__global__ void DgcKernel(float* u, float* v, float* g, size_t n, float m, bool nesterov) {
+  GC_GRID_LOOP(i, n) {
+    if (nesterov) {
+      u[i] = (u[i] + g[i]) * m;
+      v[i] = (v[i] + u[i]) + g[i];
+    } else {
+      u[i] = m * u[i] + g[i];
+      v[i] = v[i] + u[i];
+    }
+    g[i] = v[i];
+  }
+}
+
+__global__ void ZeroAtKernel(float* b, const uint32_t* idx, size_t count) {
+  GC_GRID_LOOP(j, count) { b[idx[j]] = 0.0f; }
+}
+
+void RequireFloat32(DataType dtype, const char* what) {
+  if (dtype != DataType::kFloat32) {
+    throw InvalidArgument(std::string("CUDA device: ") + what + " takes float32 (the data path's working type), not " +
+                          DataTypeName(dtype));
+  }
+}
+
+class Cuda final : public Device {
+ public:
+  explicit Cuda(int ordinal) : ordinal_(ordinal), name_("cuda:" + std::to_string(ordinal)) {}
+  ~Cuda() override {
+    if (flag_ != nullptr) cudaFree(flag_);
+    if (indices_ != nullptr) cudaFree(indices_);
+  }
+  Cuda(const Cuda&) = delete;
+  Cuda& operator=(const Cuda&) = delete;
+
+  const char* name() const override { return name_.c_str(); }
+  MemorySpace space() const override { return MemorySpace::kDevice; }
+
+  void* Allocate(size_t bytes) override {
+    DeviceGuard guard(ordinal_);
+    void* p = nullptr;
+    Check(cudaMalloc(&p, bytes > 0 ? bytes : 1), "cudaMalloc");
+    return p;
+  }
+  void Free(void* ptr, size_t) override { cudaFree(ptr); }
+  void* AllocateHost(size_t bytes) override {
+    void* p = nullptr;
+    Check(cudaMallocHost(&p, bytes > 0 ? bytes : 1), "cudaMallocHost");
+    return p;
+  }
+  void FreeHost(void* ptr, size_t) override { cudaFreeHost(ptr); }
+  std::unique_ptr<Stream> NewStream() override { return std::make_unique<CudaStream>(ordinal_); }
+  std::unique_ptr<Event> NewEvent() override { return std::make_unique<CudaEvent>(ordinal_); }
+
+  void CopyToHost(void* host_dst, const void* src, size_t bytes, Stream& s) override {
+    if (bytes > 0) Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, Native(s)), "copy to host");
+  }
+  void CopyFromHost(void* dst, const void* host_src, size_t bytes, Stream& s) override {
+    if (bytes > 0) Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, Native(s)), "copy from host");
+  }
+  void Copy(void* dst, const void* src, size_t bytes, Stream& s) override {
+    if (bytes > 0 && dst != src) {
+      Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, Native(s)), "device copy");
+    }
+  }
+  void Fill(void* dst, uint8_t value, size_t bytes, Stream& s) override {
+    if (bytes > 0) Check(cudaMemsetAsync(dst, value, bytes, Native(s)), "fill");
+  }
+
+  void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
+            Stream& s) override {
+    if (n == 0) return;
+    if (in_dtype == out_dtype && !accumulate) return Copy(out, in, n * DataTypeSize(in_dtype), s);
+    cuda::Cast(in, in_dtype, n, out, out_dtype, accumulate, s.native());
+  }
+  void Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Stream& s) override {
+    RequireFloat32(dtype, "Reduce");
+    int code = 0;
+    switch (op) {
+      case ReduceOp::kSum: code = 0; break;
+      case ReduceOp::kProduct: code = 1; break;
+      case ReduceOp::kMin: code = 2; break;
+      case ReduceOp::kMax: code = 3; break;
+      default: throw InvalidArgument(std::string("CUDA device: Reduce does not take op ") + ReduceOpName(op));
+    }
+    if (n == 0) return;
+    ReduceKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(static_cast<float*>(dst), static_cast<const float*>(a),
+                                                        static_cast<const float*>(b), n, code);
+    cuda::CheckLaunch("Reduce");
+  }
+  void Scale(void* buf, size_t n, DataType dtype, double factor, Stream& s) override {
+    RequireFloat32(dtype, "Scale");
+    if (n == 0 || factor == 1.0) return;
+    ScaleKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(static_cast<float*>(buf), n, static_cast<float>(factor), false);
+    cuda::CheckLaunch("Scale");
+  }
+  void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int ranks,
+                       Stream& s) override {
+    RequireFloat32(dtype, "FinishReduction");
+    if (n == 0) return;
+    if (op == ReduceOp::kAverage && ranks != 1) {
+      ScaleKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(static_cast<float*>(buf), n, static_cast<float>(ranks), true);
+      cuda::CheckLaunch("FinishReduction");
+    }
+    Scale(buf, n, dtype, postscale, s);
+  }
+  void Subtract(float* dst, const float* a, const float* b, size_t n, Stream& s) override {
+    if (n == 0) return;
+    SubtractKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(dst, a, b, n);
+    cuda::CheckLaunch("Subtract");
+  }
+  bool AllFinite(const float* buf, size_t n, Stream& s) override {
+    if (n == 0) return true;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (flag_ == nullptr) flag_ = static_cast<int*>(Allocate(sizeof(int)));
+    Check(cudaMemsetAsync(flag_, 0, sizeof(int), Native(s)), "fill");
+    NonFiniteKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(buf, n, flag_);
+    cuda::CheckLaunch("AllFinite");
+    int any = 0;
+    CopyToHost(&any, flag_, sizeof(int), s);
+    s.Synchronize();
+    return any == 0;
+  }
+  void DgcAccumulate(float* u, float* v, float* grad, size_t n, float momentum, bool nesterov, Stream& s) override {
+    if (n == 0) return;
+    DgcKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(u, v, grad, n, momentum, nesterov);
+    cuda::CheckLaunch("DgcAccumulate");
+  }
+  void ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_t count, Stream& s) override {
+    if (count == 0) return;
+    for (size_t j = 0; j < count; ++j) {
+      GC_ENFORCE(host_indices[j] < n, "ZeroAt: index ", host_indices[j], " outside ", n, " values");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (indices_capacity_ < count) {
+      if (indices_ != nullptr) cudaFree(indices_);
+      indices_ = static_cast<uint32_t*>(Allocate(count * sizeof(uint32_t)));
+      indices_capacity_ = count;
+    }
+    CopyFromHost(indices_, host_indices, count * sizeof(uint32_t), s);
+    ZeroAtKernel<<<Blocks(count), kThreads, 0, Native(s)>>>(buf, indices_, count);
+    cuda::CheckLaunch("ZeroAt");
+    s.Synchronize();  // the host indices may go away, and indices_ is reused
+  }
+
+  size_t Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
+                uint64_t first_index, void* out, Stream& s) override {
+    if (const auto* cast = dynamic_cast<const CastCodec*>(&codec)) {
+      Cast(in, dtype, n, out, cast->wire_dtype(), false, s);
+      return n * DataTypeSize(cast->wire_dtype());
+    }
+    if (std::string(codec.name()) == "maxmin") {
+      return cuda::MaxMinEncode(in, dtype, n, MaxMinArgsOf(p, first_index), static_cast<uint8_t*>(out), s.native());
+    }
+    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() +
+                          " has no device kernels yet (maxmin, fp16, bf16 and none do)");
+  }
+  void Decode(const Codec& codec, const void* wire, size_t, size_t n, const CodecParams& p, DataType out_dtype,
+              void* out, bool accumulate, Stream& s) override {
+    if (const auto* cast = dynamic_cast<const CastCodec*>(&codec)) {
+      return Cast(wire, cast->wire_dtype(), n, out, out_dtype, accumulate, s);
+    }
+    if (std::string(codec.name()) == "maxmin") {
+      return cuda::MaxMinDecode(static_cast<const uint8_t*>(wire), n, MaxMinArgsOf(p, 0), out_dtype, out, accumulate,
+                                s.native());
+    }
+    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() +
+                          " has no device kernels yet (maxmin, fp16, bf16 and none do)");
+  }
+
+ private:
+  const int ordinal_;
+  const std::string name_;
+  std::mutex mu_;
+  int* flag_ = nullptr;  // AllFinite's answer
+  uint32_t* indices_ = nullptr;
+  size_t indices_capacity_ = 0;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+Device& CudaDevice(int ordinal) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<Cuda>> devices;
+  std::lock_guard<std::mutex> lock(mu);
+  const int count = CudaDeviceCount();
+  if (ordinal < 0 || ordinal >= count) {
+    throw InvalidArgument("CUDA device " + std::to_string(ordinal) + " does not exist (this process sees " +
+                          std::to_string(count) + ")");
+  }
+  std::unique_ptr<Cuda>& d = devices[ordinal];
+  if (!d) d = std::make_unique<Cuda>(ordinal);
+  return *d;
+}
+
+std::unique_ptr<Stream> WrapCudaStream(void* stream) { return std::make_unique<ForeignStream>(stream); }
+
+}  // namespace gradcomp

@@ -1,0 +1,19 @@
+// The CUDA device (cuda_device.cu), built when CMake finds CUDA (GRADCOMP_HAVE_CUDA_KERNELS in
+// gradcomp/config.h). Its codec kernels are max-min and the casts (none, fp16, bf16); topk has
+// none yet. Its arithmetic kernels take float32, the data path's working type.
+#pragma once
+
+#include <memory>
+
+#include "ops/device/device.h"
+
+namespace gradcomp {
+
+/// GPUs this process sees (0 without a driver).
+int CudaDeviceCount();
+/// The device for GPU `ordinal` (one per process and GPU); InvalidArgument if there is none.
+Device& CudaDevice(int ordinal);
+/// A framework's cudaStream_t as a Stream of a CUDA device (not owned).
+std::unique_ptr<Stream> WrapCudaStream(void* stream);
+
+}  // namespace gradcomp
