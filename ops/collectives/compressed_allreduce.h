@@ -53,8 +53,10 @@ struct CompressionWorkspace {
   /// The reduction's block (device only).
   Scratch acc;
   /// Encoded bytes: peers' chunks sent, peers' encodings received, this rank's reduced chunk,
-  /// every reduced chunk.
+  /// every reduced chunk (sparse: this rank's encoding, everyone's).
   StagedBuffer send, recv, own, all;
+  /// The sparse allreduce's encoding sizes.
+  StagedBuffer sizes;
 };
 
 /// Arguments of a compressed allreduce. Buffers are float32, float16 or bfloat16; the op is

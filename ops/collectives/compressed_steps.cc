@@ -94,6 +94,10 @@ CodecParams SraGatherParams(const CodecParams& p, int rank) {
   return StreamFor(p, 0x10000u + static_cast<uint32_t>(rank));
 }
 
+bool WireOnDevice(const Communicator& comm, const CompressionWorkspace& ws) {
+  return ws.device.space() == MemorySpace::kDevice && comm.device_memory() == &ws.device;
+}
+
 Device& DeviceOf(const CompressedAllreduceOptions& o) { return o.device != nullptr ? *o.device : HostDevice(); }
 
 void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse) {

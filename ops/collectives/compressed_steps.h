@@ -56,6 +56,9 @@ size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecPar
 void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const uint8_t* wire,
                   const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out);
 
+/// Whether `comm` reads and writes the workspace's device memory itself (NCCL, CUDA-aware
+/// MPI): then encoded bytes go to it straight from the device, without host staging.
+bool WireOnDevice(const Communicator& comm, const CompressionWorkspace& ws);
 /// The device of the options' buffers (the host unless o.device says otherwise).
 Device& DeviceOf(const CompressedAllreduceOptions& o);
 /// Throws InvalidArgument for options an algorithm cannot run (`sparse`: the sparse one).

@@ -23,43 +23,48 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
     Device& d = ws.device;
     Stream& stream = *ws.stream;
     const size_t bytes = o.count * sizeof(float);
-    // The values on the host, summed over the node in place below.
+    // The values on the local communicator's side (the host, unless it reads device memory),
+    // summed over the node in place below.
+    const bool local_on_device = WireOnDevice(local, ws);
     const float* input = WorkingCopy(o, ws);
     StagedBuffer& x = ws.x;
-    if (input == x.device_as<float>()) {
-      x.ToHost(0, bytes, stream);
+    const bool in_x = input == x.device_as<float>();
+    x.Reserve(d, bytes, local_on_device);  // keeps the working copy: the same size
+    if (in_x) {
+      x.ToWire(0, bytes, stream);
+    } else if (local_on_device) {
+      d.Copy(x.device(), input, bytes, stream);
     } else {
-      x.Reserve(d, bytes);
       d.CopyToHost(x.host(), input, bytes, stream);
     }
     StagedBuffer& result = ws.out;
-    result.Reserve(d, bytes);
+    result.Reserve(d, bytes, local_on_device);
     stream.Synchronize();
     if (leader_only) {
       // The node's sum on its leader; leaders compress across nodes; the node gets the result.
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-        local.Allreduce(x.host(), x.host(), o.count, DataType::kFloat32, ReduceOp::kSum);
+        local.Allreduce(x.wire(), x.wire(), o.count, DataType::kFloat32, ReduceOp::kSum);
       }
       if (local.rank() == 0) {  // residuals: of node sums
-        x.ToDevice(0, bytes, stream);
+        x.FromWire(0, bytes, stream);
         Sra(*topo.cross, o, x.device_as<float>(), scale, result.device_as<float>(), ws, &st);
-        result.ToHost(0, bytes, stream);
+        result.ToWire(0, bytes, stream);
         stream.Synchronize();
       }
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      local.Broadcast(result.host(), bytes, 0);
+      local.Broadcast(result.wire(), bytes, 0);
     } else {
       // Shard of the node sum; SRA of the shard across nodes; the node gathers the shards.
       const std::vector<size_t> shards = EvenSplit(o.count, local.size());
       const size_t me = static_cast<size_t>(local.rank()), s0 = Offsets(shards)[me], len = shards[me];
       StagedBuffer& shard = ws.shard;
-      shard.Reserve(d, len * sizeof(float));
+      shard.Reserve(d, len * sizeof(float), local_on_device);
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-        local.ReduceScatter(x.host(), shard.host(), shards, DataType::kFloat32, ReduceOp::kSum);
+        local.ReduceScatter(x.wire(), shard.wire(), shards, DataType::kFloat32, ReduceOp::kSum);
       }
-      shard.ToDevice(0, len * sizeof(float), stream);
+      shard.FromWire(0, len * sizeof(float), stream);
       CompressedAllreduceOptions sub = o;
       sub.count = len;
       sub.segments.clear();
@@ -67,16 +72,16 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       sub.residual = o.residual ? o.residual + s0 : nullptr;
       sub.reduced_residual = o.reduced_residual ? o.reduced_residual + s0 : nullptr;
       StagedBuffer& shard_out = ws.shard_out;
-      shard_out.Reserve(d, len * sizeof(float));
+      shard_out.Reserve(d, len * sizeof(float), local_on_device);
       Sra(*topo.cross, sub, shard.device_as<float>(), scale, shard_out.device_as<float>(), ws, &st);
-      shard_out.ToHost(0, len * sizeof(float), stream);
+      shard_out.ToWire(0, len * sizeof(float), stream);
       stream.Synchronize();
       std::vector<size_t> shard_bytes(shards.size());
       for (size_t i = 0; i < shards.size(); ++i) shard_bytes[i] = shards[i] * sizeof(float);
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      local.Allgatherv(shard_out.host(), result.host(), shard_bytes);
+      local.Allgatherv(shard_out.wire(), result.wire(), shard_bytes);
     }
-    result.ToDevice(0, bytes, stream);
+    result.FromWire(0, bytes, stream);
     StoreOutput(o, ws, result.device_as<float>());
   });
   return st;

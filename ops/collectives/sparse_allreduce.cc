@@ -2,6 +2,8 @@
 // indices) allgathered, scatter-added in rank order on every rank. Selection and
 // scatter-adds run on the device; the encodings travel through host staging, where their
 // headers (each segment's size) are read.
+#include <cstring>
+
 #include "ops/collectives/compressed_steps.h"
 #include "ops/collectives/context.h"
 #include "ops/compression/topk.h"
@@ -11,16 +13,39 @@ namespace gradcomp {
 
 namespace {
 
-// Every rank's encoding (this rank's `bytes` at ws.send's host side), gathered into ws.all's
-// host side (each rank's size first: topk's size depends on the data); returns the sizes.
+// Every rank's encoding (this rank's `bytes` at ws.send's wire), gathered into ws.all's wire,
+// each rank's size first (topk's size depends on the data); returns the sizes. The headers of
+// the gathered encodings are read on the host: ws.all's host copy is made here.
 std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace& ws, size_t bytes) {
   const size_t ranks = static_cast<size_t>(comm.size());
-  std::vector<uint64_t> lens(ranks);
+  const bool wire_on_device = WireOnDevice(comm, ws);
+  Stream& stream = *ws.stream;
+  // Slot `ranks` holds this rank's size, slots 0..ranks-1 receive everyone's.
+  StagedBuffer& lens = ws.sizes;
+  const size_t mine_at = ranks * sizeof(uint64_t), all_bytes = ranks * sizeof(uint64_t);
+  lens.Reserve(ws.device, all_bytes + sizeof(uint64_t), wire_on_device);
   const uint64_t my_len = bytes;
-  comm.Allgatherv(&my_len, lens.data(), std::vector<size_t>(ranks, sizeof(uint64_t)));
-  std::vector<size_t> sizes(lens.begin(), lens.end());
-  ws.all.Reserve(ws.device, Offsets(sizes).back() + sizes.back());
-  comm.Allgatherv(ws.send.host(), ws.all.host(), sizes);
+  std::memcpy(lens.host() + mine_at, &my_len, sizeof my_len);
+  if (wire_on_device) lens.ToDevice(mine_at, sizeof my_len, stream);
+  stream.Synchronize();
+  comm.Allgatherv(lens.wire() + mine_at, lens.wire(), std::vector<size_t>(ranks, sizeof(uint64_t)));
+  if (wire_on_device) lens.ToHost(0, all_bytes, stream);
+  stream.Synchronize();
+  std::vector<size_t> sizes(ranks);
+  for (size_t r = 0; r < ranks; ++r) {
+    uint64_t len;
+    std::memcpy(&len, lens.host() + r * sizeof(uint64_t), sizeof len);
+    sizes[r] = static_cast<size_t>(len);
+  }
+  const size_t total = Offsets(sizes).back() + sizes.back();
+  ws.all.Reserve(ws.device, total, wire_on_device);
+  comm.Allgatherv(ws.send.wire(), ws.all.wire(), sizes);
+  if (wire_on_device) {
+    ws.all.ToHost(0, total, stream);
+    stream.Synchronize();
+  } else {
+    ws.all.FromWire(0, total, stream);
+  }
   return sizes;
 }
 
@@ -57,12 +82,12 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     const float* x = WorkingCopy(o, ws);
     const std::vector<Piece> segments = PiecesIn(0, o.count, SegmentBounds(o));
     const CodecParams p = SraScatterParams(o.params, static_cast<int>(me));
-    ws.send.Reserve(d, EncodedSize(codec, p, segments));
+    ws.send.Reserve(d, EncodedSize(codec, p, segments), WireOnDevice(comm, ws));
     size_t mine = 0;
     {
       Phase phase(o, "COMPRESS", &st.compress_seconds);
       mine = EncodePieces(ws, codec, p, x, 0, segments, ws.send.device());
-      ws.send.ToHost(0, mine, stream);
+      ws.send.ToWire(0, mine, stream);
       stream.Synchronize();
     }
     std::vector<size_t> bytes;
@@ -73,7 +98,6 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     // Scatter-add every rank's values in rank order (the same float operations everywhere),
     // into the result (the input is read no more: its encoding is made).
     Phase phase(o, "DECOMPRESS", &st.decompress_seconds);
-    ws.all.ToDevice(0, Offsets(bytes).back() + bytes.back(), stream);
     float* result = ResultBuffer(o, ws);
     d.Fill(result, 0, o.count * sizeof(float), stream);
     const std::vector<size_t> offsets = Offsets(bytes);

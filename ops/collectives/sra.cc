@@ -111,10 +111,11 @@ class SraRun {
         p2_(SraGatherParams(o.params, comm.rank())),
         rr_(o.reduced_residual ? o.reduced_residual + plan_.chunk_offsets[plan_.mine] : nullptr) {
     Device& d = ws.device;
-    ws.send.Reserve(d, plan_.send_total);
-    ws.recv.Reserve(d, plan_.recv_total);
-    ws.own.Reserve(d, plan_.own_total);
-    ws.all.Reserve(d, plan_.all_total);
+    const bool wire_on_device = WireOnDevice(comm, ws);
+    ws.send.Reserve(d, plan_.send_total, wire_on_device);
+    ws.recv.Reserve(d, plan_.recv_total, wire_on_device);
+    ws.own.Reserve(d, plan_.own_total, wire_on_device);
+    ws.all.Reserve(d, plan_.all_total, wire_on_device);
   }
 
   void Run() {
@@ -150,7 +151,7 @@ class SraRun {
 };
 
 // 1. Encodes every peer's stripe (and keeps what that encoding lost, for error feedback), and
-// stages the encodings for the network.
+// stages the encodings for the network (unless the communicator reads device memory).
 void SraRun::EncodePeers(size_t s) {
   Phase phase(o_, "COMPRESS", &st_->compress_seconds);
   Device& d = ws_.device;
@@ -166,7 +167,7 @@ void SraRun::EncodePeers(size_t s) {
     DecodePieces(ws_, codec_, p1_, dst, plan_.pieces[s][p], begin, DataType::kFloat32, r);
     d.Subtract(r, x_ + begin, r, len, stream);
   }
-  ws_.send.ToHost(plan_.send_at[s], off.back() + bytes.back(), stream);
+  ws_.send.ToWire(plan_.send_at[s], off.back() + bytes.back(), stream);
   stream.Synchronize();
 }
 
@@ -178,7 +179,7 @@ void SraRun::ReduceOwn(size_t s) {
   Stream& stream = *ws_.stream;
   const size_t mine = plan_.mine;
   const std::vector<size_t> bytes = plan_.ScatterBytes(s, false), off = Offsets(bytes);
-  ws_.recv.ToDevice(plan_.recv_at[s], off.back() + bytes.back(), stream);
+  ws_.recv.FromWire(plan_.recv_at[s], off.back() + bytes.back(), stream);
   size_t longest = 0;
   for (const Piece& pc : plan_.pieces[s][mine]) longest = std::max(longest, pc.len);
   auto* a = static_cast<float*>(ws_.acc.Reserve(d, std::max(longest, kBlockValues) * sizeof(float)));
@@ -203,7 +204,7 @@ void SraRun::ReduceOwn(size_t s) {
     if (r) d.Subtract(r, a, result, pc.len, stream);
     wire_at += block_bytes;
   }
-  ws_.own.ToHost(plan_.own_at[s], wire_at, stream);
+  ws_.own.ToWire(plan_.own_at[s], wire_at, stream);
   stream.Synchronize();
 }
 
@@ -214,7 +215,7 @@ void SraRun::DecodeAll(size_t s) {
   for (size_t c = 0; c < plan_.ranks; ++c) {
     if (c == plan_.mine) continue;
     const size_t at = plan_.all_at[s] + off[c];
-    ws_.all.ToDevice(at, plan_.bytes[s][c], *ws_.stream);
+    ws_.all.FromWire(at, plan_.bytes[s][c], *ws_.stream);
     DecodePieces(ws_, codec_, SraGatherParams(o_.params, static_cast<int>(c)), ws_.all.device() + at,
                  plan_.pieces[s][c], 0, DataType::kFloat32, out_);
   }
@@ -225,12 +226,12 @@ void SraRun::RunBlocking(Pipeline& pipe) {
   pipe.Wait(pipe.Submit([&] { EncodePeers(0); }));
   {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    comm_.Alltoallv(ws_.send.host(), plan_.ScatterBytes(0, true), ws_.recv.host(), plan_.ScatterBytes(0, false));
+    comm_.Alltoallv(ws_.send.wire(), plan_.ScatterBytes(0, true), ws_.recv.wire(), plan_.ScatterBytes(0, false));
   }
   pipe.Wait(pipe.Submit([&] { ReduceOwn(0); }));
   {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    comm_.Allgatherv(ws_.own.host(), ws_.all.host(), plan_.bytes[0]);
+    comm_.Allgatherv(ws_.own.wire(), ws_.all.wire(), plan_.bytes[0]);
   }
   pipe.Wait(pipe.Submit([&] { DecodeAll(0); }));
 }
@@ -266,9 +267,9 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
       if (p == mine) continue;
       const int peer = static_cast<int>(p);
       scatter_in[s].push_back(
-          comm_.Irecv(ws_.recv.host() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine], peer, tag(s, 0)));
+          comm_.Irecv(ws_.recv.wire() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine], peer, tag(s, 0)));
       gather_in[s].push_back(
-          comm_.Irecv(ws_.all.host() + plan_.all_at[s] + aoff[p], plan_.bytes[s][p], peer, tag(s, 1)));
+          comm_.Irecv(ws_.all.wire() + plan_.all_at[s] + aoff[p], plan_.bytes[s][p], peer, tag(s, 1)));
     }
   }
   const auto all_done = [](Transfers& ts) {
@@ -286,7 +287,7 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
       const std::vector<size_t> soff = Offsets(plan_.ScatterBytes(scattered, true));
       for (size_t p = 0; p < ranks; ++p) {
         if (p == mine) continue;
-        scatter_out[scattered].push_back(comm_.Isend(ws_.send.host() + plan_.send_at[scattered] + soff[p],
+        scatter_out[scattered].push_back(comm_.Isend(ws_.send.wire() + plan_.send_at[scattered] + soff[p],
                                                      plan_.bytes[scattered][p], static_cast<int>(p),
                                                      tag(scattered, 0)));
       }
@@ -299,7 +300,7 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
     if (gathered < reducing && window_free(gather_out, gathered) && pipe.Done(reduced[gathered])) {
       for (size_t p = 0; p < ranks; ++p) {
         if (p == mine) continue;
-        gather_out[gathered].push_back(comm_.Isend(ws_.own.host() + plan_.own_at[gathered],
+        gather_out[gathered].push_back(comm_.Isend(ws_.own.wire() + plan_.own_at[gathered],
                                                    plan_.bytes[gathered][mine], static_cast<int>(p), tag(gathered, 1)));
       }
       ++gathered;

@@ -15,6 +15,8 @@
 
 namespace gradcomp {
 
+class Device;
+
 /// How ranks of one node talk to each other in hierarchical algorithms
 /// (CGX_INNER_COMMUNICATOR_TYPE): through a shared-memory window or through MPI messages.
 enum class LocalTransport { kSharedMemory, kMessages };
@@ -54,6 +56,10 @@ class Communicator {
   virtual int size() const = 0;
   /// Short name of the implementation: "mpi", "shm" or "inproc".
   virtual const char* kind() const = 0;
+  /// The device whose memory every buffer handed to this communicator lives in (NCCL,
+  /// CUDA-aware MPI), or null: host memory (the default). The compressed collectives hand such
+  /// a communicator their device buffers directly instead of staging them through the host.
+  virtual Device* device_memory() const { return nullptr; }
 
   /// Blocking send of `bytes` bytes to `peer`; messages with the same (peer, tag) stay ordered.
   virtual void Send(const void* data, size_t bytes, int peer, int tag) = 0;

@@ -29,17 +29,22 @@ void Scratch::Release() {
   capacity_ = 0;
 }
 
-void StagedBuffer::Reserve(Device& device, size_t bytes) {
+void StagedBuffer::Reserve(Device& device, size_t bytes, bool wire_on_device) {
   dev_ = &device;
   aliased_ = device.space() == MemorySpace::kHost;
-  host_.Reserve(device, bytes, true);
-  if (!aliased_) device_.Reserve(device, bytes);
+  wire_on_device_ = wire_on_device || aliased_;
+  bytes_ = bytes;
+  if (aliased_) {
+    host_.Reserve(device, bytes, true);
+    return;
+  }
+  device_.Reserve(device, bytes);
+  if (!wire_on_device_) host_.Reserve(device, bytes, true);
 }
 
-void StagedBuffer::ReserveHost(Device& device, size_t bytes) {
-  dev_ = &device;
-  aliased_ = true;
-  host_.Reserve(device, bytes, true);
+uint8_t* StagedBuffer::host() {
+  if (!aliased_ && dev_ != nullptr) host_.Reserve(*dev_, bytes_, true);  // nothing once it fits
+  return static_cast<uint8_t*>(host_.data());
 }
 
 void StagedBuffer::ToHost(size_t at, size_t bytes, Stream& stream) {

@@ -34,33 +34,43 @@ class Scratch {
   size_t capacity_ = 0;
 };
 
-/// A buffer on a device and its host staging copy (the same memory on the host device).
+/// A buffer on a device and its host copy (the same memory on the host device), with the side
+/// a communicator reads and writes, its wire: the host copy, or the device buffer itself for a
+/// communicator that takes device memory (then the host copy is made only if asked for).
 class StagedBuffer {
  public:
-  /// Reserves `bytes` on `device` and as much host staging; contents are lost when it grows.
-  void Reserve(Device& device, size_t bytes);
-  /// Reserves only the host side (a buffer the device never sees).
-  void ReserveHost(Device& device, size_t bytes);
-  uint8_t* device() const { return static_cast<uint8_t*>(device_side().data()); }
-  uint8_t* host() const { return static_cast<uint8_t*>(host_.data()); }
+  /// Reserves `bytes` on `device` and, unless the wire is on the device, as much host
+  /// staging; contents are lost when it grows.
+  void Reserve(Device& device, size_t bytes, bool wire_on_device = false);
+  uint8_t* device() const { return static_cast<uint8_t*>(aliased_ ? host_.data() : device_.data()); }
+  /// The host copy (reserved now if the wire is on the device).
+  uint8_t* host();
+  /// The side the communicator uses.
+  uint8_t* wire() { return wire_on_device_ ? device() : host(); }
   template <typename T>
   T* device_as() const {
     return reinterpret_cast<T*>(device());
   }
   template <typename T>
-  T* host_as() const {
+  T* host_as() {
     return reinterpret_cast<T*>(host());
   }
-  /// Host side [at, at + bytes) = device side (nothing when they are the same memory).
+  /// Host copy [at, at + bytes) = device side (nothing when they are the same memory).
   void ToHost(size_t at, size_t bytes, Stream& stream);
-  /// Device side [at, at + bytes) = host side.
+  /// Device side [at, at + bytes) = host copy.
   void ToDevice(size_t at, size_t bytes, Stream& stream);
+  /// Wire [at, at + bytes) = device side, and the reverse (nothing when the wire is the device side).
+  void ToWire(size_t at, size_t bytes, Stream& stream) {
+    if (!wire_on_device_) ToHost(at, bytes, stream);
+  }
+  void FromWire(size_t at, size_t bytes, Stream& stream) {
+    if (!wire_on_device_) ToDevice(at, bytes, stream);
+  }
 
  private:
-  const Scratch& device_side() const { return aliased_ ? host_ : device_; }
-
   Device* dev_ = nullptr;
-  bool aliased_ = true;
+  bool aliased_ = true, wire_on_device_ = false;
+  size_t bytes_ = 0;
   Scratch device_, host_;
 };
 

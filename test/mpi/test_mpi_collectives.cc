@@ -19,6 +19,7 @@
 #include "ops/collectives/reducescatter.h"
 #include "ops/comm/mpi_environment.h"
 #include "ops/comm/shm_communicator.h"
+#include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
 #include "test/support/reference.h"
 #include "test/support/sra_reference.h"
@@ -348,15 +349,26 @@ TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
   for (int bits : {2, 4, 8}) {
     std::vector<float> out(count);
     const CompressedAllreduceOptions o = AverageWith(in, out, "maxmin", bits);
-    OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { CompressedAllreduce(*topo.world, q); });
+    OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+      CompressedAllreduce(device_comm ? *DeviceMemoryCommunicator(*topo.world, TestDevice()) : *topo.world, q);
+    });
     ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "flat, bits " << bits;
     const std::vector<double> bound = SraBound(parts, 1.0 / world, bits, 512, false);
     for (size_t i = 0; i < count; ++i) ASSERT_LE(std::fabs(out[i] - exact[i]), bound[i]) << "flat " << i;
     if (topo.homogeneous && topo.local_size() > 1 && topo.cross_size() > 1) {
       for (bool leader_only : {false, true}) {
         std::fill(out.begin(), out.end(), 0.0f);
-        OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) {
-          HierarchicalCompressedAllreduce(topo, q, leader_only);
+        OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+          if (!device_comm) {
+      HierarchicalCompressedAllreduce(topo, q, leader_only);
+      return;
+    }
+          Topology on_device;  // the cross-node communicator on device memory, the node's on the host
+          on_device.world = DeviceMemoryCommunicator(*topo.world, TestDevice());
+          on_device.local = topo.local->Split(0, topo.local->rank());
+          on_device.cross = DeviceMemoryCommunicator(*topo.cross, TestDevice());
+          on_device.homogeneous = topo.homogeneous;
+          HierarchicalCompressedAllreduce(on_device, q, leader_only);
         });
         ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "hierarchical, leader only " << leader_only;
         double num = 0, den = 0;
@@ -371,7 +383,9 @@ TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
   std::vector<float> out(count);
   CompressedAllreduceOptions sparse = AverageWith(in, out, "topk");
   sparse.params.topk_ratio = 1.0;
-  OnHostAndDevice(sparse, [&](const CompressedAllreduceOptions& q) { SparseAllreduce(*topo.world, q); });
+  OnHostAndDevice(sparse, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+    SparseAllreduce(device_comm ? *DeviceMemoryCommunicator(*topo.world, TestDevice()) : *topo.world, q);
+  });
   ASSERT_TRUE(SameOnEveryRank(*topo.world, out));
   for (size_t i = 0; i < count; ++i) ASSERT_NEAR(out[i], exact[i], 1e-5) << "topk ratio 1, element " << i;
 }
@@ -390,7 +404,9 @@ TEST(Mpi, PipelinedCompressedAllreduceGivesTheSameBytesOverMpi) {
     CompressedAllreduceOptions o = AverageWith(in, out, "maxmin");
     o.segments = {1000, count - 1000};
     o.pipeline_stripes = stripes;
-    OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { CompressedAllreduce(*world, q); });
+    OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+      CompressedAllreduce(device_comm ? *DeviceMemoryCommunicator(*world, TestDevice()) : *world, q);
+    });
     ASSERT_TRUE(SameOnEveryRank(*world, out)) << "stripes " << stripes;
   }
   EXPECT_EQ(results[1], results[0]);

@@ -12,6 +12,7 @@
 #include "ops/collectives/compressed_allreduce.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
+#include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
 #include "test/support/harness.h"
 #include "test/support/reference.h"
@@ -35,16 +36,33 @@ CompressedAllreduceOptions Maxmin(const std::vector<float>& in, std::vector<floa
   return o;
 }
 
-// The collectives, run on the host and once more through the separate-memory device, which
-// must give the same bytes (test/support/device_twin.h).
+// The collectives, run on the host and again through the separate-memory device, with the
+// communicators staged through the host and with communicators that take device memory, which
+// must all give the same bytes (test/support/device_twin.h).
 void SraBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
-  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { CompressedAllreduce(comm, q); });
+  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+    CompressedAllreduce(device_comm ? *DeviceMemoryCommunicator(comm, TestDevice()) : comm, q);
+  });
 }
 void SparseBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
-  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { SparseAllreduce(comm, q); });
+  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+    SparseAllreduce(device_comm ? *DeviceMemoryCommunicator(comm, TestDevice()) : comm, q);
+  });
 }
+// With device_comm both the node's and the cross-node communicator take device memory.
 void HierarchicalBoth(const Topology& topo, const CompressedAllreduceOptions& o, bool leader_only) {
-  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q) { HierarchicalCompressedAllreduce(topo, q, leader_only); });
+  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+    if (!device_comm) {
+      HierarchicalCompressedAllreduce(topo, q, leader_only);
+      return;
+    }
+    Topology on_device;
+    on_device.world = DeviceMemoryCommunicator(*topo.world, TestDevice());
+    on_device.local = DeviceMemoryCommunicator(*topo.local, TestDevice());
+    on_device.cross = DeviceMemoryCommunicator(*topo.cross, TestDevice());
+    on_device.homogeneous = topo.homogeneous;
+    HierarchicalCompressedAllreduce(on_device, q, leader_only);
+  });
 }
 
 // Runs `run` on every rank with rank r's input Gradient(count, r, noise); returns all outputs.

@@ -42,13 +42,6 @@ std::vector<char> HostBytes(const void* p, size_t n) {
   return p == nullptr ? std::vector<char>() : std::vector<char>(c, c + n);
 }
 
-void Expect(bool same, const char* what, const CompressedAllreduceOptions& o) {
-  if (!same) {
-    GC_THROW("the separate-memory device run's ", what, " differs from the host run's (tensor '", o.name, "', ",
-             o.count, " values, codec ", o.codec->name(), ")");
-  }
-}
-
 }  // namespace
 
 Device& TestDevice() {
@@ -56,31 +49,38 @@ Device& TestDevice() {
   return *device;
 }
 
-void OnHostAndDevice(const CompressedAllreduceOptions& o,
-                     const std::function<void(const CompressedAllreduceOptions&)>& run) {
-  const size_t bytes = o.count * DataTypeSize(o.dtype), floats = o.count * sizeof(float);
-  const bool in_place = o.input == o.output;
-  const std::vector<char> input = HostBytes(o.input, bytes), output = HostBytes(o.output, bytes);
-  const std::vector<char> residual = HostBytes(o.residual, floats), reduced = HostBytes(o.reduced_residual, floats);
+namespace {
 
-  // The host run, on copies.
-  std::vector<char> h_in = input, h_out = output, h_res = residual, h_red = reduced;
-  std::vector<uint32_t> h_sent;
-  CompressedAllreduceOptions h = o;
-  h.device = nullptr;
-  h.workspace = nullptr;
-  h.input = h_in.data();
-  h.output = in_place ? h_in.data() : h_out.data();
-  if (o.residual) h.residual = reinterpret_cast<float*>(h_res.data());
-  if (o.reduced_residual) h.reduced_residual = reinterpret_cast<float*>(h_red.data());
-  if (o.sent_indices) h.sent_indices = &h_sent;
-  run(h);
+// What one run left: output, residuals, indices sent.
+struct Outcome {
+  std::vector<char> output, residual, reduced;
+  std::vector<uint32_t> sent;
+};
 
-  // The device run, with a workspace kept across calls as the runtime keeps one.
+void Expect(const Outcome& got, const Outcome& want, const char* how, const CompressedAllreduceOptions& o) {
+  const auto check = [&](bool same, const char* what) {
+    if (!same) {
+      GC_THROW("the separate-memory device run (", how, ")'s ", what, " differs from the host run's (tensor '",
+               o.name, "', ", o.count, " values, codec ", o.codec->name(), ")");
+    }
+  };
+  check(got.output == want.output, "output");
+  check(got.residual == want.residual, "residual");
+  check(got.reduced == want.reduced, "reduced residual");
+  check(got.sent == want.sent, "indices sent");
+}
+
+// One run on the device, from the host bytes of the buffers.
+Outcome DeviceRun(const CompressedAllreduceOptions& o, const std::vector<char>& input, const std::vector<char>& output,
+                  const std::vector<char>& residual, const std::vector<char>& reduced, bool device_comm,
+                  const std::function<void(const CompressedAllreduceOptions&, bool)>& run) {
+  // A workspace kept across calls, as the runtime keeps one.
   thread_local std::unique_ptr<CompressionWorkspace> ws;
   if (!ws) ws = std::make_unique<CompressionWorkspace>(TestDevice());
-  DeviceCopy d_in(input.data(), bytes), d_out(output.data(), bytes);
+  const bool in_place = o.input == o.output;
+  DeviceCopy d_in(input.data(), input.size()), d_out(output.data(), output.size());
   DeviceCopy d_res(residual.data(), residual.size()), d_red(reduced.data(), reduced.size());
+  Outcome r;
   CompressedAllreduceOptions d = o;
   d.device = &TestDevice();
   d.workspace = ws.get();
@@ -88,22 +88,50 @@ void OnHostAndDevice(const CompressedAllreduceOptions& o,
   d.output = in_place ? d_in.ptr() : d_out.ptr();
   d.residual = o.residual ? static_cast<float*>(d_res.ptr()) : nullptr;
   d.reduced_residual = o.reduced_residual ? static_cast<float*>(d_red.ptr()) : nullptr;
-  run(d);
+  d.sent_indices = o.sent_indices ? &r.sent : nullptr;
+  run(d, device_comm);
+  r.output = (in_place ? d_in : d_out).Read();
+  if (o.residual) r.residual = d_res.Read();
+  if (o.reduced_residual) r.reduced = d_red.Read();
+  return r;
+}
 
-  const std::vector<char> got = (in_place ? d_in : d_out).Read();
-  Expect(got == (in_place ? h_in : h_out), "output", o);
-  if (bytes > 0) std::memcpy(o.output, got.data(), bytes);
-  if (o.residual) {
-    const std::vector<char> r = d_res.Read();
-    Expect(r == h_res, "residual", o);
-    std::memcpy(o.residual, r.data(), floats);
-  }
-  if (o.reduced_residual) {
-    const std::vector<char> r = d_red.Read();
-    Expect(r == h_red, "reduced residual", o);
-    std::memcpy(o.reduced_residual, r.data(), floats);
-  }
-  if (o.sent_indices) Expect(*o.sent_indices == h_sent, "indices sent", o);
+}  // namespace
+
+void OnHostAndDevice(const CompressedAllreduceOptions& o,
+                     const std::function<void(const CompressedAllreduceOptions&, bool device_comm)>& run) {
+  const size_t bytes = o.count * DataTypeSize(o.dtype), floats = o.count * sizeof(float);
+  const bool in_place = o.input == o.output;
+  const std::vector<char> input = HostBytes(o.input, bytes), output = HostBytes(o.output, bytes);
+  const std::vector<char> residual = HostBytes(o.residual, floats), reduced = HostBytes(o.reduced_residual, floats);
+
+  // The host run, on copies.
+  Outcome host;
+  host.residual = residual;
+  host.reduced = reduced;
+  std::vector<char> h_in = input, h_out = output;
+  CompressedAllreduceOptions h = o;
+  h.device = nullptr;
+  h.workspace = nullptr;
+  h.input = h_in.data();
+  h.output = in_place ? h_in.data() : h_out.data();
+  if (o.residual) h.residual = reinterpret_cast<float*>(host.residual.data());
+  if (o.reduced_residual) h.reduced_residual = reinterpret_cast<float*>(host.reduced.data());
+  if (o.sent_indices) h.sent_indices = &host.sent;
+  run(h, false);
+  host.output = in_place ? h_in : h_out;
+  if (!o.residual) host.residual.clear();
+  if (!o.reduced_residual) host.reduced.clear();
+
+  const Outcome staged = DeviceRun(o, input, output, residual, reduced, false, run);
+  Expect(staged, host, "staged through the host", o);
+  const Outcome direct = DeviceRun(o, input, output, residual, reduced, true, run);
+  Expect(direct, host, "communicators on device memory", o);
+
+  if (bytes > 0) std::memcpy(o.output, direct.output.data(), bytes);
+  if (o.residual) std::memcpy(o.residual, direct.residual.data(), floats);
+  if (o.reduced_residual) std::memcpy(o.reduced_residual, direct.reduced.data(), floats);
+  if (o.sent_indices) *o.sent_indices = direct.sent;
 }
 
 }  // namespace gradcomp::testing

@@ -13,11 +13,14 @@ namespace gradcomp::testing {
 /// The separate-memory device the tests of a process share (thread-safe).
 Device& TestDevice();
 
-/// Runs the compressed collective `run` on the host with copies of o's buffers, then with every
-/// buffer (input, output, residuals) copied to TestDevice() and a workspace there; throws
-/// gradcomp::Error naming what differs unless both runs give the same bytes (output,
-/// residuals, indices sent). o's own buffers end as both runs left them.
+/// Runs a compressed collective three times: `run(options, false)` on the host with copies of
+/// o's buffers; then with every buffer (input, output, residuals) copied to TestDevice() and a
+/// workspace there, `run(options, false)` (the communicator staged through the host) and
+/// `run(options, true)`, where run must hand the collective communicators that take device
+/// memory (DeviceMemoryCommunicator, test/support/device_comm.h). Throws gradcomp::Error naming
+/// what differs unless every run gives the host's bytes (output, residuals, indices sent). o's
+/// own buffers end as the runs left them.
 void OnHostAndDevice(const CompressedAllreduceOptions& o,
-                     const std::function<void(const CompressedAllreduceOptions&)>& run);
+                     const std::function<void(const CompressedAllreduceOptions&, bool device_comm)>& run);
 
 }  // namespace gradcomp::testing
