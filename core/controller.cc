@@ -352,6 +352,10 @@ Response Controller::BuildResponse(const std::string& name, const TableEntry& en
   resp.postscale = ref.postscale;
   resp.compression = ref.compression;
   resp.shapes = {ref.shape};
+  // Device communicators only when every rank has the tensor in device memory (and none joined:
+  // a joined rank has no device buffer to contribute from).
+  resp.on_device = join_order_.empty() && static_cast<int>(entry.by_rank.size()) == size_;
+  for (const auto& [rank, req] : entry.by_rank) resp.on_device = resp.on_device && req.on_device;
   const std::string what = std::string(RequestTypeName(ref.type)) + " of tensor '" + name + "'";
   if (!FieldsAgree(entry.by_rank, what, &resp.error)) return resp;
   if (!join_order_.empty() && ref.type != RequestType::kAllreduce && ref.type != RequestType::kBarrier) {

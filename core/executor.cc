@@ -187,7 +187,10 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   if (record) {
     for (const auto& name : r.names) timeline_.Begin(name, "COMMUNICATE");
   }
-  if (&DeviceOf(entries) != &HostDevice()) {
+  const Topology* comms = DeviceComms(r, entries);
+  if (comms != nullptr && comms->world->device_memory() != nullptr) {
+    RunDeviceAllreduce(r, entries, o, *comms->world);
+  } else if (&DeviceOf(entries) != &HostDevice()) {
     RunStagedAllreduce(r, entries, o);
   } else {
     FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
@@ -199,6 +202,63 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     }
   }
   CompleteAll(entries);
+}
+
+const Topology* Executor::DeviceComms(const Response& r, const EntryList& entries) {
+  Device& device = DeviceOf(entries);
+  if (!r.on_device || !device_comms_ || &device == &HostDevice()) return nullptr;
+  OnDevice& on = On(device);
+  if (!on.comms_made) {
+    on.comms_made = true;  // once, whatever happens: every rank tried at the same response
+    auto world = device_comms_(*topo_.world, device, CommLevel::kWorld);
+    auto local = device_comms_(*topo_.local, device, CommLevel::kLocal);
+    auto cross = device_comms_(*topo_.cross, device, CommLevel::kCross);
+    if (world || local || cross) {
+      // Levels that stay on the host get copies of the host communicators (the topology owns its own).
+      const auto copy = [](Communicator& c) { return c.Split(0, c.rank()); };
+      on.comms = std::make_unique<Topology>();
+      on.comms->world = world ? std::move(world) : copy(*topo_.world);
+      on.comms->local = local ? std::move(local) : copy(*topo_.local);
+      on.comms->cross = cross ? std::move(cross) : copy(*topo_.cross);
+      on.comms->homogeneous = topo_.homogeneous;
+    }
+  }
+  return on.comms.get();
+}
+
+void Executor::RunDeviceAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o,
+                                  Communicator& comm) {
+  // The tensors packed on the device (or the one tensor in place), reduced by a communicator
+  // that reads device memory, finished and unpacked there.
+  OnDevice& on = On(DeviceOf(entries));
+  Device& device = on.device();
+  Stream& stream = on.stream();
+  WaitReady(entries);
+  const size_t n = r.names.size(), esize = DataTypeSize(r.dtype);
+  const bool in_place = n == 1 && entries[0];
+  char* buffer = in_place ? static_cast<char*>(entries[0]->output)
+                          : static_cast<char*>(on.fusion.Reserve(device, o.count * esize));
+  std::vector<size_t> counts(n);
+  for (size_t i = 0, at = 0; i < n; at += counts[i] * esize, ++i) {
+    counts[i] = static_cast<size_t>(NumElements(r.shapes[i]));
+    if (in_place) {
+      Transfer(device, buffer, EntryDevice(*entries[i]), entries[i]->input, counts[i] * esize);
+    } else if (!entries[i]) {
+      device.Fill(buffer + at, 0, counts[i] * esize, stream);
+    } else {
+      Transfer(device, buffer + at, EntryDevice(*entries[i]), entries[i]->input, counts[i] * esize);
+    }
+  }
+  if (o.prescale != 1.0) device.Scale(buffer, o.count, r.dtype, o.prescale, stream);
+  stream.Synchronize();
+  comm.Allreduce(buffer, buffer, o.count, r.dtype, r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op);
+  device.FinishReduction(buffer, o.count, r.dtype, r.op, r.postscale, comm.size(), stream);
+  if (!in_place) {
+    for (size_t i = 0, at = 0; i < n; at += counts[i] * esize, ++i) {
+      if (entries[i]) Transfer(EntryDevice(*entries[i]), entries[i]->output, device, buffer + at, counts[i] * esize);
+    }
+  }
+  stream.Synchronize();
 }
 
 void Executor::RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o) {
@@ -253,7 +313,8 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
       for (const auto& name : r.names) begin ? timeline_.Begin(name, phase) : timeline_.End(name, phase);
     };
   }
-  const CompressedAllreduceStats st = RunCompressedAlgorithm(codec, o);
+  const Topology* comms = DeviceComms(r, entries);
+  const CompressedAllreduceStats st = RunCompressedAlgorithm(codec, o, comms != nullptr ? *comms : topo_);
   if (feedback) {
     memory_.ScatterResiduals(device, on.stream(), r.names, staged.segments, o.residual,
                              static_cast<const float*>(on.reduced.data()));
@@ -373,10 +434,11 @@ CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const 
   return o;
 }
 
-CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o) {
-  if (codec.sparse()) return SparseAllreduce(*topo_.world, o);
-  if (UseHierarchy(true)) return HierarchicalCompressedAllreduce(topo_, o, settings_.intra_broadcast);
-  return CompressedAllreduce(*topo_.world, o);
+CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o,
+                                                          const Topology& topo) {
+  if (codec.sparse()) return SparseAllreduce(*topo.world, o);
+  if (UseHierarchy(true)) return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast);
+  return CompressedAllreduce(*topo.world, o);
 }
 
 void Executor::RunAllgather(const Response& r, EntryList& entries) {
@@ -415,6 +477,12 @@ void Executor::RunBroadcast(const Response& r, EntryList& entries) {
   Device& device = DeviceOf(entries);
   if (&device == &HostDevice()) {
     Broadcast(*topo_.world, o);
+    return CompleteAll(entries);
+  }
+  if (const Topology* comms = DeviceComms(r, entries); comms && comms->world->device_memory() != nullptr) {
+    WaitReady(entries);
+    StreamOf(device).Synchronize();
+    Broadcast(*comms->world, o);
     return CompleteAll(entries);
   }
   // A device buffer travels through host staging.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -19,14 +20,25 @@
 
 namespace gradcomp {
 
+/// Which communicator of the topology a device communicator stands in for.
+enum class CommLevel { kWorld, kLocal, kCross };
+/// Makes a communicator over `host`'s ranks that takes `device`'s memory (NCCL; collective over
+/// `host`), or returns null where that level stays on the host communicator with staging. Its
+/// answer for a level must be the same on every rank.
+using DeviceCommunicatorFactory =
+    std::function<std::unique_ptr<Communicator>(Communicator& host, Device& device, CommLevel level)>;
+
 /// This rank's entries for a response's names (nullptr where this rank joined and
 /// contributes zeros).
 using EntryList = std::vector<std::unique_ptr<TensorEntry>>;
 
 class Executor {
  public:
-  Executor(const Topology& topo, const Settings& settings, Timeline& timeline)
-      : topo_(topo), settings_(settings), timeline_(timeline) {}
+  /// `device_comms` (may be empty) makes the communicators that take device memory, used for
+  /// responses whose tensors are in device memory on every rank (Response::on_device).
+  Executor(const Topology& topo, const Settings& settings, Timeline& timeline,
+           DeviceCommunicatorFactory device_comms = {})
+      : topo_(topo), settings_(settings), timeline_(timeline), device_comms_(std::move(device_comms)) {}
 
   /// Local preparation that may fail (allocations); runs before the ranks agree to go on.
   void Prepare(const Response& response, EntryList& entries);
@@ -48,6 +60,10 @@ class Executor {
     CompressionWorkspace workspace;
     Scratch fusion, velocities, residual, reduced, bounce;
     Scratch host_stage;
+    /// The topology's communicators on this device's memory where the factory makes them
+    /// (the others: copies of the host ones); null when it makes none.
+    std::unique_ptr<Topology> comms;
+    bool comms_made = false;
   };
   OnDevice& On(Device& device);
   /// The device of a response's buffers on this rank: its first present entry's (host if none).
@@ -59,8 +75,13 @@ class Executor {
   void Transfer(Device& to, void* dst, Device& from, const void* src, size_t bytes);
   /// Waits for the streams of the entries' devices.
   void SynchronizeAll(const EntryList& entries);
+  /// The device communicators for a response, or null (host communicators, staging). Made at
+  /// the first response in device memory on every rank (collective).
+  const Topology* DeviceComms(const Response& r, const EntryList& entries);
   /// Uncompressed allreduce of entries on a device: through host staging.
   void RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o);
+  /// Uncompressed allreduce of entries on a device over a communicator that takes its memory.
+  void RunDeviceAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o, Communicator& comm);
   /// A compressed allreduce's buffer: where the tensors are packed (or the one tensor in place).
   struct Staged {
     OnDevice* on = nullptr;               ///< the device the buffer is on
@@ -75,7 +96,8 @@ class Executor {
   void UnstageCompressed(const Response& r, EntryList& entries, const Staged& staged);
   CompressedAllreduceOptions CompressedOptions(const Response& r, const Codec& codec, const Staged& staged);
   /// Runs the compressed allreduce algorithm that fits the codec and the topology.
-  CompressedAllreduceStats RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o);
+  CompressedAllreduceStats RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o,
+                                                  const Topology& topo);
   /// Hierarchical collectives: asked for, and a topology of equal nodes, several ranks per node
   /// and several nodes (GRADCOMP_INTRA_BROADCAST asks for it too in compressed allreduces).
   bool UseHierarchy(bool compressed) const;
@@ -87,6 +109,7 @@ class Executor {
   const Topology& topo_;
   const Settings& settings_;
   Timeline& timeline_;
+  const DeviceCommunicatorFactory device_comms_;
   std::vector<char> fusion_;   // fusion buffer of host allreduces, grown as needed
   std::vector<char> scratch_;  // zeros / receive space of joined ranks
   CompressionMemory memory_;         // kept per tensor name across steps

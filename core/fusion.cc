@@ -10,7 +10,7 @@ namespace gradcomp {
 bool Fusable(const Response& a, const Response& b) {
   return a.type == RequestType::kAllreduce && b.type == RequestType::kAllreduce && a.error.empty() &&
          b.error.empty() && a.dtype == b.dtype && a.op == b.op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.compression == b.compression;
+         a.postscale == b.postscale && a.compression == b.compression && a.on_device == b.on_device;
 }
 
 template <typename R>

@@ -43,6 +43,7 @@ Response Response::Single(size_t k) const {
   if (k < shapes.size()) s.shapes = {shapes[k]};
   s.rank_dims = rank_dims;  // only unfused types carry rank_dims
   s.last_joined = last_joined;
+  s.on_device = on_device;
   return s;
 }
 
@@ -94,8 +95,8 @@ uint64_t MinSpecBytes() {
   return w.Take().size();
 }
 const uint64_t kMinSpecBytes = MinSpecBytes();
-const uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8;
-const uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4;
+const uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 1;
+const uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4 + 1;
 
 class Reader {
  public:
@@ -181,6 +182,7 @@ std::string SerializeRequests(const std::vector<Request>& requests) {
     w.Pod(r.postscale);
     w.Spec(r.compression);
     w.Ints(r.splits);
+    w.Pod(static_cast<uint8_t>(r.on_device));
   }
   return w.Take();
 }
@@ -200,6 +202,7 @@ std::vector<Request> ParseRequests(const std::string& bytes) {
     r.postscale = rd.Pod<double>();
     r.compression = rd.Spec();
     r.splits = rd.Ints();
+    r.on_device = rd.Pod<uint8_t>() != 0;
   }
   GC_ENFORCE(rd.Done(), "trailing bytes after the request list");
   return out;
@@ -223,6 +226,7 @@ std::string SerializeResponses(const std::vector<Response>& responses) {
     for (const auto& s : r.shapes) w.Ints(s);
     w.Ints(r.rank_dims);
     w.Pod(r.last_joined);
+    w.Pod(static_cast<uint8_t>(r.on_device));
   }
   return w.Take();
 }
@@ -245,6 +249,7 @@ std::vector<Response> ParseResponses(const std::string& bytes) {
     for (auto& s : r.shapes) s = rd.Ints();
     r.rank_dims = rd.Ints();
     r.last_joined = rd.Pod<int32_t>();
+    r.on_device = rd.Pod<uint8_t>() != 0;
   }
   GC_ENFORCE(rd.Done(), "trailing bytes after the response list");
   return out;

@@ -40,6 +40,8 @@ struct Request {
   CompressionSpec compression;
   /// alltoall: rows sent to each rank (sums to shape[0]).
   std::vector<int64_t> splits;
+  /// The tensor lives in a device's memory on this rank (allreduce, broadcast).
+  bool on_device = false;
 
   /// Product of the shape (1 for a scalar).
   int64_t NumElements() const;
@@ -65,6 +67,9 @@ struct Response {
   std::vector<int64_t> rank_dims;
   /// join: the last rank to join.
   int32_t last_joined = -1;
+  /// The tensors are in device memory on every rank (and no rank has joined): the executor may
+  /// hand them to communicators that take device memory.
+  bool on_device = false;
 
   /// Bytes of the named tensors' payload (for fusion decisions).
   int64_t PayloadBytes() const;

@@ -18,6 +18,9 @@ bool Matches(const Request& req, const Response& resp, int rank) {
       req.prescale != resp.prescale || req.postscale != resp.postscale || req.compression != resp.compression) {
     return false;
   }
+  // A response for device memory needs this rank's tensor there; one staged through the host
+  // serves either.
+  if (resp.on_device && !req.on_device) return false;
   const std::vector<int64_t>& shape = resp.shapes[0];
   if (req.type == RequestType::kAllgather || req.type == RequestType::kAlltoall) {
     if (req.shape.size() != shape.size() || req.shape.empty()) return false;

@@ -10,10 +10,15 @@
 #include <unistd.h>
 
 #include "core/logging.h"
+#include "gradcomp/config.h"
 #include "ops/comm/mpi_environment.h"
 #include "ops/common/cpu.h"
 #include "ops/compression/codec.h"
 #include "ops/common/enforce.h"
+#if GRADCOMP_HAVE_NCCL_COMMUNICATOR
+#include "ops/comm/nccl_communicator.h"
+#include "ops/device/cuda_device.h"
+#endif
 
 namespace gradcomp {
 
@@ -31,18 +36,38 @@ std::string Describe(const Response& first, size_t tensors) {
   return out;
 }
 
+// nccl for GRADCOMP_INNER_COMMUNICATOR / _CROSS_ is for tensors in GPU memory; the node's
+// host tensors keep the shared-memory window.
 LocalTransport TransportFrom(const Settings& s) {
-  if (s.inner_communicator == "nccl") {
-    throw InvalidArgument(
-        "GRADCOMP_INNER_COMMUNICATOR=nccl (CGX_INNER_COMMUNICATOR_TYPE) needs GPU tensors and a build with "
-        "NCCL; use shm or mpi for CPU tensors");
+#if !GRADCOMP_HAVE_NCCL_COMMUNICATOR
+  for (const auto& [value, name] : {std::make_pair(s.inner_communicator, "GRADCOMP_INNER_COMMUNICATOR (CGX_INNER_COMMUNICATOR_TYPE)"),
+                                    std::make_pair(s.cross_communicator, "GRADCOMP_CROSS_COMMUNICATOR (CGX_CROSS_COMMUNICATOR_TYPE)")}) {
+    if (value == "nccl") {
+      throw InvalidArgument(std::string(name) + "=nccl needs a build with CUDA and NCCL, and this one has none; "
+                            "use shm or mpi");
+    }
   }
-  if (s.cross_communicator == "nccl") {
-    throw InvalidArgument(
-        "GRADCOMP_CROSS_COMMUNICATOR=nccl (CGX_CROSS_COMMUNICATOR_TYPE) needs GPU tensors and a build with NCCL; "
-        "use mpi for CPU tensors");
-  }
+#endif
   return s.inner_communicator == "mpi" ? LocalTransport::kMessages : LocalTransport::kSharedMemory;
+}
+
+// The communicators for tensors in device memory: the options' (tests), else NCCL on the GPU
+// of the tensors at the levels the settings ask it for.
+DeviceCommunicatorFactory DeviceCommunicatorsFrom(const RuntimeOptions& options) {
+  if (options.device_communicators) return options.device_communicators;
+#if GRADCOMP_HAVE_NCCL_COMMUNICATOR
+  const bool inner = options.settings.inner_communicator == "nccl";
+  const bool cross = options.settings.cross_communicator == "nccl";
+  if (!inner && !cross) return {};
+  return [inner, cross](Communicator& host, Device& device, CommLevel level) -> std::unique_ptr<Communicator> {
+    const bool wanted = level == CommLevel::kLocal ? inner : level == CommLevel::kCross ? cross : inner && cross;
+    const int ordinal = CudaOrdinal(device);
+    if (!wanted || ordinal < 0) return nullptr;
+    return CreateNcclCommunicator(host, ordinal);
+  };
+#else
+  return {};
+#endif
 }
 
 Topology MakeTopology(RuntimeOptions& options, Watchdog& watchdog) {
@@ -61,7 +86,7 @@ Runtime::Runtime(RuntimeOptions options)
       topo_(MakeTopology(options, watchdog_)),
       log_(MakeRankLogger(topo_.rank(), settings_.log_level, options.log_sink)),
       controller_(*topo_.world, settings_, *log_, timeline_),
-      executor_(topo_, settings_, timeline_),
+      executor_(topo_, settings_, timeline_, DeviceCommunicatorsFrom(options)),
       fault_injector_(std::move(options.fault_injector)) {
   for (const std::string& note : settings_.notes) log_->warn("{}", note);
   WarnIfPinnedToOneCore();
@@ -155,6 +180,7 @@ TensorEntry Runtime::NewEntry(const void* input, void* output, Placement placeme
 
 std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void* output, Placement placement) {
   TensorEntry entry = NewEntry(input, output, placement);
+  request.on_device = entry.device != nullptr;
   std::shared_ptr<Handle> handle = entry.handle;
   queue_->Push(std::move(request), std::move(entry));
   return handle;
@@ -226,6 +252,7 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
     requests.push_back(AllreduceRequest(names[i], dtype, shapes[i], op, prescale, postscale, compression));
     const Placement placement = placements.empty() ? Placement{} : placements[placements.size() == 1 ? 0 : i];
     entries.push_back(NewEntry(inputs[i], outputs[i], placement));
+    requests.back().on_device = entries.back().device != nullptr;
     handles.push_back(entries[i].handle);
   }
   queue_->PushGroup(std::move(requests), std::move(entries));

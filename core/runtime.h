@@ -37,6 +37,9 @@ struct RuntimeOptions {
   /// Test seam: called on the background thread before a tensor executes on this rank;
   /// an exception it throws must reach every rank with its message.
   std::function<void(const std::string& name)> fault_injector;
+  /// Communicators that take device memory (executor.h). Empty: NCCL for CUDA tensors where
+  /// GRADCOMP_INNER_COMMUNICATOR / _CROSS_ say nccl (and it is built), else host staging.
+  DeviceCommunicatorFactory device_communicators;
 };
 
 /// Where an operation's buffers live: a device (null: the host) and the stream of that device on

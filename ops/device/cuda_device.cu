@@ -158,6 +158,7 @@ class Cuda final : public Device {
 
   const char* name() const override { return name_.c_str(); }
   MemorySpace space() const override { return MemorySpace::kDevice; }
+  int ordinal() const { return ordinal_; }
 
   void* Allocate(size_t bytes) override {
     DeviceGuard guard(ordinal_);
@@ -319,6 +320,11 @@ Device& CudaDevice(int ordinal) {
   std::unique_ptr<Cuda>& d = devices[ordinal];
   if (!d) d = std::make_unique<Cuda>(ordinal);
   return *d;
+}
+
+int CudaOrdinal(const Device& device) {
+  const auto* cuda = dynamic_cast<const Cuda*>(&device);
+  return cuda != nullptr ? cuda->ordinal() : -1;
 }
 
 std::unique_ptr<Stream> WrapCudaStream(void* stream) { return std::make_unique<ForeignStream>(stream); }

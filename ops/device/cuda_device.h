@@ -13,6 +13,8 @@ namespace gradcomp {
 int CudaDeviceCount();
 /// The device for GPU `ordinal` (one per process and GPU); InvalidArgument if there is none.
 Device& CudaDevice(int ordinal);
+/// The GPU ordinal of a CUDA device, or -1 for any other device.
+int CudaOrdinal(const Device& device);
 /// A framework's cudaStream_t as a Stream of a CUDA device (not owned).
 std::unique_ptr<Stream> WrapCudaStream(void* stream);
 

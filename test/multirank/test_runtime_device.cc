@@ -2,7 +2,8 @@
 // tensors, float32 and float16, the layer filter's uncompressed tensors next to compressed
 // ones, error feedback and DGC memories carried across steps, a broadcast) run once with
 // every tensor on the host and again with every tensor on the separate-memory device (and
-// once with half of them there), and every step must give the same bytes.
+// with half of them there), through host staging and through communicators that take device
+// memory, and every step must give the same bytes.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "core/runtime.h"
 #include "ops/compression/cast_codec.h"
+#include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
 #include "test/support/harness.h"
 #include "test/support/sra_reference.h"
@@ -57,12 +59,20 @@ std::vector<char> GradientBytes(const Tensor& t, int rank, int step) {
 // Every rank's results, step after step, tensor after tensor, as bytes.
 using Results = std::vector<std::vector<char>>;
 
-Results Train(int world, const std::map<std::string, std::string>& vars, Where where, int steps = 3) {
+// With `device_comms` the runtime gets communicators that take the device's memory (as NCCL
+// would be for GPU tensors; test/support/device_comm.h).
+Results Train(int world, const std::map<std::string, std::string>& vars, Where where, bool device_comms = false,
+              int steps = 3) {
   Results results(static_cast<size_t>(world));
   RunRanks(world, [&](Communicator& comm) {
     RuntimeOptions options;
     options.settings = Settings::FromMap(vars);
     options.world = comm.Split(0, comm.rank());
+    if (device_comms) {
+      options.device_communicators = [](Communicator& host, Device& device, CommLevel) {
+        return DeviceMemoryCommunicator(host, device);
+      };
+    }
     Runtime rt(std::move(options));
     const auto& model = Model();
     std::unique_ptr<Stream> stream = TestDevice().NewStream();
@@ -148,11 +158,20 @@ TEST_P(RuntimeOnDevice, SameBytesAsOnTheHostAtEveryStep) {
     for (int r = 1; r < world; ++r) ASSERT_EQ(host[static_cast<size_t>(r)], host[0]) << "ranks differ on the host";
     const Results device = Train(world, GetParam(), Where::kDevice);
     const Results mixed = Train(world, GetParam(), Where::kMixed);
+    const size_t before = DeviceMemoryCommunicatorBytes();
+    const Results direct = Train(world, GetParam(), Where::kDevice, true);
+    ASSERT_GT(DeviceMemoryCommunicatorBytes(), before) << "the device communicators were not used";
+    const Results mixed_direct = Train(world, GetParam(), Where::kMixed, true);
     for (int r = 0; r < world; ++r) {
-      ASSERT_EQ(FirstDifference(device[static_cast<size_t>(r)], host[static_cast<size_t>(r)]), "")
+      const std::vector<char>& want = host[static_cast<size_t>(r)];
+      ASSERT_EQ(FirstDifference(device[static_cast<size_t>(r)], want), "")
           << "all on the device, world " << world << " rank " << r;
-      ASSERT_EQ(FirstDifference(mixed[static_cast<size_t>(r)], host[static_cast<size_t>(r)]), "")
+      ASSERT_EQ(FirstDifference(mixed[static_cast<size_t>(r)], want), "")
           << "half on the device, world " << world << " rank " << r;
+      ASSERT_EQ(FirstDifference(direct[static_cast<size_t>(r)], want), "")
+          << "all on the device, device communicators, world " << world << " rank " << r;
+      ASSERT_EQ(FirstDifference(mixed_direct[static_cast<size_t>(r)], want), "")
+          << "half on the device, device communicators, world " << world << " rank " << r;
     }
   }
 }
@@ -176,6 +195,43 @@ INSTANTIATE_TEST_SUITE_P(
       const auto codec = p.param.find("GRADCOMP_COMPRESSION");
       return std::to_string(p.index) + "_" + (codec == p.param.end() ? "none" : codec->second);
     });
+
+// One rank's tensor on the device, the other's on the host: the response is staged through the
+// host on both (device communicators are for tensors in device memory on every rank).
+TEST(RuntimeOnDevice, RanksThatDisagreeOnWhereATensorIsStageThroughTheHost) {
+  const size_t before = DeviceMemoryCommunicatorBytes();
+  std::vector<std::vector<float>> out(2);
+  RunRanks(2, [&](Communicator& comm) {
+    RuntimeOptions options;
+    options.settings = Settings::FromMap({{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_MIN_SIZE", "1"}});
+    options.world = comm.Split(0, comm.rank());
+    options.device_communicators = [](Communicator& host, Device& device, CommLevel) {
+      return DeviceMemoryCommunicator(host, device);
+    };
+    Runtime rt(std::move(options));
+    std::vector<float> x = Gradient(1000, rt.rank(), 0.5);
+    std::unique_ptr<Stream> stream = TestDevice().NewStream();
+    void* buf = x.data();
+    Placement placement;
+    if (rt.rank() == 0) {
+      buf = TestDevice().Allocate(x.size() * 4);
+      TestDevice().CopyFromHost(buf, x.data(), x.size() * 4, *stream);
+      placement = {&TestDevice(), stream.get()};
+    }
+    for (const char* name : {"w", "w2"}) {
+      rt.Allreduce(name, DataType::kFloat32, {10, 100}, buf, buf, ReduceOp::kAverage, 1, 1, nullptr, placement)
+          ->Wait();
+    }
+    if (rt.rank() == 0) {
+      TestDevice().CopyToHost(x.data(), buf, x.size() * 4, *stream);
+      TestDevice().Free(buf, x.size() * 4);
+    }
+    out[static_cast<size_t>(rt.rank())] = x;
+    return std::string();
+  });
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_EQ(DeviceMemoryCommunicatorBytes(), before);
+}
 
 }  // namespace
 }  // namespace gradcomp

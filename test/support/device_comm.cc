@@ -1,5 +1,6 @@
 #include "test/support/device_comm.h"
 
+#include <atomic>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -7,6 +8,8 @@
 namespace gradcomp::testing {
 
 namespace {
+
+std::atomic<size_t> moved{0};
 
 size_t Sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
 
@@ -123,6 +126,7 @@ class DeviceMemory final : public Communicator {
   }
   // The device bytes at `data`, on the host.
   std::vector<char> In(const void* data, size_t bytes) {
+    moved += bytes;
     std::vector<char> tmp(bytes);
     device_.CopyToHost(tmp.data(), data, bytes, *stream_);
     stream_->Synchronize();
@@ -140,6 +144,8 @@ class DeviceMemory final : public Communicator {
 };
 
 }  // namespace
+
+size_t DeviceMemoryCommunicatorBytes() { return moved.load(); }
 
 std::unique_ptr<Communicator> DeviceMemoryCommunicator(Communicator& inner, Device& device) {
   return std::make_unique<DeviceMemory>(inner, nullptr, device);

@@ -15,5 +15,8 @@ namespace gradcomp::testing {
 
 /// `inner` (borrowed; it must outlive the result), taking `device`'s memory.
 std::unique_ptr<Communicator> DeviceMemoryCommunicator(Communicator& inner, Device& device);
+/// Bytes moved through every such communicator of the process so far (tests check that a
+/// path really used one).
+size_t DeviceMemoryCommunicatorBytes();
 
 }  // namespace gradcomp::testing

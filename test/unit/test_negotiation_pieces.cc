@@ -56,8 +56,11 @@ TEST(Messages, RequestsAndResponsesRoundTrip) {
   q.compression.codec = "maxmin";
   q.compression.bits = 3;
   q.splits = {1, 3};
+  q.on_device = true;
   const std::vector<Request> back = ParseRequests(SerializeRequests({q, Request()}));
   ASSERT_EQ(back.size(), 2u);
+  EXPECT_TRUE(back[0].on_device);
+  EXPECT_FALSE(back[1].on_device);
   EXPECT_EQ(back[0].name, q.name);
   EXPECT_EQ(back[0].shape, q.shape);
   EXPECT_EQ(back[0].splits, q.splits);
@@ -68,8 +71,11 @@ TEST(Messages, RequestsAndResponsesRoundTrip) {
   r.error = "boom";
   r.rank_dims = {1, 2, 3};
   r.last_joined = 1;
+  r.on_device = true;
   const std::vector<Response> rb = ParseResponses(SerializeResponses({r}));
   ASSERT_EQ(rb.size(), 1u);
+  EXPECT_TRUE(rb[0].on_device);
+  EXPECT_TRUE(r.Single(0).on_device);
   EXPECT_EQ(rb[0].error, "boom");
   EXPECT_EQ(rb[0].rank_dims, r.rank_dims);
   EXPECT_EQ(rb[0].shapes, r.shapes);
@@ -121,9 +127,12 @@ TEST(Fusion, FusesCompatibleTensorsUpToTheThreshold) {
   Response bcast = Allreduce("b", 256);
   bcast.type = RequestType::kBroadcast;
   in.push_back(bcast);
+  Response device = Allreduce("dev", 256);  // in device memory: not fused with host tensors
+  device.on_device = true;
+  in.push_back(device);
 
   const std::vector<Response> out = FuseResponses(in, 4096);  // 4 float32 tensors per buffer
-  ASSERT_EQ(out.size(), 3u + 5u);
+  ASSERT_EQ(out.size(), 3u + 6u);
   EXPECT_EQ(out[0].names, (std::vector<std::string>{"f0", "f1", "f2", "f3"}));
   EXPECT_EQ(out[1].names, (std::vector<std::string>{"f4", "f5", "f6", "f7"}));
   EXPECT_EQ(out[2].names, (std::vector<std::string>{"f8", "f9"}));
@@ -215,6 +224,19 @@ TEST(ResponseCache, HitsMismatchesAndLeastRecentlyUsedEviction) {
   EXPECT_EQ(cache.Find(mine, 1, &pos), ResponseCache::Lookup::kHit);
   mine.shape = {2, 2};
   EXPECT_EQ(cache.Find(mine, 1, &pos), ResponseCache::Lookup::kMismatch);
+  // A response for device memory needs the tensor there; one staged through the host serves both.
+  Response d = Allreduce("d", 4);
+  d.on_device = true;
+  cache.Put(d);
+  Request host_now = RequestFor(d, 0);
+  EXPECT_EQ(cache.Find(host_now, 0, &pos), ResponseCache::Lookup::kMismatch);
+  host_now.on_device = true;
+  EXPECT_EQ(cache.Find(host_now, 0, &pos), ResponseCache::Lookup::kHit);
+  Response h = Allreduce("h", 4);
+  cache.Put(h);
+  Request device_now = RequestFor(h, 0);
+  device_now.on_device = true;
+  EXPECT_EQ(cache.Find(device_now, 0, &pos), ResponseCache::Lookup::kHit);
 }
 
 TEST(StallInspector, WarnsOnceThenAsksForShutdown) {
