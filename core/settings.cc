@@ -112,6 +112,9 @@ const std::vector<Entry>& Registry() {
        "mpi|nccl"},
       {"GRADCOMP_INTRA_BROADCAST", "CGX_INTRA_BROADCAST", Kind::kBool, Of(&Settings::intra_broadcast), "0",
        "in hierarchical operations only one rank per node crosses the network, then broadcasts in the node"},
+      {"GRADCOMP_CUDA_DATA_PATH", nullptr, Kind::kBool, Of(&Settings::cuda_data_path), "1",
+       "GPU tensors stay on the GPU (encode, reduce, decode there; only encoded bytes staged) in builds with CUDA; 0 "
+       "stages whole tensors through host memory"},
       {"GRADCOMP_SHM_BUFFER_MB", nullptr, Kind::kInt, Of(&Settings::shm_buffer_mb), "16",
        "size of each rank's staging area in the node's shared-memory window", 1, 4096},
       {"GRADCOMP_PIPELINE_STRIPES", nullptr, Kind::kInt, Of(&Settings::pipeline_stripes), "0",

@@ -29,6 +29,7 @@ struct Settings {
   std::string inner_communicator;
   std::string cross_communicator;
   bool intra_broadcast = false;
+  bool cuda_data_path = true;
   int64_t shm_buffer_mb = 0;
   int64_t pipeline_stripes = 0;
   std::string timeline;

@@ -11,6 +11,9 @@
 
 #include "core/settings.h"
 #include "gradcomp/config.h"
+#if GRADCOMP_HAVE_NCCL_COMMUNICATOR
+#include "ops/comm/nccl_communicator.h"
+#endif
 #include "ops/collectives/compressed_allreduce.h"
 #include "ops/comm/communicator.h"
 #include "ops/common/enforce.h"
@@ -191,11 +194,16 @@ PYBIND11_MODULE(_core, m) {
     d["version"] = GRADCOMP_VERSION;
     d["cuda_toolkit_found"] = GRADCOMP_HAVE_CUDA == 1;
     d["nccl_found"] = GRADCOMP_HAVE_NCCL == 1;
-    // The CUDA codec kernels may be compiled in, but the runtime has no GPU data path yet
-    // (tensors on a GPU are staged through host memory) and no NCCL communicator.
+    // The GPU data path (the CUDA device and its kernels) and the NCCL communicator, as built;
+    // neither has run on a GPU yet (docs/design.md "Devices").
     d["cuda_kernels"] = GRADCOMP_HAVE_CUDA_KERNELS == 1;
-    d["cuda"] = false;
-    d["nccl"] = false;
+    d["cuda"] = GRADCOMP_HAVE_CUDA_KERNELS == 1;
+    d["nccl"] = GRADCOMP_HAVE_NCCL_COMMUNICATOR == 1;
+#if GRADCOMP_HAVE_NCCL_COMMUNICATOR
+    d["nccl_version"] = NcclVersionCode();
+#else
+    d["nccl_version"] = 0;
+#endif
     return d;
   }, "What this build of gradcomp contains");
   BindSettings(m);

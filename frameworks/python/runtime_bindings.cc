@@ -16,7 +16,11 @@
 #include <vector>
 
 #include "core/runtime.h"
+#include "gradcomp/config.h"
 #include "ops/common/enforce.h"
+#if GRADCOMP_HAVE_CUDA_KERNELS
+#include "ops/device/cuda_device.h"
+#endif
 
 namespace py = pybind11;
 
@@ -120,21 +124,52 @@ std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& o
   return std::make_unique<Runtime>(std::move(options));
 }
 
+/// Where an adapter's buffers are: `device` -1 is host memory; a GPU ordinal is that GPU's memory,
+/// its input produced on `stream` (the framework's cudaStream_t; 0: the legacy default stream).
+/// `holder` keeps the stream wrapper alive for the call.
+class Where {
+ public:
+  Where(int device, uintptr_t stream, const std::string& what) {
+    if (device < 0) return;
+#if GRADCOMP_HAVE_CUDA_KERNELS
+    try {
+      placement_.device = &CudaDevice(device);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(what + ": " + e.what());
+    }
+    stream_ = WrapCudaStream(reinterpret_cast<void*>(stream));
+    placement_.stream = stream_.get();
+#else
+    (void)stream;
+    throw InvalidArgument(what + ": the tensor is on GPU " + std::to_string(device) +
+                          " but this gradcomp was built without CUDA");
+#endif
+  }
+  Placement placement() const { return placement_; }
+
+ private:
+  std::unique_ptr<Stream> stream_;
+  Placement placement_;
+};
+
 // Every buffer is (address, dtype code, shape); `keep` owns the memory until completion.
 PyHandle AllreduceAsync(Runtime& rt, uintptr_t input, uintptr_t output, int dtype, const std::vector<int64_t>& shape,
                         const std::string& name, int op, double pre, double post, const py::object& compression,
-                        py::object keep) {
-  const DataType dt = DtypeFromInt(dtype, "allreduce of '" + name + "'");
+                        py::object keep, int device, uintptr_t stream) {
+  const std::string what = "allreduce of '" + name + "'";
+  const DataType dt = DtypeFromInt(dtype, what);
   const std::optional<CompressionSpec> spec = SpecFrom(compression);
+  const Where where(device, stream, what);
   auto h = rt.Allreduce(name, dt, shape, Ptr(input), MutablePtr(output), ReduceOpFromInt(op), pre, post,
-                        spec ? &*spec : nullptr);
+                        spec ? &*spec : nullptr, where.placement());
   return PyHandle{h, std::move(keep)};
 }
 
 std::vector<PyHandle> GroupedAllreduceAsync(Runtime& rt, const std::vector<uintptr_t>& buffers, int dtype,
                                             const std::vector<std::vector<int64_t>>& shapes,
                                             const std::vector<std::string>& names, int op, double pre, double post,
-                                            const py::object& compression, py::object keep) {
+                                            const py::object& compression, py::object keep, int device,
+                                            uintptr_t stream) {
   if (buffers.size() != names.size() || buffers.size() != shapes.size() || buffers.empty()) {
     throw InvalidArgument("grouped allreduce needs one name and shape per tensor (and at least one tensor)");
   }
@@ -146,8 +181,9 @@ std::vector<PyHandle> GroupedAllreduceAsync(Runtime& rt, const std::vector<uintp
     outs.push_back(MutablePtr(b));
   }
   const std::optional<CompressionSpec> spec = SpecFrom(compression);
+  const Where where(device, stream, "grouped allreduce of '" + names[0] + "'");
   auto hs = rt.GroupedAllreduce(names, dt, shapes, ins, outs, ReduceOpFromInt(op), pre, post,
-                                spec ? &*spec : nullptr);
+                                spec ? &*spec : nullptr, {where.placement()});
   std::vector<PyHandle> out;
   for (auto& h : hs) out.push_back(PyHandle{h, keep});
   return out;
@@ -202,25 +238,34 @@ void BindRuntime(py::module& m) {
       .def("allreduce_async",
            &AllreduceAsync,
            py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"),
-           py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"))
+           py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"), py::arg("device") = -1,
+           py::arg("stream") = 0, "device: -1 for host memory, else the GPU ordinal; stream: its cudaStream_t")
       .def("grouped_allreduce_async",
            &GroupedAllreduceAsync,
            py::arg("buffers"), py::arg("dtype"), py::arg("shapes"), py::arg("names"), py::arg("op"),
-           py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"),
-           "In-place allreduce of every buffer, negotiated as one group")
+           py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"), py::arg("device") = -1,
+           py::arg("stream") = 0, "In-place allreduce of every buffer, negotiated as one group")
       .def("allgather_async",
            [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
               py::object keep) {
              auto h = rt.Allgather(name, DtypeFromInt(dtype, "allgather of '" + name + "'"), shape, Ptr(input));
              return PyHandle{h, std::move(keep)};
            })
-      .def("broadcast_async",
-           [](Runtime& rt, uintptr_t buffer, int dtype, const std::vector<int64_t>& shape, int root,
-              const std::string& name, py::object keep) {
-             auto h = rt.Broadcast(name, DtypeFromInt(dtype, "broadcast of '" + name + "'"), shape,
-                                   MutablePtr(buffer), root);
-             return PyHandle{h, std::move(keep)};
-           })
+      .def(
+          "broadcast_async",
+          [](Runtime& rt, uintptr_t buffer, int dtype, const std::vector<int64_t>& shape, int root,
+             const std::string& name, py::object keep, int device, uintptr_t stream) {
+            const std::string what = "broadcast of '" + name + "'";
+            const Where where(device, stream, what);
+            auto h = rt.Broadcast(name, DtypeFromInt(dtype, what), shape, MutablePtr(buffer), root, where.placement());
+            return PyHandle{h, std::move(keep)};
+          },
+          py::arg("buffer"), py::arg("dtype"), py::arg("shape"), py::arg("root"), py::arg("name"), py::arg("keep"),
+          py::arg("device") = -1, py::arg("stream") = 0)
+      .def_property_readonly(
+          "cuda_data_path",
+          [](const Runtime& rt) { return GRADCOMP_HAVE_CUDA_KERNELS == 1 && rt.settings().cuda_data_path; },
+          "whether GPU tensors are handed to the runtime in GPU memory (a CUDA build, GRADCOMP_CUDA_DATA_PATH=1)")
       .def("alltoall_async",
            [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape,
               const std::vector<int64_t>& splits, const std::string& name, py::object keep) {

@@ -208,6 +208,8 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
+int NcclVersionCode() { return NCCL_VERSION_CODE; }
+
 std::unique_ptr<Communicator> CreateNcclCommunicator(Communicator& bootstrap, int device) {
   const int rank_ = bootstrap.rank();  // for the check macros
   GC_CUDA_CHECK(cudaSetDevice(device));

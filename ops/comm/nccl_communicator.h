@@ -18,4 +18,8 @@ namespace gradcomp {
 /// NCCL communicator on CUDA device `device`. NCCL needs one GPU per rank of a communicator.
 std::unique_ptr<Communicator> CreateNcclCommunicator(Communicator& bootstrap, int device);
 
+/// NCCL_VERSION_CODE of the headers this was built with (22809 for 2.28.9), as Horovod's
+/// nccl_built() reports it.
+int NcclVersionCode();
+
 }  // namespace gradcomp

@@ -1,9 +1,10 @@
 // The CUDA device (device.h): cudaMalloc'd memory (BufferPool caches it), page-locked host
 // staging, non-blocking streams and timing-free events, and kernels that write the CPU
 // kernels' bytes: the codec kernels of ops/compression/cuda (max-min and the casts), and here
-// the float32 arithmetic the data path needs (reduce, scale, the average's division,
-// differences, finiteness, DGC's accumulation and masking), compiled with --fmad=false so no
-// multiply-add is contracted where the CPU rounds twice. Built when CMake finds CUDA.
+// the arithmetic the data path needs (reduce, scale and the average's division for the float
+// dtypes; float32 differences, finiteness, DGC's accumulation and masking), compiled with
+// --fmad=false so no multiply-add is contracted where the CPU rounds twice. Built when CMake
+// finds CUDA.
 #include <cuda_runtime.h>
 
 #include <map>
@@ -14,11 +15,16 @@
 #include "ops/common/enforce.h"
 #include "ops/compression/cast_codec.h"
 #include "ops/compression/cuda/codec_cuda.h"
+#include "ops/compression/cuda/elements.cuh"
 #include "ops/device/cuda_device.h"
 
 namespace gradcomp {
 
 namespace {
+
+using cuda::BF16;
+using cuda::F16;
+using cuda::F32;
 
 void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) GC_THROW("CUDA ", what, ": ", cudaGetErrorString(e));
@@ -101,16 +107,55 @@ unsigned Blocks(size_t n) {
 #define GC_GRID_LOOP(i, n) \
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < (n); i += size_t{blockDim.x} * gridDim.x)
 
-__global__ void ReduceKernel(float* d, const float* a, const float* b, size_t n, int op) {
+template <typename E>
+__global__ void ReduceKernel(typename E::T* d, const typename E::T* a, const typename E::T* b, size_t n, int op) {
   GC_GRID_LOOP(i, n) {
-    const float x = a[i], y = b[i];
-    d[i] = op == 0 ? x + y : op == 1 ? x * y : op == 2 ? (y < x ? y : x) : (x < y ? y : x);
+    const float x = E::Load(a + i), y = E::Load(b + i);
+    E::Store(d + i, op == 0 ? x + y : op == 1 ? x * y : op == 2 ? (y < x ? y : x) : (x < y ? y : x));
   }
 }
 
-__global__ void ScaleKernel(float* b, size_t n, float f, bool divide) {
-  GC_GRID_LOOP(i, n) { b[i] = divide ? b[i] / f : b[i] * f; }
+template <typename E>
+__global__ void ScaleKernel(typename E::T* b, size_t n, float f, bool divide) {
+  GC_GRID_LOOP(i, n) {
+    const float x = E::Load(b + i);
+    E::Store(b + i, divide ? x / f : x * f);
+  }
 }
+
+// Runs kernel<E> for the float dtype of the data path (float32, float16, bfloat16).
+template <template <typename> class Launch, typename... Args>
+void ForFloat(DataType dtype, const char* what, Args... args) {
+  switch (dtype) {
+    case DataType::kFloat32: return Launch<F32>::Run(args...);
+    case DataType::kFloat16: return Launch<F16>::Run(args...);
+    case DataType::kBFloat16: return Launch<BF16>::Run(args...);
+    default:
+      throw InvalidArgument(std::string("CUDA device: ") + what + " takes float32, float16 or bfloat16, not " +
+                            DataTypeName(dtype));
+  }
+}
+
+template <typename E>
+struct LaunchReduce {
+  static void Run(void* d, const void* a, const void* b, size_t n, int op, cudaStream_t s) {
+    ReduceKernel<E><<<Blocks(n), kThreads, 0, s>>>(static_cast<typename E::T*>(d),
+                                                   static_cast<const typename E::T*>(a),
+                                                   static_cast<const typename E::T*>(b), n, op);
+  }
+};
+
+template <typename E>
+struct LaunchNothing {
+  static void Run() {}
+};
+
+template <typename E>
+struct LaunchScale {
+  static void Run(void* b, size_t n, float f, bool divide, cudaStream_t s) {
+    ScaleKernel<E><<<Blocks(n), kThreads, 0, s>>>(static_cast<typename E::T*>(b), n, f, divide);
+  }
+};
 
 __global__ void SubtractKernel(float* d, const float* a, const float* b, size_t n) {
   GC_GRID_LOOP(i, n) { d[i] = a[i] - b[i]; }
@@ -137,13 +182,6 @@ __global__ void DgcKernel(float* u, float* v, float* g, size_t n, float m, bool 
 
 __global__ void ZeroAtKernel(float* b, const uint32_t* idx, size_t count) {
   GC_GRID_LOOP(j, count) { b[idx[j]] = 0.0f; }
-}
-
-void RequireFloat32(DataType dtype, const char* what) {
-  if (dtype != DataType::kFloat32) {
-    throw InvalidArgument(std::string("CUDA device: ") + what + " takes float32 (the data path's working type), not " +
-                          DataTypeName(dtype));
-  }
 }
 
 class Cuda final : public Device {
@@ -198,7 +236,6 @@ class Cuda final : public Device {
     cuda::Cast(in, in_dtype, n, out, out_dtype, accumulate, s.native());
   }
   void Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Stream& s) override {
-    RequireFloat32(dtype, "Reduce");
     int code = 0;
     switch (op) {
       case ReduceOp::kSum: code = 0; break;
@@ -207,24 +244,19 @@ class Cuda final : public Device {
       case ReduceOp::kMax: code = 3; break;
       default: throw InvalidArgument(std::string("CUDA device: Reduce does not take op ") + ReduceOpName(op));
     }
-    if (n == 0) return;
-    ReduceKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(static_cast<float*>(dst), static_cast<const float*>(a),
-                                                        static_cast<const float*>(b), n, code);
-    cuda::CheckLaunch("Reduce");
+    ForFloat<LaunchReduce>(dtype, "Reduce", dst, a, b, n, code, Native(s));
+    if (n > 0) cuda::CheckLaunch("Reduce");
   }
   void Scale(void* buf, size_t n, DataType dtype, double factor, Stream& s) override {
-    RequireFloat32(dtype, "Scale");
-    if (n == 0 || factor == 1.0) return;
-    ScaleKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(static_cast<float*>(buf), n, static_cast<float>(factor), false);
-    cuda::CheckLaunch("Scale");
+    if (factor == 1.0) return ForFloat<LaunchNothing>(dtype, "Scale");
+    ForFloat<LaunchScale>(dtype, "Scale", buf, n, static_cast<float>(factor), false, Native(s));
+    if (n > 0) cuda::CheckLaunch("Scale");
   }
   void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double postscale, int ranks,
                        Stream& s) override {
-    RequireFloat32(dtype, "FinishReduction");
-    if (n == 0) return;
-    if (op == ReduceOp::kAverage && ranks != 1) {
-      ScaleKernel<<<Blocks(n), kThreads, 0, Native(s)>>>(static_cast<float*>(buf), n, static_cast<float>(ranks), true);
-      cuda::CheckLaunch("FinishReduction");
+    if (op == ReduceOp::kAverage && ranks != 1) {  // a true division, as the CPU's
+      ForFloat<LaunchScale>(dtype, "FinishReduction", buf, n, static_cast<float>(ranks), true, Native(s));
+      if (n > 0) cuda::CheckLaunch("FinishReduction");
     }
     Scale(buf, n, dtype, postscale, s);
   }

@@ -1,6 +1,7 @@
 // The CUDA device (cuda_device.cu), built when CMake finds CUDA (GRADCOMP_HAVE_CUDA_KERNELS in
 // gradcomp/config.h). Its codec kernels are max-min and the casts (none, fp16, bf16); topk has
-// none yet. Its arithmetic kernels take float32, the data path's working type.
+// none yet. Its reduce, scale and average kernels take float32, float16 and bfloat16 (computed
+// in float32 and rounded back, as the CPU's); other dtypes are an InvalidArgument.
 #pragma once
 
 #include <memory>

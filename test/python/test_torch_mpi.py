@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import gradcomp.torch as hvd
+from gradcomp import _core, basics
 from mpi_fixtures import torch_runtime
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
@@ -59,7 +60,22 @@ def test_topology_and_probes():
     assert 0 <= hvd.local_rank() < hvd.local_size() and 0 <= hvd.cross_rank() < hvd.cross_size()
     assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
     assert not hvd.gloo_built() and not hvd.rocm_built() and not hvd.ddl_built() and not hvd.ccl_built()
-    assert hvd.cuda_built() is False and hvd.nccl_built() is False  # GPU paths not built yet
+    # The GPU data path and NCCL as built (a CUDA build compiles both; neither needs a GPU to build).
+    info = _core.build_info()
+    assert hvd.cuda_built() is info["cuda_kernels"]
+    assert hvd.nccl_built() == (info["nccl_version"] if info["nccl"] else 0)
+    assert not info["nccl"] or hvd.nccl_built() >= 2700  # a version code, as Horovod's
+
+
+def test_a_tensor_on_a_gpu_that_does_not_exist_is_a_clear_error():
+    # An ordinal no machine has: in a CUDA build the device does not exist, in another there is no CUDA.
+    # Either way the error names the tensor before anything is submitted, on every rank.
+    x = torch.ones(4)
+    ordinal = torch.cuda.device_count() + 7
+    with pytest.raises(ValueError, match=r"allreduce of 'gpu\.x': .*(does not exist|built without CUDA)"):
+        basics.runtime().allreduce_async(x.data_ptr(), x.data_ptr(), 6, [4], "gpu.x", hvd.Sum, 1.0, 1.0, None, x,
+                                         device=ordinal, stream=0)
+    assert hvd.allreduce(x, name="after.gpu.x", op=hvd.Sum).tolist() == [float(hvd.size())] * 4
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -9,6 +9,7 @@
 
 #include "ops/common/enforce.h"
 #include "ops/common/half.h"
+#include "ops/compression/cuda/elements.cuh"
 #include "ops/compression/maxmin_math.h"
 
 namespace gradcomp::cuda {
@@ -18,22 +19,6 @@ using codec_kernels::MaxMinArgs;
 using maxmin::Meta;
 
 constexpr int kThreads = 256;
-
-struct F32 {
-  using T = float;
-  __device__ static float Load(const T* p) { return *p; }
-  __device__ static void Store(T* p, float v) { *p = v; }
-};
-struct F16 {
-  using T = uint16_t;
-  __device__ static float Load(const T* p) { return HalfBitsToFloat(*p); }
-  __device__ static void Store(T* p, float v) { *p = FloatToHalfBits(v); }
-};
-struct BF16 {
-  using T = uint16_t;
-  __device__ static float Load(const T* p) { return BFloat16BitsToFloat(*p); }
-  __device__ static void Store(T* p, float v) { *p = FloatToBFloat16Bits(v); }
-};
 
 cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
 

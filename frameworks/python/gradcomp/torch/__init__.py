@@ -65,14 +65,16 @@ def gloo_enabled():
 
 
 def nccl_built():
-    """NCCL communicators are compiled when the CUDA toolkit was found at build time."""
+    """As Horovod: the NCCL version code the NCCL communicator was built with (22809 for
+    2.28.9), or 0 when it was not (it is when CMake finds CUDA and NCCL)."""
     from gradcomp import _core
-    return bool(_core.build_info().get("nccl", False))
+    return int(_core.build_info()["nccl_version"])
 
 
 def cuda_built():
+    """Whether the GPU data path (the CUDA device and its kernels) is compiled in."""
     from gradcomp import _core
-    return bool(_core.build_info().get("cuda", False))
+    return bool(_core.build_info()["cuda"])
 
 
 def rocm_built():

@@ -32,40 +32,53 @@ def _check_tensor(tensor, what):
 
 
 class _Staged:
-    """A contiguous host tensor standing for `tensor` during one operation."""
+    """The buffer the runtime works on for `tensor` during one operation: the tensor itself when
+    it is contiguous in host memory, or in GPU memory where the operation takes device buffers
+    (`on_device`) and the runtime has the CUDA data path; else a contiguous host copy."""
 
-    def __init__(self, tensor, what, copy_in=True):
+    def __init__(self, tensor, what, copy_in=True, on_device=False):
         _check_tensor(tensor, what)
         self.code = dtype_code(tensor, what)
         self.original = tensor
+        self.device, self.stream = -1, 0  # host memory
         t = tensor.detach()
-        if t.device.type == "cpu" and t.is_contiguous():
-            self.host = t
+        if t.is_cuda and on_device and _b.runtime().cuda_data_path:
+            # Encoded, reduced and decoded on the GPU; only encoded bytes reach the host.
+            self.buffer = t if t.is_contiguous() else t.contiguous()
+            self.device = t.device.index
+            self.stream = torch.cuda.current_stream(t.device).cuda_stream
+        elif t.device.type == "cpu" and t.is_contiguous():
+            self.buffer = t
         elif copy_in:
-            self.host = t.to("cpu").contiguous()
+            self.buffer = t.to("cpu").contiguous()
         else:
-            self.host = torch.empty(t.shape, dtype=t.dtype)
-        self.in_place = self.host.data_ptr() == t.data_ptr() and t.device.type == "cpu"
+            self.buffer = torch.empty(t.shape, dtype=t.dtype)
+        self.in_place = self.buffer.data_ptr() == t.data_ptr() and self.buffer.device == t.device
 
     @property
     def ptr(self):
-        return self.host.data_ptr()
+        return self.buffer.data_ptr()
 
     @property
     def shape(self):
-        return list(self.host.shape)
+        return list(self.buffer.shape)
 
     def write_back(self):
-        """Copies the host result into the original tensor (no-op when it was used in place)."""
+        """Copies the result into the original tensor (no-op when it was used in place)."""
         if not self.in_place:
             with torch.no_grad():
-                self.original.copy_(self.host)
+                self.original.copy_(self.buffer)
         return self.original
 
 
 def _new_output(like):
-    """An uninitialized host tensor shaped like `like`."""
-    return torch.empty(like.shape, dtype=like.dtype)
+    """An uninitialized tensor shaped like `like`, in the same memory."""
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+
+
+def _same_gpu(tensors):
+    """Whether every tensor is on one GPU (a grouped operation hands them over as one placement)."""
+    return all(t.is_cuda for t in tensors) and len({t.device for t in tensors}) == 1
 
 
 def _from_bytes(native, dtype, device):
@@ -83,7 +96,7 @@ def _from_bytes(native, dtype, device):
 def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, compression):
     return _b.runtime().allreduce_async(staged.ptr, output_ptr, staged.code, staged.shape, name, op,
                                         float(prescale_factor), float(postscale_factor), runtime_spec(compression),
-                                        keep)
+                                        keep, device=staged.device, stream=staged.stream)
 
 
 @_b.submits
@@ -95,7 +108,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     (Compression.none, fp16, bf16, maxmin(...), topk(...)) applied to this tensor as given."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name)
-    staged = _Staged(tensor, f"allreduce of '{name}'")
+    staged = _Staged(tensor, f"allreduce of '{name}'", on_device=True)
     native = _allreduce_start(staged, staged.ptr, (staged,), name, op, prescale_factor, postscale_factor,
                               compression)
     return _b.register(native, staged.write_back)
@@ -107,8 +120,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Reduces a copy of `tensor` across ranks; synchronize(handle) returns the new tensor."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name)
-    staged = _Staged(tensor, f"allreduce of '{name}'")
-    out = _new_output(staged.host)
+    staged = _Staged(tensor, f"allreduce of '{name}'", on_device=True)
+    out = _new_output(staged.buffer)
     native = _allreduce_start(staged, out.data_ptr(), (staged, out), name, op, prescale_factor, postscale_factor,
                               compression)
     device = tensor.device
@@ -166,14 +179,15 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     if not tensors:
         raise ValueError(f"grouped allreduce '{base}' needs at least one tensor")
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    staged = [_Staged(t, f"grouped allreduce of '{n}'") for t, n in zip(tensors, names)]
+    on_gpu = _same_gpu(tensors)
+    staged = [_Staged(t, f"grouped allreduce of '{n}'", on_device=on_gpu) for t, n in zip(tensors, names)]
     if len({s.code for s in staged}) > 1:
         raise ValueError(f"grouped allreduce '{base}': every tensor must have the same dtype, got "
                          f"{sorted({str(t.dtype) for t in tensors})}")
     natives = _b.runtime().grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
                                                    [s.shape for s in staged], names, op, float(prescale_factor),
                                                    float(postscale_factor), runtime_spec(compression),
-                                                   tuple(staged))
+                                                   tuple(staged), device=staged[0].device, stream=staged[0].stream)
     return _b.register(_Group(natives), lambda: [s.write_back() for s in staged])
 
 
@@ -223,7 +237,7 @@ def allgather_async(tensor, name=None):
     """Concatenates every rank's `tensor` along the first dimension (which may differ per rank)."""
     name = _b.auto_name("allgather", name)
     staged = _Staged(tensor, f"allgather of '{name}'")
-    if staged.host.dim() == 0:
+    if staged.buffer.dim() == 0:
         raise ValueError(f"allgather of '{name}' needs a tensor with at least one dimension")
     native = _b.runtime().allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,))
     return _b.register(native, lambda: _from_bytes(native, tensor.dtype, tensor.device))
@@ -295,8 +309,9 @@ def grouped_allgather(tensors, name=None):
 def broadcast_async_(tensor, root_rank, name=None):
     """Overwrites `tensor` with root_rank's, in place; returns a handle."""
     name = _b.auto_name("broadcast", name)
-    staged = _Staged(tensor, f"broadcast of '{name}'")
-    native = _b.runtime().broadcast_async(staged.ptr, staged.code, staged.shape, int(root_rank), name, (staged,))
+    staged = _Staged(tensor, f"broadcast of '{name}'", on_device=True)
+    native = _b.runtime().broadcast_async(staged.ptr, staged.code, staged.shape, int(root_rank), name, (staged,),
+                                          device=staged.device, stream=staged.stream)
     return _b.register(native, staged.write_back)
 
 
