@@ -155,37 +155,51 @@ size_t TopKMaxCount(size_t n, double ratio) {
   return std::min(n, std::max(k, k * 13 / 10));
 }
 
+TopKSelection SearchTopKThreshold(size_t n, const CodecParams& p, uint64_t first_index,
+                                  const std::function<std::vector<float>(size_t start, size_t stride)>& sample,
+                                  const std::function<size_t(float threshold)>& count_at_least) {
+  TopKSelection sel;
+  const size_t k = TopKTarget(n, p.topk_ratio);
+  if (k == 0) return sel;
+  if (k >= n) {
+    sel.exact = true;
+    return sel;
+  }
+  const size_t lower = (k * 8 + 9) / 10, upper = TopKMaxCount(n, p.topk_ratio);
+  // Strided sample from a random start, keyed like stochastic rounding.
+  const size_t wanted = std::max<size_t>(1, static_cast<size_t>(std::ceil(static_cast<double>(n) * p.topk_sample_ratio)));
+  const size_t stride = std::max<size_t>(1, n / wanted);
+  const uint32_t key = maxmin::StreamKey(p.seed, p.step, static_cast<uint32_t>(first_index >> 32));
+  const size_t start = maxmin::Mix32(key ^ static_cast<uint32_t>(first_index) ^ 0x5bd1e995u) % stride;
+  std::vector<float> samples = sample(start, stride);
+  const size_t sample_k = std::max<size_t>(
+      1, std::min(samples.size(), static_cast<size_t>(std::ceil(static_cast<double>(samples.size()) * p.topk_ratio))));
+  sel.threshold = KthLargest(samples, sample_k);
+  size_t count = count_at_least(sel.threshold);
+  for (; sel.adjustments < 10 && (count > upper || count < lower); ++sel.adjustments) {
+    sel.threshold *= count > upper ? 1.3f : 0.7f;
+    count = count_at_least(sel.threshold);
+  }
+  sel.exact = count > upper || count < lower;
+  return sel;
+}
+
 TopKSelection SelectTopK(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t first_index) {
   if (n > static_cast<size_t>(INT32_MAX)) {
     throw InvalidArgument("topk: a segment of " + std::to_string(n) + " values exceeds int32 indices");
   }
-  TopKSelection sel;
   const size_t k = TopKTarget(n, p.topk_ratio);
-  if (k == 0) return sel;
+  if (k == 0) return TopKSelection{};
   std::vector<float> importance(n);
   for (size_t i = 0; i < n; ++i) importance[i] = Importance(LoadFloat(in, dtype, i));
-  const size_t lower = (k * 8 + 9) / 10, upper = TopKMaxCount(n, p.topk_ratio);
-
-  if (k < n) {
-    // Strided sample from a random start, keyed like stochastic rounding.
-    const size_t wanted = std::max<size_t>(1, static_cast<size_t>(std::ceil(static_cast<double>(n) * p.topk_sample_ratio)));
-    const size_t stride = std::max<size_t>(1, n / wanted);
-    const uint32_t key = maxmin::StreamKey(p.seed, p.step, static_cast<uint32_t>(first_index >> 32));
-    const size_t start = maxmin::Mix32(key ^ static_cast<uint32_t>(first_index) ^ 0x5bd1e995u) % stride;
-    std::vector<float> samples;
-    for (size_t i = start; i < n; i += stride) samples.push_back(importance[i]);
-    const size_t sample_k = std::max<size_t>(
-        1, std::min(samples.size(), static_cast<size_t>(std::ceil(static_cast<double>(samples.size()) * p.topk_ratio))));
-    sel.threshold = KthLargest(samples, sample_k);
-    size_t count = CountAtLeast(importance, sel.threshold);
-    for (; sel.adjustments < 10 && (count > upper || count < lower); ++sel.adjustments) {
-      sel.threshold *= count > upper ? 1.3f : 0.7f;
-      count = CountAtLeast(importance, sel.threshold);
-    }
-    sel.exact = count > upper || count < lower;
-  } else {
-    sel.exact = true;
-  }
+  TopKSelection sel = SearchTopKThreshold(
+      n, p, first_index,
+      [&](size_t start, size_t stride) {
+        std::vector<float> samples;
+        for (size_t i = start; i < n; i += stride) samples.push_back(importance[i]);
+        return samples;
+      },
+      [&](float threshold) { return CountAtLeast(importance, threshold); });
   if (sel.exact) {
     std::vector<float> copy = importance;
     sel.threshold = KthLargest(copy, k);

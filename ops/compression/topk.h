@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ops/compression/codec.h"
@@ -48,5 +49,14 @@ size_t TopKMaxCount(size_t n, double ratio);
 /// count lies in [0.8k, 1.3k]; if it still does not, select exactly the k largest. NaN counts
 /// as the largest magnitude (it is always kept, so it stays visible after the reduction).
 TopKSelection SelectTopK(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t first_index);
+
+/// SelectTopK's threshold search over values kept anywhere (host or device memory): `sample`
+/// returns the importance (|x|, NaN as infinity) of values start, start + stride, ... up to n,
+/// in order; `count_at_least(t)` counts the values whose importance is >= t. Returns the
+/// threshold, the adjustments made and whether exact top-k is needed (then the caller selects
+/// the k largest, ties in index order, as SelectTopK does); `indices` stays empty.
+TopKSelection SearchTopKThreshold(size_t n, const CodecParams& p, uint64_t first_index,
+                                  const std::function<std::vector<float>(size_t start, size_t stride)>& sample,
+                                  const std::function<size_t(float threshold)>& count_at_least);
 
 }  // namespace gradcomp

@@ -1,6 +1,6 @@
 // The CUDA device (device.h): cudaMalloc'd memory (BufferPool caches it), page-locked host
 // staging, non-blocking streams and timing-free events, and kernels that write the CPU
-// kernels' bytes: the codec kernels of ops/compression/cuda (max-min and the casts), and here
+// kernels' bytes: the codec kernels of ops/compression/cuda (max-min, the casts, topk), and here
 // the arithmetic the data path needs (reduce, scale and the average's division for the float
 // dtypes; float32 differences, finiteness, DGC's accumulation and masking), compiled with
 // --fmad=false so no multiply-add is contracted where the CPU rounds twice. Built when CMake
@@ -308,11 +308,13 @@ class Cuda final : public Device {
     if (std::string(codec.name()) == "maxmin") {
       return cuda::MaxMinEncode(in, dtype, n, MaxMinArgsOf(p, first_index), static_cast<uint8_t*>(out), s.native());
     }
-    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() +
-                          " has no device kernels yet (maxmin, fp16, bf16 and none do)");
+    if (&codec == &TopKCodec()) {
+      return cuda::TopKEncode(in, dtype, n, p, first_index, static_cast<uint8_t*>(out), s.native());
+    }
+    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() + " has no device kernels");
   }
-  void Decode(const Codec& codec, const void* wire, size_t, size_t n, const CodecParams& p, DataType out_dtype,
-              void* out, bool accumulate, Stream& s) override {
+  void Decode(const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
+              DataType out_dtype, void* out, bool accumulate, Stream& s) override {
     if (const auto* cast = dynamic_cast<const CastCodec*>(&codec)) {
       return Cast(wire, cast->wire_dtype(), n, out, out_dtype, accumulate, s);
     }
@@ -320,8 +322,11 @@ class Cuda final : public Device {
       return cuda::MaxMinDecode(static_cast<const uint8_t*>(wire), n, MaxMinArgsOf(p, 0), out_dtype, out, accumulate,
                                 s.native());
     }
-    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() +
-                          " has no device kernels yet (maxmin, fp16, bf16 and none do)");
+    if (&codec == &TopKCodec()) {
+      return cuda::TopKDecode(static_cast<const uint8_t*>(wire), wire_bytes, n, p, out_dtype, out, accumulate,
+                              s.native());
+    }
+    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() + " has no device kernels");
   }
 
  private:

@@ -1,6 +1,6 @@
 // The CUDA device (cuda_device.cu), built when CMake finds CUDA (GRADCOMP_HAVE_CUDA_KERNELS in
-// gradcomp/config.h). Its codec kernels are max-min and the casts (none, fp16, bf16); topk has
-// none yet. Its reduce, scale and average kernels take float32, float16 and bfloat16 (computed
+// gradcomp/config.h). It has device kernels for every codec (max-min, the casts, topk with the
+// CPU's selection). Its reduce, scale and average kernels take float32, float16 and bfloat16 (computed
 // in float32 and rounded back, as the CPU's); other dtypes are an InvalidArgument.
 #pragma once
 

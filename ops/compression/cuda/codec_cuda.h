@@ -36,6 +36,16 @@ void MaxMinDecode(const uint8_t* wire, size_t n, const codec_kernels::MaxMinArgs
 void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
           void* stream);
 
+/// topk's encoding of n values of device `in` into device `out` (MaxWireSize bytes): the CPU
+/// codec's selection and bytes. Returns the bytes written; waits for `stream` (the size depends
+/// on the data).
+size_t TopKEncode(const void* in, DataType dtype, size_t n, const CodecParams& p, uint64_t first_index, uint8_t* out,
+                  void* stream);
+/// Decodes one topk segment of `wire_bytes` bytes (assign, or add when `accumulate`), after
+/// checking its header and indices as the CPU codec does.
+void TopKDecode(const uint8_t* wire, size_t wire_bytes, size_t n, const CodecParams& p, DataType out_dtype, void* out,
+                bool accumulate, void* stream);
+
 /// Throws gradcomp::Error naming `what` and CUDA's message if the last launch failed.
 void CheckLaunch(const std::string& what);
 
