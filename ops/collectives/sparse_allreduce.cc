@@ -2,6 +2,7 @@
 // indices) allgathered, scatter-added in rank order on every rank. Selection and
 // scatter-adds run on the device; the encodings travel through host staging, where their
 // headers (each segment's size) are read.
+#include <algorithm>
 #include <cstring>
 
 #include "ops/collectives/compressed_steps.h"
@@ -13,10 +14,11 @@ namespace gradcomp {
 
 namespace {
 
-// Every rank's encoding (this rank's `bytes` at ws.send's wire), gathered into ws.all's wire,
-// each rank's size first (topk's size depends on the data); returns the sizes. The headers of
-// the gathered encodings are read on the host: ws.all's host copy is made here.
-std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace& ws, size_t bytes) {
+// Every rank's encoding (this rank's `bytes` at ws.send's wire, at most `max_each` on any rank),
+// gathered into ws.all's wire, each rank's size first (topk's size depends on the data);
+// returns the sizes. The headers of the gathered encodings are read on the host: ws.all's host
+// copy is made here.
+std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace& ws, size_t bytes, size_t max_each) {
   const size_t ranks = static_cast<size_t>(comm.size());
   const bool wire_on_device = WireOnDevice(comm, ws);
   Stream& stream = *ws.stream;
@@ -38,7 +40,8 @@ std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace&
     sizes[r] = static_cast<size_t>(len);
   }
   const size_t total = Offsets(sizes).back() + sizes.back();
-  ws.all.Reserve(ws.device, total, wire_on_device);
+  // Room for every rank's largest encoding, so that steps of varying sizes allocate nothing.
+  ws.all.Reserve(ws.device, std::max(total, ranks * max_each), wire_on_device);
   comm.Allgatherv(ws.send.wire(), ws.all.wire(), sizes);
   if (wire_on_device) {
     ws.all.ToHost(0, total, stream);
@@ -82,7 +85,8 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     const float* x = WorkingCopy(o, ws);
     const std::vector<Piece> segments = PiecesIn(0, o.count, SegmentBounds(o));
     const CodecParams p = SraScatterParams(o.params, static_cast<int>(me));
-    ws.send.Reserve(d, EncodedSize(codec, p, segments), WireOnDevice(comm, ws));
+    const size_t max_each = EncodedSize(codec, p, segments);
+    ws.send.Reserve(d, max_each, WireOnDevice(comm, ws));
     size_t mine = 0;
     {
       Phase phase(o, "COMPRESS", &st.compress_seconds);
@@ -93,7 +97,7 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
     std::vector<size_t> bytes;
     {
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      bytes = AllgatherEncodings(comm, ws, mine);
+      bytes = AllgatherEncodings(comm, ws, mine, max_each);
     }
     // Scatter-add every rank's values in rank order (the same float operations everywhere),
     // into the result (the input is read no more: its encoding is made).

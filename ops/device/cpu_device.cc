@@ -32,7 +32,7 @@ class Host final : public CpuDevice {
  public:
   const char* name() const override { return "host"; }
   MemorySpace space() const override { return MemorySpace::kHost; }
-  void* Allocate(size_t bytes) override { return AllocateHost(bytes); }
+  void* Allocate(size_t bytes) override { return AllocateHost(bytes); }  // counted there
   void Free(void* ptr, size_t bytes) override { FreeHost(ptr, bytes); }
 
  protected:
@@ -45,6 +45,7 @@ size_t ElementBytes(DataType dtype, size_t n) { return n * DataTypeSize(dtype); 
 }  // namespace
 
 void* CpuDevice::AllocateHost(size_t bytes) {
+  ++allocations_;
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
   if (p == nullptr) throw std::bad_alloc();
   return p;

@@ -1,4 +1,4 @@
-// The CUDA device (device.h): cudaMalloc'd memory (BufferPool caches it), page-locked host
+// The CUDA device (device.h): cudaMalloc'd memory (kept by its users, staging.h), page-locked host
 // staging, non-blocking streams and timing-free events, and kernels that write the CPU
 // kernels' bytes: the codec kernels of ops/compression/cuda (max-min, the casts, topk), and here
 // the arithmetic the data path needs (reduce, scale and the average's division for the float
@@ -199,6 +199,7 @@ class Cuda final : public Device {
   int ordinal() const { return ordinal_; }
 
   void* Allocate(size_t bytes) override {
+    ++allocations_;
     DeviceGuard guard(ordinal_);
     void* p = nullptr;
     Check(cudaMalloc(&p, bytes > 0 ? bytes : 1), "cudaMalloc");
@@ -206,6 +207,7 @@ class Cuda final : public Device {
   }
   void Free(void* ptr, size_t) override { cudaFree(ptr); }
   void* AllocateHost(size_t bytes) override {
+    ++allocations_;
     void* p = nullptr;
     Check(cudaMallocHost(&p, bytes > 0 ? bytes : 1), "cudaMallocHost");
     return p;

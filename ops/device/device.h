@@ -14,6 +14,7 @@
 // Calls take a Stream: work is ordered within a stream; Events order streams and the host.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -61,8 +62,9 @@ class Device {
   virtual const char* name() const = 0;
   virtual MemorySpace space() const = 0;
 
-  /// Raw memory of at least `bytes` bytes, aligned to 256; BufferPool caches it so that the
-  /// hot path never allocates. `bytes` == 0 gives a valid, unusable pointer.
+  /// Raw memory of at least `bytes` bytes, aligned to 256. The data path keeps what it
+  /// allocates (staging.h's Scratch) so that once sizes stop growing it allocates nothing.
+  /// `bytes` == 0 gives a valid, unusable pointer.
   virtual void* Allocate(size_t bytes) = 0;
   /// Returns what Allocate(bytes) gave.
   virtual void Free(void* ptr, size_t bytes) = 0;
@@ -72,6 +74,8 @@ class Device {
   virtual void FreeHost(void* ptr, size_t bytes) = 0;
   virtual std::unique_ptr<Stream> NewStream() = 0;
   virtual std::unique_ptr<Event> NewEvent() = 0;
+  /// Allocate and AllocateHost calls so far (tests check that steady steps make none).
+  uint64_t allocations() const { return allocations_.load(); }
 
   /// host_dst[0, bytes) = src[0, bytes).
   virtual void CopyToHost(void* host_dst, const void* src, size_t bytes, Stream& stream) = 0;
@@ -111,6 +115,10 @@ class Device {
   /// codec.Decode (or DecodeAccumulate with `accumulate`) on this device.
   virtual void Decode(const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
                       DataType out_dtype, void* out, bool accumulate, Stream& stream) = 0;
+
+ protected:
+  /// Implementations count each Allocate / AllocateHost here.
+  std::atomic<uint64_t> allocations_{0};
 };
 
 /// The host device (one per process; stateless).

@@ -51,6 +51,7 @@ class SeparateMemory final : public CpuDevice {
   MemorySpace space() const override { return MemorySpace::kDevice; }
 
   void* Allocate(size_t bytes) override {
+    ++allocations_;
     const size_t size = Rounded(bytes);
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = free_.begin(); it != free_.end(); ++it) {  // first fit

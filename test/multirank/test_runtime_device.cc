@@ -64,7 +64,7 @@ using Results = std::vector<std::vector<char>>;
 Results Train(int world, const std::map<std::string, std::string>& vars, Where where, bool device_comms = false,
               int steps = 3) {
   Results results(static_cast<size_t>(world));
-  RunRanks(world, [&](Communicator& comm) {
+  const std::vector<std::string> failures = RunRanks(world, [&](Communicator& comm) {
     RuntimeOptions options;
     options.settings = Settings::FromMap(vars);
     options.world = comm.Split(0, comm.rank());
@@ -85,6 +85,7 @@ Results Train(int world, const std::map<std::string, std::string>& vars, Where w
       if (on_device(i)) device[i] = TestDevice().Allocate(Bytes(model[i]));
     }
     std::vector<char>& mine = results[static_cast<size_t>(rt.rank())];
+    uint64_t after_first_step = 0;
     for (int step = 0; step < steps; ++step) {
       // One group per dtype, each negotiated in one cycle, so that fusion (which decides the
       // chunks a compressed allreduce quantizes) is the same in every run.
@@ -123,12 +124,20 @@ Results Train(int world, const std::map<std::string, std::string>& vars, Where w
         if (on_device(i)) TestDevice().CopyToHost(host[i].data(), device[i], host[i].size(), *stream);
         mine.insert(mine.end(), host[i].begin(), host[i].end());
       }
+      if (step == 0) after_first_step = TestDevice().allocations();
+    }
+    // Steady steps allocate nothing on the device (every rank's runtime shares it; each rank
+    // checks after its own last step, when the others may still be in theirs: still nothing).
+    if (where != Where::kHost && TestDevice().allocations() != after_first_step) {
+      return "the device allocated " + std::to_string(TestDevice().allocations() - after_first_step) +
+             " times after the first step";
     }
     for (size_t i = 0; i < model.size(); ++i) {
       if (device[i] != nullptr) TestDevice().Free(device[i], Bytes(model[i]));
     }
     return std::string();
   });
+  EXPECT_EQ(Failures(failures), "");
   return results;
 }
 

@@ -1,7 +1,7 @@
 // The device layer (ops/device): every kernel of the host device and of the separate-memory
 // test device writes the bytes of the CPU functions it stands for; the separate-memory device
 // faults on host access to its buffers and rejects pointers of the wrong space; its allocator
-// reuses and coalesces; BufferPool stops allocating once the sizes repeat.
+// reuses and coalesces; Scratch allocates only when it grows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ops/common/enforce.h"
-#include "ops/device/buffer_pool.h"
+#include "ops/device/staging.h"
 #include "ops/compression/memory.h"
 #include "ops/device/device.h"
 #if GRADCOMP_TEST_CUDA_DEVICE
@@ -277,30 +277,21 @@ TEST(SeparateMemoryDevice, FreedMemoryIsReusedAndCoalesced) {
   dev->Free(all, size_t{1} << 20);
 }
 
-TEST(BufferPool, AllocatesOnlyUntilTheSizesRepeat) {
-  for (bool separate : {false, true}) {
-    std::unique_ptr<Device> owned = separate ? NewSeparateMemoryDevice(kCapacity) : nullptr;
-    BufferPool pool(separate ? *owned : HostDevice());
-    size_t after_warmup = 0;
-    for (int step = 0; step < 50; ++step) {
-      if (step == 5) after_warmup = pool.allocations();
-      // A fusion buffer, a wire buffer and a residual of sizes that wobble a little.
-      const size_t fusion_bytes = (size_t{4} << 20) + static_cast<size_t>(step % 3) * 1000;
-      const size_t wire_bytes = 600000 + static_cast<size_t>(step % 5);
-      BufferPool::Buffer fusion = pool.Get(fusion_bytes);
-      BufferPool::Buffer wire = pool.Get(wire_bytes);
-      BufferPool::Buffer tiny = pool.Get(static_cast<size_t>(step % 7));
-      ASSERT_GE(fusion.capacity(), fusion_bytes);
-      ASSERT_GE(wire.capacity(), wire_bytes);
-      ASSERT_NE(fusion.data(), wire.data());
-    }
-    // The 4 MiB + {0, 1000, 2000} fusion sizes fall in two classes (4 and 5 MiB); then nothing.
-    EXPECT_EQ(after_warmup, 4u) << (separate ? "separate" : "host");
-    EXPECT_EQ(pool.allocations(), after_warmup) << (separate ? "separate" : "host");
-    EXPECT_GT(pool.cached_bytes(), size_t{4} << 20);
-    pool.Trim();
-    EXPECT_EQ(pool.cached_bytes(), 0u);
+TEST(Scratch, AllocatesOnlyWhenItGrowsAndCountsOnTheDevice) {
+  std::unique_ptr<Device> dev = NewSeparateMemoryDevice(kCapacity);
+  Scratch a, b;
+  const uint64_t before = dev->allocations();
+  for (int step = 0; step < 20; ++step) {
+    // Sizes that wobble below what was reserved first, then one step that needs more.
+    const size_t bytes = (size_t{1} << 20) - static_cast<size_t>(step % 5) * 100 + (step == 10 ? 4096 : 0);
+    void* p = a.Reserve(*dev, bytes);
+    ASSERT_GE(a.capacity(), bytes);
+    dev->Fill(p, 0, bytes, *dev->NewStream());  // usable device memory
+    b.Reserve(*dev, 100, true);                   // host staging of the same device
   }
+  // a: the first size, then grown once by half at step 10; b: once.
+  EXPECT_EQ(dev->allocations() - before, 3u);
+  EXPECT_GE(a.capacity(), (size_t{1} << 20) * 3 / 2);
 }
 
 }  // namespace
