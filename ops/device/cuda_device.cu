@@ -47,13 +47,17 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// A stream of the device's own, or a framework's (torch's current stream), not owned.
 class CudaStream final : public Stream {
  public:
-  explicit CudaStream(int device) {
+  explicit CudaStream(int device) : owned_(true) {
     DeviceGuard guard(device);
     Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   }
-  ~CudaStream() override { cudaStreamDestroy(stream_); }
+  explicit CudaStream(void* foreign) : stream_(static_cast<cudaStream_t>(foreign)), owned_(false) {}
+  ~CudaStream() override {
+    if (owned_) cudaStreamDestroy(stream_);
+  }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
   void Synchronize() override { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
@@ -61,17 +65,7 @@ class CudaStream final : public Stream {
 
  private:
   cudaStream_t stream_ = nullptr;
-};
-
-// A framework's stream (torch's current stream), not owned.
-class ForeignStream final : public Stream {
- public:
-  explicit ForeignStream(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {}
-  void Synchronize() override { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
-  void* native() const override { return stream_; }
-
- private:
-  cudaStream_t stream_;
+  const bool owned_;
 };
 
 class CudaEvent final : public Event {
@@ -366,6 +360,6 @@ int CudaOrdinal(const Device& device) {
   return cuda != nullptr ? cuda->ordinal() : -1;
 }
 
-std::unique_ptr<Stream> WrapCudaStream(void* stream) { return std::make_unique<ForeignStream>(stream); }
+std::unique_ptr<Stream> WrapCudaStream(void* stream) { return std::make_unique<CudaStream>(stream); }
 
 }  // namespace gradcomp
