@@ -188,7 +188,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     for (const auto& name : r.names) timeline_.Begin(name, "COMMUNICATE");
   }
   const Topology* comms = DeviceComms(r, entries);
-  if (comms != nullptr && comms->world->device_memory() != nullptr) {
+  if (comms != nullptr && comms->world->device_memory() != nullptr && comms->world->reduces(r.dtype)) {
     RunDeviceAllreduce(r, entries, o, *comms->world);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     RunStagedAllreduce(r, entries, o);

@@ -17,6 +17,8 @@
 #include "ops/common/enforce.h"
 #if GRADCOMP_HAVE_NCCL_COMMUNICATOR
 #include "ops/comm/nccl_communicator.h"
+#endif
+#if GRADCOMP_HAVE_CUDA_KERNELS
 #include "ops/device/cuda_device.h"
 #endif
 
@@ -51,19 +53,26 @@ LocalTransport TransportFrom(const Settings& s) {
   return s.inner_communicator == "mpi" ? LocalTransport::kMessages : LocalTransport::kSharedMemory;
 }
 
-// The communicators for tensors in device memory: the options' (tests), else NCCL on the GPU
-// of the tensors at the levels the settings ask it for.
+// The communicators for tensors in device memory: the options' (tests), else, on the tensors'
+// GPU, NCCL at the levels the settings ask it for and CUDA-aware MPI at the others when the MPI
+// library is (Open MPI built with CUDA).
 DeviceCommunicatorFactory DeviceCommunicatorsFrom(const RuntimeOptions& options) {
   if (options.device_communicators) return options.device_communicators;
+#if GRADCOMP_HAVE_CUDA_KERNELS
 #if GRADCOMP_HAVE_NCCL_COMMUNICATOR
   const bool inner = options.settings.inner_communicator == "nccl";
   const bool cross = options.settings.cross_communicator == "nccl";
-  if (!inner && !cross) return {};
-  return [inner, cross](Communicator& host, Device& device, CommLevel level) -> std::unique_ptr<Communicator> {
-    const bool wanted = level == CommLevel::kLocal ? inner : level == CommLevel::kCross ? cross : inner && cross;
+#endif
+  return [=](Communicator& host, Device& device, CommLevel level) -> std::unique_ptr<Communicator> {
     const int ordinal = CudaOrdinal(device);
-    if (!wanted || ordinal < 0) return nullptr;
-    return CreateNcclCommunicator(host, ordinal);
+    if (ordinal < 0) return nullptr;
+#if GRADCOMP_HAVE_NCCL_COMMUNICATOR
+    const bool nccl = level == CommLevel::kLocal ? inner : level == CommLevel::kCross ? cross : inner && cross;
+    if (nccl) return CreateNcclCommunicator(host, ordinal);
+#else
+    (void)level;
+#endif
+    return CudaAwareMpiCommunicator(host, device);  // null unless MPI takes GPU memory
   };
 #else
   return {};

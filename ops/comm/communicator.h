@@ -60,6 +60,10 @@ class Communicator {
   /// CUDA-aware MPI), or null: host memory (the default). The compressed collectives hand such
   /// a communicator their device buffers directly instead of staging them through the host.
   virtual Device* device_memory() const { return nullptr; }
+  /// Whether Allreduce / ReduceScatter take `dtype` in the memory it works on (CUDA-aware MPI
+  /// cannot reduce 16-bit floats in GPU memory: MPI has no such type, gradcomp's own reduction
+  /// runs on the host).
+  virtual bool reduces(DataType) const { return true; }
 
   /// Blocking send of `bytes` bytes to `peer`; messages with the same (peer, tag) stay ordered.
   virtual void Send(const void* data, size_t bytes, int peer, int tag) = 0;

@@ -89,7 +89,7 @@ std::vector<int> ToInts(const std::vector<size_t>& v, const char* what, int rank
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device* device_memory) : device_memory_(device_memory) {
   int rc = MPI_Comm_dup(comm, &comm_);
   if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Comm_dup", -1));
   GC_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));

@@ -33,7 +33,8 @@ MPI_Datatype MpiDataType(DataType dtype);
 class MpiCommunicator final : public Communicator {
  public:
   /// Duplicates `comm` (the original is not used afterwards) and installs MPI_ERRORS_RETURN.
-  explicit MpiCommunicator(MPI_Comm comm);
+  /// With `device_memory`, a CUDA-aware MPI is handed that device's buffers.
+  explicit MpiCommunicator(MPI_Comm comm, Device* device_memory = nullptr);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -41,6 +42,10 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* kind() const override { return "mpi"; }
+  Device* device_memory() const override { return device_memory_; }
+  bool reduces(DataType dtype) const override {
+    return device_memory_ == nullptr || (dtype != DataType::kFloat16 && dtype != DataType::kBFloat16);
+  }
   /// The duplicated MPI communicator this object owns.
   MPI_Comm handle() const { return comm_; }
 
@@ -66,6 +71,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Op OpFor(DataType dtype, ReduceOp op) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  Device* device_memory_ = nullptr;
   int rank_ = -1;
   int size_ = 0;
   // User-defined reductions for float16 / bfloat16 (MPI has none): [dtype][op].

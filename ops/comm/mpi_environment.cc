@@ -1,6 +1,9 @@
 #include "ops/comm/mpi_environment.h"
 
 #include <mpi.h>
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
 
 #include <atomic>
 #include <cstdlib>
@@ -48,6 +51,21 @@ bool MpiAbandoned() { return abandoned.load(); }
 std::unique_ptr<Communicator> CreateMpiWorld() {
   EnsureMpiInitialized();
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+bool MpiIsCudaAware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  EnsureMpiInitialized();
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;  // built without CUDA (Debian's Open MPI), or not Open MPI
+#endif
+}
+
+std::unique_ptr<Communicator> CudaAwareMpiCommunicator(Communicator& host, Device& device) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
+  if (mpi == nullptr || !MpiIsCudaAware()) return nullptr;
+  return std::make_unique<MpiCommunicator>(mpi->handle(), &device);
 }
 
 }  // namespace gradcomp

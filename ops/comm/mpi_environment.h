@@ -22,4 +22,11 @@ bool MpiAbandoned();
 /// A communicator over a duplicate of MPI_COMM_WORLD (calls EnsureMpiInitialized).
 std::unique_ptr<Communicator> CreateMpiWorld();
 
+/// Whether the MPI library takes GPU memory (Open MPI's MPIX_Query_cuda_support, when it was
+/// built with CUDA; false for any other MPI).
+bool MpiIsCudaAware();
+/// Collective over `host`: an MPI communicator over its ranks that is handed `device`'s memory,
+/// when `host` is an MPI communicator and MPI is CUDA-aware; null otherwise.
+std::unique_ptr<Communicator> CudaAwareMpiCommunicator(Communicator& host, Device& device);
+
 }  // namespace gradcomp

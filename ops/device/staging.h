@@ -51,10 +51,6 @@ class StagedBuffer {
   T* device_as() const {
     return reinterpret_cast<T*>(device());
   }
-  template <typename T>
-  T* host_as() {
-    return reinterpret_cast<T*>(host());
-  }
   /// Host copy [at, at + bytes) = device side (nothing when they are the same memory).
   void ToHost(size_t at, size_t bytes, Stream& stream);
   /// Device side [at, at + bytes) = host copy.

@@ -17,6 +17,7 @@
 #include "ops/collectives/broadcast.h"
 #include "ops/collectives/compressed_allreduce.h"
 #include "ops/collectives/reducescatter.h"
+#include "ops/comm/inprocess_communicator.h"
 #include "ops/comm/mpi_environment.h"
 #include "ops/comm/shm_communicator.h"
 #include "test/support/device_comm.h"
@@ -410,6 +411,25 @@ TEST(Mpi, PipelinedCompressedAllreduceGivesTheSameBytesOverMpi) {
     ASSERT_TRUE(SameOnEveryRank(*world, out)) << "stripes " << stripes;
   }
   EXPECT_EQ(results[1], results[0]);
+}
+
+// CUDA-aware MPI (Open MPI built with CUDA) gets GPU buffers directly: the communicator for a
+// device is made exactly when the library says so, takes that device's memory, and leaves
+// 16-bit reductions (gradcomp's own host operation) to the staged path. Debian's Open MPI is
+// not CUDA-aware; an in-process communicator never is.
+TEST(Mpi, CudaAwareMpiCommunicatorOnlyWhereMpiTakesGpuMemory) {
+  auto world = CreateMpiWorld();
+  std::unique_ptr<Communicator> on_device = CudaAwareMpiCommunicator(*world, TestDevice());
+  ASSERT_EQ(on_device != nullptr, MpiIsCudaAware());
+  if (on_device) {
+    EXPECT_EQ(on_device->device_memory(), &TestDevice());
+    EXPECT_TRUE(on_device->reduces(DataType::kFloat32));
+    EXPECT_FALSE(on_device->reduces(DataType::kFloat16));
+  }
+  EXPECT_EQ(world->device_memory(), nullptr);
+  EXPECT_TRUE(world->reduces(DataType::kFloat16));
+  auto threads = CreateInProcessWorld(1);
+  EXPECT_EQ(CudaAwareMpiCommunicator(*threads[0], TestDevice()), nullptr);
 }
 
 TEST(Mpi, ErrorsNameRankOperationAndTensor) {
