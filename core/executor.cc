@@ -188,7 +188,10 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     for (const auto& name : r.names) timeline_.Begin(name, "COMMUNICATE");
   }
   const Topology* comms = DeviceComms(r, entries);
-  if (comms != nullptr && comms->world->device_memory() != nullptr && comms->world->reduces(r.dtype)) {
+  // Device arithmetic is needed for the scale factors and Average; without it, staging.
+  const bool arithmetic = r.op == ReduceOp::kAverage || r.prescale != 1.0 || r.postscale != 1.0;
+  if (comms != nullptr && comms->world->device_memory() != nullptr && comms->world->reduces(r.dtype) &&
+      (!arithmetic || DeviceOf(entries).Arithmetic(r.dtype))) {
     RunDeviceAllreduce(r, entries, o, *comms->world);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     RunStagedAllreduce(r, entries, o);

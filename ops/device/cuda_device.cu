@@ -140,11 +140,6 @@ struct LaunchReduce {
 };
 
 template <typename E>
-struct LaunchNothing {
-  static void Run() {}
-};
-
-template <typename E>
 struct LaunchScale {
   static void Run(void* b, size_t n, float f, bool divide, cudaStream_t s) {
     ScaleKernel<E><<<Blocks(n), kThreads, 0, s>>>(static_cast<typename E::T*>(b), n, f, divide);
@@ -231,6 +226,7 @@ class Cuda final : public Device {
     if (in_dtype == out_dtype && !accumulate) return Copy(out, in, n * DataTypeSize(in_dtype), s);
     cuda::Cast(in, in_dtype, n, out, out_dtype, accumulate, s.native());
   }
+  bool Arithmetic(DataType dtype) const override { return IsCodecDataType(dtype); }
   void Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Stream& s) override {
     int code = 0;
     switch (op) {
@@ -244,7 +240,7 @@ class Cuda final : public Device {
     if (n > 0) cuda::CheckLaunch("Reduce");
   }
   void Scale(void* buf, size_t n, DataType dtype, double factor, Stream& s) override {
-    if (factor == 1.0) return ForFloat<LaunchNothing>(dtype, "Scale");
+    if (factor == 1.0) return;  // nothing to do, whatever the dtype (as the CPU's)
     ForFloat<LaunchScale>(dtype, "Scale", buf, n, static_cast<float>(factor), false, Native(s));
     if (n > 0) cuda::CheckLaunch("Scale");
   }

@@ -89,6 +89,8 @@ class Device {
   /// out = in converted between float32 / float16 / bfloat16 (out += in with `accumulate`).
   virtual void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
                     Stream& stream) = 0;
+  /// Whether Reduce, Scale and FinishReduction take `dtype` (the CPU devices take every dtype).
+  virtual bool Arithmetic(DataType) const { return true; }
   /// dst[i] = op(a[i], b[i]) (ReduceTwo's arithmetic; dst may equal a).
   virtual void Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op,
                       Stream& stream) = 0;
