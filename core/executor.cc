@@ -244,12 +244,10 @@ void Executor::RunDeviceAllreduce(const Response& r, EntryList& entries, const A
   std::vector<size_t> counts(n);
   for (size_t i = 0, at = 0; i < n; at += counts[i] * esize, ++i) {
     counts[i] = static_cast<size_t>(NumElements(r.shapes[i]));
-    if (in_place) {
-      Transfer(device, buffer, EntryDevice(*entries[i]), entries[i]->input, counts[i] * esize);
-    } else if (!entries[i]) {
-      device.Fill(buffer + at, 0, counts[i] * esize, stream);
-    } else {
+    if (entries[i]) {  // in place: the input copied onto the output, when they differ
       Transfer(device, buffer + at, EntryDevice(*entries[i]), entries[i]->input, counts[i] * esize);
+    } else {
+      device.Fill(buffer + at, 0, counts[i] * esize, stream);
     }
   }
   if (o.prescale != 1.0) device.Scale(buffer, o.count, r.dtype, o.prescale, stream);

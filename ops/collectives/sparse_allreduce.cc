@@ -1,7 +1,8 @@
 // Sparse allreduce for topk (compressed_allreduce.h): every rank's encoding (values and
 // indices) allgathered, scatter-added in rank order on every rank. Selection and
-// scatter-adds run on the device; the encodings travel through host staging, where their
-// headers (each segment's size) are read.
+// scatter-adds run on the device; the encodings travel through host staging (or straight to a
+// communicator that takes device memory), and their headers (each segment's size) are read on
+// the host.
 #include <algorithm>
 #include <cstring>
 

@@ -528,6 +528,14 @@ TEST(CompressedAllreduceErrors, NameWhatIsWrong) {
               CompressedAllreduce(c, o);
             }).find("codec topk needs the sparse allreduce"),
             std::string::npos);
+  EXPECT_NE(err([&](Communicator& c) {
+              CompressionWorkspace on_device(TestDevice());
+              CompressedAllreduceOptions o = Maxmin(x, y, 4, 512);  // host buffers
+              o.workspace = &on_device;
+              CompressedAllreduce(c, o);
+            }).find("compressed allreduce: the buffers are on device host but the workspace is on "
+                    "separate-memory host (tests)"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/runtime.h"
+#include "ops/common/enforce.h"
 #include "ops/compression/cast_codec.h"
 #include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
@@ -240,6 +241,25 @@ TEST(RuntimeOnDevice, RanksThatDisagreeOnWhereATensorIsStageThroughTheHost) {
   });
   EXPECT_EQ(out[0], out[1]);
   EXPECT_EQ(DeviceMemoryCommunicatorBytes(), before);
+}
+
+TEST(RuntimeOnDevice, GroupedPlacementsMustBeNoneOneOrOnePerTensor) {
+  const std::vector<std::string> results = RunRanks(1, [&](Communicator& comm) {
+    RuntimeOptions options;
+    options.settings = Settings::FromMap({});
+    options.world = comm.Split(0, comm.rank());
+    Runtime rt(std::move(options));
+    float a = 1, b = 2, c = 3;
+    try {
+      rt.GroupedAllreduce({"a", "b", "c"}, DataType::kFloat32, {{1}, {1}, {1}}, {&a, &b, &c}, {&a, &b, &c},
+                          ReduceOp::kSum, 1, 1, nullptr, {Placement{}, Placement{}});
+      return std::string("no error");
+    } catch (const InvalidArgument& e) {
+      const std::string want = "grouped allreduce needs no placement, one, or one per name (got 2 for 3 names)";
+      return std::string(e.what()).find(want) == std::string::npos ? std::string(e.what()) : std::string();
+    }
+  });
+  EXPECT_EQ(Failures(results), "");
 }
 
 }  // namespace
