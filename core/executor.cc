@@ -80,7 +80,7 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
       const size_t bytes = static_cast<size_t>(NumElements(r.shapes[0])) * esize;
       if (!entries[0] && scratch_.size() < bytes) scratch_.resize(bytes);
       Device& device = DeviceOf(entries);
-      if (&device != &HostDevice()) On(device).host_stage.Reserve(device, bytes, true);
+      if (&device != &HostDevice()) On(device).host_stage.Reserve(device, 2 * bytes, true);  // in and out
       return;
     }
     default: return;
@@ -259,6 +259,29 @@ void Executor::RunDeviceAllreduce(const Response& r, EntryList& entries, const A
       if (entries[i]) Transfer(EntryDevice(*entries[i]), entries[i]->output, device, buffer + at, counts[i] * esize);
     }
   }
+  stream.Synchronize();
+}
+
+void Executor::RunIntoDeviceOutput(const Response& r, EntryList& entries, size_t in_bytes, size_t out_bytes,
+                                   bool direct, const std::function<void(Communicator&, const void*, void*)>& run) {
+  TensorEntry& e = *entries[0];  // a rank with a device tensor has its entry
+  Device& device = EntryDevice(e);
+  OnDevice& on = On(device);
+  Stream& stream = on.stream();
+  void* out = e.handle->ReserveDeviceOutput(device, out_bytes);
+  WaitReady(entries);
+  const Topology* comms = DeviceComms(r, entries);
+  if (direct && comms != nullptr && comms->world->device_memory() != nullptr) {
+    stream.Synchronize();
+    run(*comms->world, e.input, out);
+    stream.Synchronize();
+    return;
+  }
+  char* stage = static_cast<char*>(on.host_stage.Reserve(device, in_bytes + out_bytes, true));
+  device.CopyToHost(stage, e.input, in_bytes, stream);
+  stream.Synchronize();
+  run(*topo_.world, stage, stage + in_bytes);
+  device.CopyFromHost(out, stage + in_bytes, out_bytes, stream);
   stream.Synchronize();
 }
 
@@ -452,12 +475,22 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   for (int64_t d : r.rank_dims) o.counts.push_back(static_cast<size_t>(d) * row);
   o.count = o.counts[me];
   o.input = entries[0] ? entries[0]->input : nullptr;
-  std::vector<char> local;
-  std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
-  out.resize(static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype));
-  o.output = out.data();
+  const size_t esize = DataTypeSize(r.dtype), out_bytes = static_cast<size_t>(NumElements(shape)) * esize;
   if (timeline_.active()) timeline_.Begin(r.names[0], "COMMUNICATE");
-  Allgather(*topo_.world, o);
+  if (&DeviceOf(entries) != &HostDevice()) {
+    RunIntoDeviceOutput(r, entries, o.count * esize, out_bytes, true, [&](Communicator& comm, const void* in, void* out) {
+      AllgatherOptions d = o;
+      d.input = in;
+      d.output = out;
+      Allgather(comm, d);
+    });
+  } else {
+    std::vector<char> local;
+    std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
+    out.resize(out_bytes);
+    o.output = out.data();
+    Allgather(*topo_.world, o);
+  }
   if (timeline_.active()) {
     timeline_.End(r.names[0], "COMMUNICATE",
                   EndArgs(r.dtype, shape, NumElements(shape) * static_cast<int64_t>(DataTypeSize(r.dtype))));
@@ -516,10 +549,22 @@ void Executor::RunAlltoall(const Response& r, EntryList& entries) {
   int64_t total_rows = 0;
   for (int64_t rows : recv_rows) total_rows += rows;
   Handle& h = *entries[0]->handle;  // alltoall never runs with joined ranks
-  h.mutable_output().resize(static_cast<size_t>(total_rows) * row * DataTypeSize(r.dtype));
+  const size_t esize = DataTypeSize(r.dtype), out_bytes = static_cast<size_t>(total_rows) * row * esize;
   o.input = entries[0]->input;
-  o.output = h.mutable_output().data();
-  Alltoall(*topo_.world, o);
+  if (&DeviceOf(entries) != &HostDevice()) {
+    size_t in_bytes = 0;
+    for (size_t c : o.send_counts) in_bytes += c * esize;
+    RunIntoDeviceOutput(r, entries, in_bytes, out_bytes, true, [&](Communicator& comm, const void* in, void* out) {
+      AlltoallOptions d = o;
+      d.input = in;
+      d.output = out;
+      Alltoall(comm, d);
+    });
+  } else {
+    h.mutable_output().resize(out_bytes);
+    o.output = h.mutable_output().data();
+    Alltoall(*topo_.world, o);
+  }
   h.mutable_output_shape() = shape;
   h.mutable_output_shape()[0] = total_rows;
   h.mutable_aux() = recv_rows;
@@ -544,11 +589,40 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries) {
     std::memset(scratch_.data(), 0, static_cast<size_t>(NumElements(shape)) * DataTypeSize(r.dtype));
     o.input = scratch_.data();
   }
-  std::vector<char> local;
-  std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
-  out.resize(o.counts[me] * DataTypeSize(r.dtype));
-  o.output = out.data();
-  Reducescatter(*topo_.world, o);
+  const size_t esize = DataTypeSize(r.dtype), out_bytes = o.counts[me] * esize;
+  if (&DeviceOf(entries) != &HostDevice()) {
+    // Over a communicator on device memory the scale factors and Average's division are the
+    // device's work (where it has the dtype's arithmetic), the reduction the communicator's.
+    Device& device = DeviceOf(entries);
+    OnDevice& on = On(device);
+    const bool arithmetic = r.op == ReduceOp::kAverage || r.prescale != 1.0 || r.postscale != 1.0;
+    const Topology* comms = DeviceComms(r, entries);
+    const bool direct = (!arithmetic || device.Arithmetic(r.dtype)) && (comms == nullptr || comms->world->reduces(r.dtype));
+    const size_t in_bytes = static_cast<size_t>(NumElements(shape)) * esize;
+    RunIntoDeviceOutput(r, entries, in_bytes, out_bytes, direct, [&](Communicator& comm, const void* in, void* out) {
+      if (comm.device_memory() == nullptr) {  // staged: the host collective does it all
+        ReducescatterOptions d = o;
+        d.input = in;
+        d.output = out;
+        return Reducescatter(comm, d);
+      }
+      if (o.prescale != 1.0) {
+        void* scaled = on.bounce.Reserve(device, in_bytes);
+        device.Copy(scaled, in, in_bytes, on.stream());
+        device.Scale(scaled, in_bytes / esize, r.dtype, o.prescale, on.stream());
+        on.stream().Synchronize();
+        in = scaled;
+      }
+      comm.ReduceScatter(in, out, o.counts, r.dtype, r.op == ReduceOp::kAverage ? ReduceOp::kSum : r.op);
+      device.FinishReduction(out, o.counts[me], r.dtype, r.op, r.postscale, comm.size(), on.stream());
+    });
+  } else {
+    std::vector<char> local;
+    std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
+    out.resize(out_bytes);
+    o.output = out.data();
+    Reducescatter(*topo_.world, o);
+  }
   if (entries[0]) {
     entries[0]->handle->mutable_output_shape() = shape;
     entries[0]->handle->mutable_output_shape()[0] = static_cast<int64_t>(rows[me]);

@@ -78,6 +78,13 @@ class Executor {
   /// The device communicators for a response, or null (host communicators, staging). Made at
   /// the first response in device memory on every rank (collective).
   const Topology* DeviceComms(const Response& r, const EntryList& entries);
+  /// A collective whose output the runtime allocates (allgather, alltoall, reducescatter) of a
+  /// tensor on a device, `in_bytes` in, `out_bytes` out into the handle's device memory: `run`
+  /// gets the communicator and its input and output, over a communicator that takes device
+  /// memory where there is one and `direct` allows it (it can do what `run` needs), else
+  /// through host staging.
+  void RunIntoDeviceOutput(const Response& r, EntryList& entries, size_t in_bytes, size_t out_bytes, bool direct,
+                           const std::function<void(Communicator&, const void*, void*)>& run);
   /// Uncompressed allreduce of entries on a device: through host staging.
   void RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o);
   /// Uncompressed allreduce of entries on a device over a communicator that takes its memory.

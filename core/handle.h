@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/device/staging.h"
+
 namespace gradcomp {
 
 /// Told when a caller starts and stops blocking on an unfinished handle. A blocked caller
@@ -44,6 +46,12 @@ class Handle {
   const std::vector<char>& output() const { return output_; }
   /// Shape of that output.
   const std::vector<int64_t>& output_shape() const { return output_shape_; }
+  /// The device whose memory holds that output instead (a device tensor's allgather, alltoall
+  /// or reducescatter), or null; its bytes are device_output(), freed with the handle.
+  Device* output_device() const { return output_device_; }
+  const void* device_output() const { return device_output_.data(); }
+  /// Bytes of the output, wherever it is.
+  size_t output_size() const { return output_device_ != nullptr ? device_output_bytes_ : output_.size(); }
   /// alltoall: rows received from each rank; join: {last rank to join}.
   const std::vector<int64_t>& aux() const { return aux_; }
 
@@ -55,6 +63,12 @@ class Handle {
   std::vector<char>& mutable_output() { return output_; }
   std::vector<int64_t>& mutable_output_shape() { return output_shape_; }
   std::vector<int64_t>& mutable_aux() { return aux_; }
+  /// Places the output in `device`'s memory, `bytes` long (kept until the handle goes).
+  void* ReserveDeviceOutput(Device& device, size_t bytes) {
+    output_device_ = &device;
+    device_output_bytes_ = bytes;
+    return device_output_.Reserve(device, bytes);
+  }
   /// Marks success and wakes waiters.
   void Complete();
   /// Marks every handle successful before waking any waiter, so a caller waiting on them
@@ -81,6 +95,9 @@ class Handle {
   std::vector<char> output_;
   std::vector<int64_t> output_shape_;
   std::vector<int64_t> aux_;
+  Device* output_device_ = nullptr;
+  Scratch device_output_;
+  size_t device_output_bytes_ = 0;
   std::vector<std::function<void()>> callbacks_;
 };
 

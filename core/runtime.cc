@@ -269,10 +269,10 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
 }
 
 std::shared_ptr<Handle> Runtime::Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                           const void* input) {
+                                           const void* input, Placement placement) {
   Request r = NewRequest(RequestType::kAllgather, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("allgather of '" + name + "' needs a tensor with at least one dimension");
-  return Submit(std::move(r), input, nullptr);
+  return Submit(std::move(r), input, nullptr, placement);
 }
 
 std::shared_ptr<Handle> Runtime::Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
@@ -287,7 +287,8 @@ std::shared_ptr<Handle> Runtime::Broadcast(const std::string& name, DataType dty
 }
 
 std::shared_ptr<Handle> Runtime::Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                          const void* input, const std::vector<int64_t>& splits) {
+                                          const void* input, const std::vector<int64_t>& splits,
+                                          Placement placement) {
   Request r = NewRequest(RequestType::kAlltoall, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("alltoall of '" + name + "' needs a tensor with at least one dimension");
   std::vector<int64_t> s = splits;
@@ -313,12 +314,12 @@ std::shared_ptr<Handle> Runtime::Alltoall(const std::string& name, DataType dtyp
                           " but the first dimension is " + std::to_string(shape[0]));
   }
   r.splits = s;
-  return Submit(std::move(r), input, nullptr);
+  return Submit(std::move(r), input, nullptr, placement);
 }
 
 std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType dtype,
                                                const std::vector<int64_t>& shape, const void* input, ReduceOp op,
-                                               double prescale, double postscale) {
+                                               double prescale, double postscale, Placement placement) {
   Request r = NewRequest(RequestType::kReducescatter, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("reducescatter of '" + name + "' needs at least one dimension");
   if (op == ReduceOp::kBitwiseAnd || (dtype == DataType::kBool && op == ReduceOp::kAverage)) {
@@ -328,7 +329,7 @@ std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType
   r.op = op;
   r.prescale = prescale;
   r.postscale = postscale;
-  return Submit(std::move(r), input, nullptr);
+  return Submit(std::move(r), input, nullptr, placement);
 }
 
 std::shared_ptr<Handle> Runtime::Barrier() {

@@ -118,19 +118,21 @@ class Runtime {
   /// and one-dimensional tensors (biases, norms); the configured codec otherwise.
   CompressionSpec CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const;
   /// Concatenation along the first dimension, which may differ per rank (output in the handle).
+  /// With `placement` on a device the output is in that device's memory (Handle::device_output).
   std::shared_ptr<Handle> Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                    const void* input);
+                                    const void* input, Placement placement = {});
   /// root's buffer into every rank's buffer.
   std::shared_ptr<Handle> Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     void* buffer, int root, Placement placement = {});
   /// Rows splits[p] of input go to rank p (output and received rows in the handle). Without
   /// splits the first dimension is split evenly; it must then be a multiple of the ranks.
   std::shared_ptr<Handle> Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                   const void* input, const std::vector<int64_t>& splits);
+                                   const void* input, const std::vector<int64_t>& splits,
+                                   Placement placement = {});
   /// Reduction whose first dimension is split evenly across ranks (output in the handle).
   std::shared_ptr<Handle> Reducescatter(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                         const void* input, ReduceOp op, double prescale = 1.0,
-                                        double postscale = 1.0);
+                                        double postscale = 1.0, Placement placement = {});
   /// Completes once every rank has reached it.
   std::shared_ptr<Handle> Barrier();
   /// This rank has no more data: it contributes zeros to other ranks' allreduces until every

@@ -19,6 +19,7 @@
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #include "ops/compression/topk.h"
+#include "placement.h"
 
 namespace py = pybind11;
 
@@ -98,6 +99,41 @@ void Decode(py::bytes wire, py::buffer out, const std::string& codec_name, const
   }
 }
 
+// The same codecs on a framework's tensor memory, in place: `in` / `out` / `wire` are addresses
+// on `device` (-1: host memory; else that GPU, the work ordered on `stream`). What the DDP hook
+// uses so a GPU bucket is encoded and decoded on the GPU.
+size_t EncodeAt(uintptr_t in, const std::string& dtype, size_t n, uintptr_t out, size_t out_capacity,
+                const std::string& codec_name, uint64_t first_index, int device, uintptr_t stream, int bits,
+                size_t bucket_size, bool stochastic, uint64_t seed, uint64_t step, bool skip, double ratio,
+                double sample_ratio, const std::string& value_dtype) {
+  const Codec& codec = FindCodec(codec_name);
+  const CodecParams p = MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype);
+  const DataType dt = CodecDtypeFromName(dtype);
+  const size_t need = codec.MaxWireSize(n, p);
+  if (out_capacity < need) {
+    throw InvalidArgument("codec_encode_at: " + std::to_string(n) + " values need " + std::to_string(need) +
+                          " output bytes with codec '" + codec_name + "', the output has " +
+                          std::to_string(out_capacity));
+  }
+  Where where(device, stream, "codec_encode_at");
+  py::gil_scoped_release release;
+  return where.device().Encode(codec, reinterpret_cast<const void*>(in), dt, n, p, first_index,
+                               reinterpret_cast<void*>(out), where.stream());
+}
+
+void DecodeAt(uintptr_t wire, size_t wire_bytes, size_t n, uintptr_t out, const std::string& dtype,
+              const std::string& codec_name, bool accumulate, int device, uintptr_t stream, int bits,
+              size_t bucket_size, bool stochastic, uint64_t seed, uint64_t step, bool skip, double ratio,
+              double sample_ratio, const std::string& value_dtype) {
+  const Codec& codec = FindCodec(codec_name);
+  const CodecParams p = MakeParams(bits, bucket_size, stochastic, seed, step, skip, ratio, sample_ratio, value_dtype);
+  const DataType dt = CodecDtypeFromName(dtype);
+  Where where(device, stream, "codec_decode_at");
+  py::gil_scoped_release release;
+  where.device().Decode(codec, reinterpret_cast<const void*>(wire), wire_bytes, n, p, dt,
+                        reinterpret_cast<void*>(out), accumulate, where.stream());
+}
+
 void BindCodecs(py::module& m) {
   m.def("codecs", [] {
     std::vector<std::pair<std::string, std::string>> out;
@@ -134,6 +170,13 @@ void BindCodecs(py::module& m) {
         GC_CODEC_KWARGS, "Encodes a contiguous buffer as one segment; returns the wire bytes");
   m.def("codec_decode", &Decode, py::arg("wire"), py::arg("out"), py::arg("codec"), py::arg("dtype"),
         py::arg("accumulate") = false, GC_CODEC_KWARGS, "Decodes (or decode-accumulates) into `out`");
+  m.def("codec_encode_at", &EncodeAt, py::arg("input"), py::arg("dtype"), py::arg("n"), py::arg("output"),
+        py::arg("output_bytes"), py::arg("codec"), py::arg("first_index") = 0, py::arg("device") = -1,
+        py::arg("stream") = 0, GC_CODEC_KWARGS,
+        "Encodes n values at address `input` into `output` on `device` (-1: host); returns the bytes written");
+  m.def("codec_decode_at", &DecodeAt, py::arg("wire"), py::arg("wire_bytes"), py::arg("n"), py::arg("output"),
+        py::arg("dtype"), py::arg("codec"), py::arg("accumulate") = false, py::arg("device") = -1,
+        py::arg("stream") = 0, GC_CODEC_KWARGS, "Decodes (or decode-accumulates) at addresses on `device`");
   m.def("codec_wire_size", [](size_t n, const std::string& codec, int bits, size_t bucket_size, bool stochastic,
                               uint64_t seed, uint64_t step, bool skip, double ratio, double sample_ratio,
                               const std::string& value_dtype) {

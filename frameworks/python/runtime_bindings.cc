@@ -18,9 +18,7 @@
 #include "core/runtime.h"
 #include "gradcomp/config.h"
 #include "ops/common/enforce.h"
-#if GRADCOMP_HAVE_CUDA_KERNELS
-#include "ops/device/cuda_device.h"
-#endif
+#include "placement.h"
 
 namespace py = pybind11;
 
@@ -52,9 +50,39 @@ struct PyHandle {
   /// the adapter views them with the dtype and output_shape().
   py::array_t<uint8_t> output_bytes() const {
     wait();
-    py::array_t<uint8_t> out(static_cast<py::ssize_t>(handle->output().size()));
-    if (!handle->output().empty()) std::memcpy(out.mutable_data(), handle->output().data(), handle->output().size());
+    py::array_t<uint8_t> out(static_cast<py::ssize_t>(handle->output_size()));
+    CopyOutputTo(out.mutable_data(), handle->output_size(), -1, 0);
     return out;
+  }
+  /// Whether that output is in a GPU's memory (the tensor was, and stayed there).
+  bool output_on_device() const {
+    wait();
+    return handle->output_device() != nullptr;
+  }
+  /// Copies that output to `bytes` bytes at `address` on `device` (-1: host memory), ordered
+  /// on `stream` there, and waits for the copy.
+  void CopyOutputTo(void* address, size_t bytes, int device, uintptr_t stream) const {
+    wait();
+    if (bytes != handle->output_size()) {
+      throw InvalidArgument("the output is " + std::to_string(handle->output_size()) + " bytes, the destination " +
+                            std::to_string(bytes));
+    }
+    if (bytes == 0) return;
+    Where to(device, stream, "copying an output");
+    py::gil_scoped_release release;
+    if (Device* from = handle->output_device()) {
+      if (device < 0) {
+        from->CopyToHost(address, handle->device_output(), bytes, to.stream());
+      } else {
+        GC_ENFORCE(&to.device() == from, "an output on one GPU copied to another");
+        from->Copy(address, handle->device_output(), bytes, to.stream());
+      }
+    } else if (device < 0) {
+      std::memcpy(address, handle->output().data(), bytes);
+    } else {
+      to.device().CopyFromHost(address, handle->output().data(), bytes, to.stream());
+    }
+    to.stream().Synchronize();
   }
   std::vector<int64_t> output_shape() const {
     wait();
@@ -124,34 +152,6 @@ std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& o
   return std::make_unique<Runtime>(std::move(options));
 }
 
-/// Where an adapter's buffers are: `device` -1 is host memory; a GPU ordinal is that GPU's memory,
-/// its input produced on `stream` (the framework's cudaStream_t; 0: the legacy default stream).
-/// `holder` keeps the stream wrapper alive for the call.
-class Where {
- public:
-  Where(int device, uintptr_t stream, const std::string& what) {
-    if (device < 0) return;
-#if GRADCOMP_HAVE_CUDA_KERNELS
-    try {
-      placement_.device = &CudaDevice(device);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(what + ": " + e.what());
-    }
-    stream_ = WrapCudaStream(reinterpret_cast<void*>(stream));
-    placement_.stream = stream_.get();
-#else
-    (void)stream;
-    throw InvalidArgument(what + ": the tensor is on GPU " + std::to_string(device) +
-                          " but this gradcomp was built without CUDA");
-#endif
-  }
-  Placement placement() const { return placement_; }
-
- private:
-  std::unique_ptr<Stream> stream_;
-  Placement placement_;
-};
-
 // Every buffer is (address, dtype code, shape); `keep` owns the memory until completion.
 PyHandle AllreduceAsync(Runtime& rt, uintptr_t input, uintptr_t output, int dtype, const std::vector<int64_t>& shape,
                         const std::string& name, int op, double pre, double post, const py::object& compression,
@@ -213,11 +213,21 @@ py::dict StatsDict(const Runtime& rt) {
 }  // namespace
 
 void BindRuntime(py::module& m) {
+  m.def("cuda_data_path", [] {
+    return GRADCOMP_HAVE_CUDA_KERNELS == 1 && Settings::FromMap(EnvironmentWith({})).cuda_data_path;
+  }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
   py::class_<PyHandle>(m, "Handle", "An enqueued operation: poll() never blocks, wait() rethrows its error")
       .def("poll", &PyHandle::poll)
       .def("wait", &PyHandle::wait)
       .def("output_bytes", &PyHandle::output_bytes,
            "the bytes of the result the runtime allocated (allgather, alltoall, reducescatter)")
+      .def("output_on_device", &PyHandle::output_on_device)
+      .def("copy_output_to",
+           [](const PyHandle& h, uintptr_t address, size_t bytes, int device, uintptr_t stream) {
+             h.CopyOutputTo(MutablePtr(address), bytes, device, stream);
+           },
+           py::arg("address"), py::arg("bytes"), py::arg("device") = -1, py::arg("stream") = 0,
+           "copies the runtime-allocated output to a buffer on `device` (-1: host) and waits")
       .def("output_shape", &PyHandle::output_shape)
       .def("aux", &PyHandle::aux, "alltoall: rows received per rank; join: [last rank to join]");
 
@@ -245,12 +255,17 @@ void BindRuntime(py::module& m) {
            py::arg("buffers"), py::arg("dtype"), py::arg("shapes"), py::arg("names"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"), py::arg("device") = -1,
            py::arg("stream") = 0, "In-place allreduce of every buffer, negotiated as one group")
-      .def("allgather_async",
-           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
-              py::object keep) {
-             auto h = rt.Allgather(name, DtypeFromInt(dtype, "allgather of '" + name + "'"), shape, Ptr(input));
-             return PyHandle{h, std::move(keep)};
-           })
+      .def(
+          "allgather_async",
+          [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
+             py::object keep, int device, uintptr_t stream) {
+            const std::string what = "allgather of '" + name + "'";
+            const Where where(device, stream, what);
+            auto h = rt.Allgather(name, DtypeFromInt(dtype, what), shape, Ptr(input), where.placement());
+            return PyHandle{h, std::move(keep)};
+          },
+          py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("keep"),
+          py::arg("device") = -1, py::arg("stream") = 0)
       .def(
           "broadcast_async",
           [](Runtime& rt, uintptr_t buffer, int dtype, const std::vector<int64_t>& shape, int root,
@@ -266,19 +281,30 @@ void BindRuntime(py::module& m) {
           "cuda_data_path",
           [](const Runtime& rt) { return GRADCOMP_HAVE_CUDA_KERNELS == 1 && rt.settings().cuda_data_path; },
           "whether GPU tensors are handed to the runtime in GPU memory (a CUDA build, GRADCOMP_CUDA_DATA_PATH=1)")
-      .def("alltoall_async",
-           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape,
-              const std::vector<int64_t>& splits, const std::string& name, py::object keep) {
-             auto h = rt.Alltoall(name, DtypeFromInt(dtype, "alltoall of '" + name + "'"), shape, Ptr(input), splits);
-             return PyHandle{h, std::move(keep)};
-           })
-      .def("reducescatter_async",
-           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
-              int op, double pre, double post, py::object keep) {
-             auto h = rt.Reducescatter(name, DtypeFromInt(dtype, "reducescatter of '" + name + "'"), shape,
-                                       Ptr(input), ReduceOpFromInt(op), pre, post);
-             return PyHandle{h, std::move(keep)};
-           })
+      .def(
+          "alltoall_async",
+          [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape,
+             const std::vector<int64_t>& splits, const std::string& name, py::object keep, int device,
+             uintptr_t stream) {
+            const std::string what = "alltoall of '" + name + "'";
+            const Where where(device, stream, what);
+            auto h = rt.Alltoall(name, DtypeFromInt(dtype, what), shape, Ptr(input), splits, where.placement());
+            return PyHandle{h, std::move(keep)};
+          },
+          py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("splits"), py::arg("name"), py::arg("keep"),
+          py::arg("device") = -1, py::arg("stream") = 0)
+      .def(
+          "reducescatter_async",
+          [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
+             int op, double pre, double post, py::object keep, int device, uintptr_t stream) {
+            const std::string what = "reducescatter of '" + name + "'";
+            const Where where(device, stream, what);
+            auto h = rt.Reducescatter(name, DtypeFromInt(dtype, what), shape, Ptr(input), ReduceOpFromInt(op), pre,
+                                      post, where.placement());
+            return PyHandle{h, std::move(keep)};
+          },
+          py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"), py::arg("prescale"),
+          py::arg("postscale"), py::arg("keep"), py::arg("device") = -1, py::arg("stream") = 0)
       .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
       .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; })
       .def("default_compression",

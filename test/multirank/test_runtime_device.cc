@@ -6,9 +6,11 @@
 // memory, and every step must give the same bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/runtime.h"
@@ -241,6 +243,91 @@ TEST(RuntimeOnDevice, RanksThatDisagreeOnWhereATensorIsStageThroughTheHost) {
   });
   EXPECT_EQ(out[0], out[1]);
   EXPECT_EQ(DeviceMemoryCommunicatorBytes(), before);
+}
+
+// The collectives whose output the runtime allocates, of tensors on the device: the output is in
+// the device's memory, with the host's bytes, staged or over device communicators.
+Results Gather(int world, Where where, bool device_comms) {
+  Results results(static_cast<size_t>(world));
+  const std::vector<std::string> failures = RunRanks(world, [&](Communicator& comm) {
+    RuntimeOptions options;
+    options.settings = Settings::FromMap({});
+    options.world = comm.Split(0, comm.rank());
+    if (device_comms) {
+      options.device_communicators = [](Communicator& host, Device& device, CommLevel) {
+        return DeviceMemoryCommunicator(host, device);
+      };
+    }
+    Runtime rt(std::move(options));
+    const int me = rt.rank(), n = rt.size();
+    std::unique_ptr<Stream> stream = TestDevice().NewStream();
+    const bool dev = where == Where::kDevice;
+    const Placement placement = dev ? Placement{&TestDevice(), stream.get()} : Placement{};
+    std::vector<std::pair<void*, size_t>> allocated;
+    // An input of `t`'s first `rows` rows where the run puts it.
+    const auto input = [&](const Tensor& t, int64_t rows, int step) -> const void* {
+      static thread_local std::vector<std::vector<char>> keep;
+      std::vector<char> bytes = GradientBytes(t, me, step);
+      bytes.resize(Bytes(t) / static_cast<size_t>(t.shape[0]) * static_cast<size_t>(rows));
+      keep.push_back(bytes);
+      if (!dev) return keep.back().data();
+      void* d = TestDevice().Allocate(bytes.size());
+      TestDevice().CopyFromHost(d, bytes.data(), bytes.size(), *stream);
+      allocated.emplace_back(d, bytes.size());
+      return d;
+    };
+    std::vector<char>& mine = results[static_cast<size_t>(me)];
+    const auto keep_output = [&](const std::shared_ptr<Handle>& h, const std::string& what) {
+      h->Wait();
+      if ((h->output_device() != nullptr) != dev) throw Error(what + ": output in the wrong memory");
+      const size_t at = mine.size();
+      mine.resize(at + h->output_size());
+      if (dev) {
+        TestDevice().CopyToHost(mine.data() + at, h->device_output(), h->output_size(), *stream);
+      } else {
+        std::memcpy(mine.data() + at, h->output().data(), h->output_size());
+      }
+      for (int64_t d : h->output_shape()) mine.push_back(static_cast<char>(d));
+    };
+    const auto& model = Model();
+    for (int step = 0; step < 2; ++step) {
+      const Tensor& bias = model[1];  // 64 float32 rows, fewer on higher ranks
+      keep_output(rt.Allgather("gather", bias.dtype, {64 - me}, input(bias, 64 - me, step), placement), "allgather");
+      const Tensor& fc1 = model[2];  // {512, 300}: uneven splits
+      std::vector<int64_t> splits(static_cast<size_t>(n), 512 / n);
+      splits[0] += 512 % n - 1;
+      splits.back() += 1;
+      keep_output(rt.Alltoall("a2a", fc1.dtype, fc1.shape, input(fc1, 512, step), splits, placement), "alltoall");
+      keep_output(rt.Reducescatter("rs32", fc1.dtype, fc1.shape, input(fc1, 512, step), ReduceOp::kAverage, 0.5, 3.0,
+                                   placement),
+                  "reducescatter float32");
+      const Tensor& fc2 = model[4];  // float16 {100, 512}
+      keep_output(rt.Reducescatter("rs16", fc2.dtype, fc2.shape, input(fc2, 100, step), ReduceOp::kSum, 1.0, 1.0,
+                                   placement),
+                  "reducescatter float16");
+    }
+    for (const auto& [d, bytes] : allocated) TestDevice().Free(d, bytes);
+    return std::string();
+  });
+  EXPECT_EQ(Failures(failures), "");
+  return results;
+}
+
+TEST(RuntimeOnDevice, AllgatherAlltoallReducescatterOutputsOnTheDeviceHaveTheHostBytes) {
+  for (int world : {2, 3}) {
+    const Results host = Gather(world, Where::kHost, false);
+    const Results staged = Gather(world, Where::kDevice, false);
+    const size_t before = DeviceMemoryCommunicatorBytes();
+    const Results direct = Gather(world, Where::kDevice, true);
+    EXPECT_GT(DeviceMemoryCommunicatorBytes(), before) << "the device communicators were not used";
+    for (int r = 0; r < world; ++r) {
+      ASSERT_FALSE(host[static_cast<size_t>(r)].empty());
+      EXPECT_TRUE(staged[static_cast<size_t>(r)] == host[static_cast<size_t>(r)])
+          << "staged, world " << world << " rank " << r;
+      EXPECT_TRUE(direct[static_cast<size_t>(r)] == host[static_cast<size_t>(r)])
+          << "device communicators, world " << world << " rank " << r;
+    }
+  }
 }
 
 TEST(RuntimeOnDevice, GroupedPlacementsMustBeNoneOneOrOnePerTensor) {

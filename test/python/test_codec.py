@@ -81,3 +81,30 @@ def test_bad_arguments_raise_value_error_naming_the_value():
     with pytest.raises(ValueError, match="ratio=1.500000 is outside"):
         gc.encode(g, "topk", ratio=1.5)
     assert issubclass(gradcomp.GradcompError, RuntimeError)
+
+
+@pytest.mark.parametrize("codec,params", [("maxmin", {"bits": 3, "bucket_size": 100, "stochastic": True}),
+                                          ("topk", {"ratio": 0.05})])
+def test_encoding_at_addresses_gives_the_same_bytes_and_values(codec, params):
+    """codec_encode_at / codec_decode_at (the DDP hook's in-place calls, on the tensor's device)
+    write the bytes gc.encode returns and decode to what gc.decode gives."""
+    from gradcomp import _core
+    g = gaussian(4097, seed=3)
+    wire = gc.encode(g, codec, first_index=9, seed=5, step=2, **params)
+    out = np.full(gc.wire_size(g.size, codec, **params) + 16, 0xAB, np.uint8)
+    written = _core.codec_encode_at(g.ctypes.data, "float32", g.size, out.ctypes.data, out.size, codec, 9,
+                                    seed=5, step=2, **params)
+    assert bytes(out[:written]) == wire
+    expected = gc.decode(wire, g.size, codec, seed=5, step=2, **params)
+    got = np.ones(g.size, np.float32)
+    _core.codec_decode_at(out.ctypes.data, written, g.size, got.ctypes.data, "float32", codec, True,
+                          seed=5, step=2, **params)
+    assert (got == expected + np.float32(1)).all()
+    with pytest.raises(ValueError, match=f"4097 values need {gc.wire_size(g.size, codec, **params)} output "
+                                         f"bytes with codec '{codec}', the output has 10"):
+        _core.codec_encode_at(g.ctypes.data, "float32", g.size, out.ctypes.data, 10, codec, **params)
+    # An ordinal no machine has: in a CUDA build the device does not exist, in another there is no CUDA.
+    with pytest.raises(ValueError, match=r"codec_encode_at: .*(CUDA device 64 does not exist|GPU 64 but this "
+                                         r"gradcomp was built without CUDA)"):
+        _core.codec_encode_at(g.ctypes.data, "float32", g.size, out.ctypes.data, out.size, codec, device=64,
+                              **params)

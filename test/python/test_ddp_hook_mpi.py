@@ -190,7 +190,7 @@ def test_a_nonfinite_step_keeps_the_residuals_it_had(groups):
         return target.grad.clone()
 
     step(0)
-    before = state.residual(target).copy()
+    before = state.residual(target).clone()
     poison["on"] = True
     overflowed = step(1)
     poison["on"] = False

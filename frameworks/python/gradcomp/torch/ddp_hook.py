@@ -31,13 +31,18 @@ only, no collective), so the hook of bucket k waits only for what bucket k - 1 a
 the whole backward of bucket k's layers to finish. Callbacks never issue or wait for
 collectives; every bucket owns its buffers.
 
+Where the work runs. Encoding, the float32 reduction and decoding work on the bucket's own
+memory through gradcomp's device layer (`_core.codec_encode_at` / `codec_decode_at`, ordered on
+torch's current stream): a GPU bucket stays on its GPU where gradcomp has its CUDA kernels (set
+GRADCOMP_CUDA_DATA_PATH=0 to encode on the CPU instead), and the collectives take the bucket's
+device, so only encoded bytes travel and nothing waits for the GPU on the hook's thread.
+
 Error feedback keeps each layer's residual by parameter (DDP rebuilds its buckets after the first
 step, so a bucket's index and position do not name a layer across steps). A layer whose values
 (gradient plus residual) are not all finite in a step, such as a mixed-precision step that
 overflowed, is sent as it is (the result shows the inf/NaN, so a loss scaler skips the step)
 and keeps the residual it had before that step: one overflow does not poison later steps.
 """
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -45,7 +50,7 @@ from gradcomp import _core
 from gradcomp import codec as _codec
 from gradcomp.torch.futures import failing_in_cpp
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_FLOATS = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _CODEC = "maxmin"  # the hook quantizes as CGX's does
 
 
@@ -72,11 +77,20 @@ class DDPHookState:
         if self.layer_min_size < 0:
             raise ValueError(f"DDPHookState: layer_min_size must be >= 0, got {self.layer_min_size}")
         self.iteration = 0  # buckets exchanged so far; keys stochastic rounding
-        self.residuals = {}  # id(parameter) -> (parameter, float32 residual)
-        self.nonfinite_steps = 0  # layers sent with non-finite values (their residuals were kept)
+        self.residuals = {}  # id(parameter) -> (parameter, float32 residual on the codecs' device)
         self.bytes_in = 0  # float bytes of the compressed layers
         self.bytes_on_wire = 0  # bytes this rank sent for them
+        self._nonfinite = None  # count of layers sent with non-finite values, kept where they were
         self._waiting = []  # exchanges whose all_gather is not issued yet, in bucket order
+        # GPU buckets are encoded and decoded on their GPU where gradcomp has its CUDA kernels
+        # (and GRADCOMP_CUDA_DATA_PATH is not 0); else on the CPU.
+        self._on_gpu = _core.cuda_data_path()
+
+    @property
+    def nonfinite_steps(self):
+        """Layers sent with non-finite values (their residuals were kept). Reading it waits for
+        the GPU; the hook itself never does."""
+        return 0 if self._nonfinite is None else int(self._nonfinite)
 
     def codec_params(self):
         return {"bits": self.bits, "bucket_size": self.bucket_size, "stochastic": self.stochastic}
@@ -85,12 +99,22 @@ class DDPHookState:
         return (grad.dtype in _FLOATS and param.dim() >= 2 and grad.numel() >= self.layer_min_size)
 
     def residual(self, param):
-        """The error-feedback residual kept for `param` (a float32 numpy array), or None."""
+        """The error-feedback residual kept for `param` (a flat float32 tensor), or None."""
         kept = self.residuals.get(id(param))
         return kept[1] if kept is not None and kept[0] is param else None
 
-    def _keep_residual(self, param, residual):
-        self.residuals[id(param)] = (param, residual)
+    def _keep_residual(self, param, residual, finite):
+        """Keeps `residual` where `finite` (a bool tensor) holds, else the one from before; decided
+        on the residual's device so the hook never waits for a GPU."""
+        before = self.residual(param)
+        if before is None or before.shape != residual.shape or before.device != residual.device:
+            before = torch.zeros_like(residual)
+        self.residuals[id(param)] = (param, torch.where(finite, residual, before))
+        lost = (~finite).to(torch.int64)
+        self._nonfinite = lost if self._nonfinite is None else self._nonfinite + lost.to(self._nonfinite.device)
+
+    def _codec_device(self, buffer):
+        return buffer.device if buffer.device.type == "cpu" or self._on_gpu else torch.device("cpu")
 
 
 def _chunks(n, world):
@@ -102,13 +126,35 @@ def _chunks(n, world):
     return out
 
 
+def _where(tensor):
+    """(device, stream) of a tensor for the codec bindings: -1 for host memory, else its GPU and
+    the current stream there (the codec kernels are ordered after the work that produced it)."""
+    if tensor.is_cuda:
+        return tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream
+    return -1, 0
+
+
+def _encode_into(values, out, first_index, params):
+    """Encodes float32 `values` into the uint8 tensor `out` on their device; returns its bytes."""
+    device, stream = _where(values)
+    return _core.codec_encode_at(values.data_ptr(), "float32", values.numel(), out.data_ptr(), out.numel(), _CODEC,
+                                 first_index, device=device, stream=stream, **params)
+
+
+def _decode_from(wire, out, params, accumulate=False):
+    """Decodes (or decode-accumulates) the uint8 tensor `wire` into `out` on their device."""
+    device, stream = _where(out)
+    _core.codec_decode_at(wire.data_ptr(), wire.numel(), out.numel(), out.data_ptr(), _FLOATS[out.dtype], _CODEC,
+                          accumulate, device=device, stream=stream, **params)
+
+
 class _Layer:
     """A compressed layer of a bucket: where it lies in the bucket buffer, its values to send
     (float32, error-compensated), its chunk per rank and each chunk's encoded size."""
 
     def __init__(self, param, offset, values, world, params):
         self.param, self.offset, self.values = param, offset, values
-        self.chunks = _chunks(values.size, world)
+        self.chunks = _chunks(values.numel(), world)
         self.sizes = [_codec.wire_size(length, _CODEC, **params) for _, length in self.chunks]
 
 
@@ -118,7 +164,10 @@ class _Exchange:
     start(): encodes every peer's chunk and issues the exact all_reduce and the all_to_all;
     the all_to_all's callback reduces this rank's chunk and encodes it (no collective).
     gather(): waits for that reduction and issues the all_gather; its callback decodes every
-    chunk into the bucket buffer and completes `future`."""
+    chunk into the bucket buffer and completes `future`.
+
+    The codecs work in the bucket's memory (on its GPU for a GPU bucket, see DDPHookState);
+    the collectives take the bucket's device, so nothing crosses to the host on the way."""
 
     def __init__(self, state, bucket, group):
         self.state, self.group = state, group
@@ -128,17 +177,17 @@ class _Exchange:
         self.params = state.codec_params()
         self.buffer = bucket.buffer()
         self.flat = self.buffer.view(-1)
-        self.device = self.buffer.device
+        self.device = self.buffer.device  # where the collectives run
+        self.work = state._codec_device(self.buffer)  # where the codecs run
         self.layers, self.exact = [], []
         offset = 0
         for param, grad in zip(bucket.parameters(), bucket.gradients()):
             n = grad.numel()
             if state.compresses(param, grad):
-                # The codecs run on the CPU.
-                values = grad.detach().reshape(-1).to(device="cpu", dtype=torch.float32).numpy()
+                values = grad.detach().reshape(-1).to(device=self.work, dtype=torch.float32)
                 if state.error_feedback:
                     r = state.residual(param)
-                    if r is not None and r.shape == values.shape:
+                    if r is not None and r.shape == values.shape and r.device == values.device:
                         values = values + r
                 self.layers.append(_Layer(param, offset, values, self.world, self.params))
                 state.bytes_in += n * grad.element_size()
@@ -158,26 +207,30 @@ class _Exchange:
         """Codec parameters `rank` encodes its reduced chunk with (the runtime SRA's stream)."""
         return dict(self.params, seed=self._seeds[rank][1], step=self.step)
 
-    def _encode_for_peers(self):
-        """Phase 1 payload: for each peer, every layer's chunk for that peer, encoded; keeps
-        each layer's residual (what encoding lost) unless it is not finite, as the runtime's
-        memories do (an inf or NaN value makes its bucket decode to NaN)."""
+    def _encode_for_peers(self, parts):
+        """Phase 1 payload: for each peer in turn (`parts` bytes each), every layer's chunk for that
+        peer, encoded. Keeps each layer's residual (what encoding lost) unless it is not finite,
+        as the runtime's memories do (an inf or NaN value makes its bucket decode to NaN)."""
         send_params = self._scatter_params(self.me)
-        parts = [[] for _ in range(self.world)]
+        send = torch.empty(sum(parts), dtype=torch.uint8, device=self.work)
+        at = [sum(parts[:p]) for p in range(self.world)]  # where each peer's next layer goes
         feedback = self.state.error_feedback
         for layer in self.layers:
-            residual = np.empty_like(layer.values) if feedback else None
+            residual = torch.empty_like(layer.values) if feedback else None
             for p, (start, length) in enumerate(layer.chunks):
-                chunk = layer.values[start:start + length]
-                wire = np.frombuffer(_codec.encode(chunk, _CODEC, first_index=start, **send_params), np.uint8)
+                chunk, wire = layer.values[start:start + length], send[at[p]:at[p] + layer.sizes[p]]
+                written = _encode_into(chunk, wire, start, send_params)
+                if written != layer.sizes[p]:
+                    raise RuntimeError(f"ddp_hook: {length} values encoded to {written} bytes, "
+                                       f"expected {layer.sizes[p]}")
                 if feedback:
-                    residual[start:start + length] = chunk - _codec.decode(wire, length, _CODEC, **send_params)
-                parts[p].append(wire)
-            if feedback and np.isfinite(residual).all():
-                self.state._keep_residual(layer.param, residual)
-            elif feedback:
-                self.state.nonfinite_steps += 1  # keeps the residual from before this step
-        return [np.concatenate(part) if part else np.zeros(0, np.uint8) for part in parts]
+                    lost = residual[start:start + length]
+                    _decode_from(wire, lost, send_params)
+                    torch.sub(chunk, lost, out=lost)
+                at[p] += layer.sizes[p]
+            if feedback:
+                self.state._keep_residual(layer.param, residual, torch.isfinite(residual).all())
+        return send
 
     def start(self):
         world, me = self.world, self.me
@@ -187,40 +240,35 @@ class _Exchange:
             self._exact = (work.get_future(), values)
         if not self.layers:
             return
-        parts = self._encode_for_peers()
-        mine = sum(layer.sizes[me] for layer in self.layers)  # what every rank sends me
-        in_splits = [part.size for part in parts]
-        reduced_sizes = [sum(layer.sizes[p] for layer in self.layers) for p in range(world)]
-        self.state.bytes_on_wire += sum(in_splits) - in_splits[me] + reduced_sizes[me] * (world - 1)
-        send = torch.from_numpy(np.concatenate(parts)).to(self.device)
+        in_splits = [sum(layer.sizes[p] for layer in self.layers) for p in range(world)]
+        mine = in_splits[me]  # what every rank sends me
+        self.state.bytes_on_wire += sum(in_splits) - mine + mine * (world - 1)
+        send = self._encode_for_peers(in_splits).to(self.device)
         recv = torch.empty(mine * world, dtype=torch.uint8, device=self.device)
         work = dist.all_to_all_single(recv, send, [mine] * world, in_splits, group=self.group, async_op=True)
-        width = max(reduced_sizes)
+        width = max(in_splits)
         self._reduced = work.get_future().then(lambda f: self._reduce_mine(f, recv, mine, width))
 
     def _reduce_mine(self, fut, recv, mine, width):
         """My chunk of each layer: every rank's encoding of it, summed in rank order, averaged,
         encoded once, padded to the widest rank's payload (all_gather needs equal sizes)."""
         fut.wait()  # raises the exchange's error, if any
-        received = recv.cpu().numpy()
+        received = recv.to(self.work)
         send_params = [self._scatter_params(p) for p in range(self.world)]
         reduce_params = self._gather_params(self.me)
-        padded = np.zeros(width, np.uint8)
+        padded = torch.zeros(width, dtype=torch.uint8, device=self.work)
         within = 0  # where the layer's bytes start in each rank's part
-        at = 0
         for layer in self.layers:
             start, length = layer.chunks[self.me]
             size = layer.sizes[self.me]
-            acc = np.zeros(length, np.float32)
+            acc = torch.zeros(length, dtype=torch.float32, device=self.work)
             for p in range(self.world):
                 begin = p * mine + within
-                _codec.decode_accumulate(received[begin:begin + size], acc, _CODEC, **send_params[p])
+                _decode_from(received[begin:begin + size], acc, send_params[p], accumulate=True)
+            acc.div_(self.world)
+            _encode_into(acc, padded[within:within + size], start, reduce_params)
             within += size
-            acc /= np.float32(self.world)
-            wire = np.frombuffer(_codec.encode(acc, _CODEC, first_index=start, **reduce_params), np.uint8)
-            padded[at:at + wire.size] = wire
-            at += wire.size
-        return torch.from_numpy(padded).to(self.device)
+        return padded.to(self.device)
 
     def gather(self):
         """Issues phase 2 (on the hook's thread) and arranges for `future` to complete."""
@@ -243,16 +291,20 @@ class _Exchange:
 
     def _decode_all(self, fut, gathered):
         fut.wait()
+        in_place = self.work == self.device  # else decoded on the CPU, then copied to the bucket
         with torch.no_grad():
             for p in range(self.world):
-                data, at = gathered[p].cpu().numpy(), 0
+                data, at = gathered[p].to(self.work), 0
                 owner_params = self._gather_params(p)
                 for layer in self.layers:
                     start, length = layer.chunks[p]
-                    values = _codec.decode(data[at:at + layer.sizes[p]], length, _CODEC, **owner_params)
-                    at += layer.sizes[p]
                     begin = layer.offset + start
-                    self.flat[begin:begin + length].copy_(torch.from_numpy(values))
+                    target = self.flat[begin:begin + length]
+                    out = target if in_place else torch.empty(length, dtype=target.dtype, device=self.work)
+                    _decode_from(data[at:at + layer.sizes[p]], out, owner_params)
+                    if not in_place:
+                        target.copy_(out)
+                    at += layer.sizes[p]
 
     def _copy_exact(self, fut):
         fut.wait()

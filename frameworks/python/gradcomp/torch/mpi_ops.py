@@ -81,12 +81,19 @@ def _same_gpu(tensors):
     return all(t.is_cuda for t in tensors) and len({t.device for t in tensors}) == 1
 
 
-def _from_bytes(native, dtype, device):
-    """The runtime-allocated result of `native` as a tensor."""
-    raw = torch.from_numpy(native.output_bytes())
+def _from_output(native, dtype, device):
+    """The runtime-allocated result of `native` as a tensor on `device`: copied straight from
+    the runtime's buffer (GPU to GPU when the operation ran on the GPU)."""
     shape = native.output_shape()
-    out = raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype)
-    return out.to(device) if device.type != "cpu" else out
+    if device.type != "cpu" and not native.output_on_device():
+        # A GPU tensor staged through the host (GRADCOMP_CUDA_DATA_PATH=0 or no CUDA kernels).
+        raw = torch.from_numpy(native.output_bytes())
+        out = raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype)
+        return out.to(device)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    ordinal, stream = (device.index, torch.cuda.current_stream(device).cuda_stream) if out.is_cuda else (-1, 0)
+    native.copy_output_to(out.data_ptr(), out.numel() * out.element_size(), ordinal, stream)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,11 +243,12 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None):
     """Concatenates every rank's `tensor` along the first dimension (which may differ per rank)."""
     name = _b.auto_name("allgather", name)
-    staged = _Staged(tensor, f"allgather of '{name}'")
+    staged = _Staged(tensor, f"allgather of '{name}'", on_device=True)
     if staged.buffer.dim() == 0:
         raise ValueError(f"allgather of '{name}' needs a tensor with at least one dimension")
-    native = _b.runtime().allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,))
-    return _b.register(native, lambda: _from_bytes(native, tensor.dtype, tensor.device))
+    native = _b.runtime().allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,),
+                                          device=staged.device, stream=staged.stream)
+    return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
 def _first_dims(dims, name):
@@ -351,15 +359,16 @@ def alltoall_async(tensor, splits=None, name=None):
     dimension must be a multiple of the number of ranks). The handle's result is (received
     tensor, rows received from each rank)."""
     name = _b.auto_name("alltoall", name)
-    staged = _Staged(tensor, f"alltoall of '{name}'")
+    staged = _Staged(tensor, f"alltoall of '{name}'", on_device=True)
     s = []
     if splits is not None:
         splits = torch.as_tensor(splits)
         if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
             raise ValueError(f"alltoall of '{name}': splits must be integers (row counts), got {splits.dtype}")
         s = [int(v) for v in splits.reshape(-1).tolist()]
-    native = _b.runtime().alltoall_async(staged.ptr, staged.code, staged.shape, s, name, (staged,))
-    return _b.register(native, lambda: (_from_bytes(native, tensor.dtype, tensor.device),
+    native = _b.runtime().alltoall_async(staged.ptr, staged.code, staged.shape, s, name, (staged,),
+                                         device=staged.device, stream=staged.stream)
+    return _b.register(native, lambda: (_from_output(native, tensor.dtype, tensor.device),
                                         torch.tensor(native.aux(), dtype=torch.int32)))
 
 
@@ -392,12 +401,13 @@ def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postsca
     (ranks below first_dim % size get one row more)."""
     op = check_op(op)
     name = _b.auto_name("reducescatter", name)
-    staged = _Staged(tensor, f"reducescatter of '{name}'")
+    staged = _Staged(tensor, f"reducescatter of '{name}'", on_device=True)
     if tensor.dim() == 0:
         raise ValueError(f"reducescatter of '{name}' needs a tensor with at least one dimension")
     native = _b.runtime().reducescatter_async(staged.ptr, staged.code, staged.shape, name, op,
-                                              float(prescale_factor), float(postscale_factor), (staged,))
-    return _b.register(native, lambda: _from_bytes(native, tensor.dtype, tensor.device))
+                                              float(prescale_factor), float(postscale_factor), (staged,),
+                                              device=staged.device, stream=staged.stream)
+    return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
 def _reducescatter_grads(grads, op, prescale_factor, postscale_factor):
