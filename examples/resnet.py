@@ -36,3 +36,23 @@ class ResNet20(nn.Module):
     def forward(self, x):
         x = self.layers(F.relu(self.bn(self.conv(x))))
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for ImageNet-shaped 3x224x224 images (11.7M parameters): a 7x7 stem, a max
+    pool, four stages of two basic blocks (64, 128, 256, 512 channels)."""
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                                  nn.MaxPool2d(3, 2, 1))
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))

@@ -11,6 +11,8 @@
 #   bash scripts/cluster.sh down TAG            # kill what runs in the namespaces, delete them
 #
 # TAG (letters and digits, at most 8) names everything, so parallel clusters never collide.
+# CLUSTER_QUEUE (default 20ms) is how much the shaper's queue holds; CLUSTER_INGRESS=0 shapes
+# only each node's egress (the default shapes both directions).
 # Scripts may instead `source` this file and call cluster_up / cluster_cut / cluster_heal / cluster_down;
 # cluster_up then fills the array CLUSTER_MPIRUN.
 set -euo pipefail
@@ -38,10 +40,19 @@ _cluster_add_host() {  # TAG NAME LAST_OCTET RATE(""=unlimited)
   ip netns exec "$ns" ip link set lo up
   ip netns exec "$ns" ip addr add "$CLUSTER_SUBNET.$3/24" dev eth0
   ip netns exec "$ns" ip link set eth0 up
-  if [ -n "$4" ]; then
-    # The node's link: RATE in each direction (node egress, and the bridge port towards it).
-    ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "$4" burst 256kb latency 20ms
-    tc qdisc add dev "$peer" root handle 1: tbf rate "$4" burst 256kb latency 20ms
+  [ -n "$4" ] && _cluster_shape "$tag" "$3" "$4" add
+  return 0
+}
+
+# The node's link: RATE on the node's egress and, unless CLUSTER_INGRESS=0, on the bridge port
+# towards it (its ingress); a token bucket whose queue holds CLUSTER_QUEUE (default 20ms) of it.
+_cluster_shape() {  # TAG LAST_OCTET RATE add|replace
+  local ns="$1-n$(($2 - 10))" peer="$1$2" queue=${CLUSTER_QUEUE:-20ms}
+  ip netns exec "$ns" tc qdisc "$4" dev eth0 root handle 1: tbf rate "$3" burst 256kb latency "$queue"
+  if [ "${CLUSTER_INGRESS:-1}" = 1 ]; then
+    tc qdisc "$4" dev "$peer" root handle 1: tbf rate "$3" burst 256kb latency "$queue"
+  elif [ "$4" = replace ]; then
+    tc qdisc del dev "$peer" root 2>/dev/null || true
   fi
 }
 
@@ -94,10 +105,7 @@ cluster_cut() {  # cluster_cut TAG NODE: the node's link drops everything, both 
 }
 
 cluster_heal() {  # cluster_heal TAG NODE: the node's link as cluster_up made it
-  local ns="$1-n$2" peer="$1$((10 + $2))" rate
-  rate=$(cat "/tmp/$1-cluster/rate")
-  ip netns exec "$ns" tc qdisc replace dev eth0 root handle 1: tbf rate "$rate" burst 256kb latency 20ms
-  tc qdisc replace dev "$peer" root handle 1: tbf rate "$rate" burst 256kb latency 20ms
+  _cluster_shape "$1" $((10 + $2)) "$(cat "/tmp/$1-cluster/rate")" replace
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

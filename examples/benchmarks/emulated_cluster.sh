@@ -5,8 +5,9 @@
 #
 #   sudo bash examples/benchmarks/emulated_cluster.sh [--rate 1gbit] [--nodes 2] [--ranks-per-node 1]
 #        [--sizes-mb 1,4,16,64,256] [--reps 3] [--variants mpi,none,fp16,maxmin8,maxmin4,maxmin2,topk1]
-#        [--hierarchical] [--no-gloo] [--out build/cluster]
-# GRADCOMP_* variables in the environment are passed to every rank.
+#        [--hierarchical] [--no-gloo] [--queue 20ms] [--no-ingress] [--out build/cluster]
+# GRADCOMP_* variables in the environment are passed to every rank. --queue sets how much the
+# link shaper's queue holds; --no-ingress shapes only each node's egress (default: both ways).
 #
 # Runs, in the same session: gradcomp none / fp16 / maxmin 8 / 4 / 2 bits / topk 1%, raw
 # MPI_Allreduce and torch.distributed gloo allreduce; prints time, effective bandwidth, speedup
@@ -24,6 +25,8 @@ while [ $# -gt 0 ]; do
     --variants) VARIANTS=$2; shift 2 ;;
     --hierarchical) HIER=1; shift ;;
     --no-gloo) GLOO=0; shift ;;
+    --queue) export CLUSTER_QUEUE=$2; shift 2 ;;
+    --no-ingress) export CLUSTER_INGRESS=0; shift ;;
     --out) OUT=$2; shift 2 ;;
     *) echo "emulated_cluster: unknown flag $1 (see the header of this script)" >&2; exit 2 ;;
   esac
@@ -51,7 +54,7 @@ HOSTS=""
 for host in ${CLUSTER_HOSTS//,/ }; do HOSTS="${HOSTS:+$HOSTS,}$host:$RPN"; done
 NP=$((NODES * RPN))
 MPIRUN=("${CLUSTER_MPIRUN[@]}" -H "$HOSTS" -np "$NP")
-echo "emulated cluster: $NODES nodes x $RPN ranks, links of $RATE, sizes $SIZES MB"
+echo "emulated cluster: $NODES nodes x $RPN ranks, links of $RATE (queue ${CLUSTER_QUEUE:-20ms}, $([ "${CLUSTER_INGRESS:-1}" = 1 ] && echo "both directions" || echo "egress only") shaped), sizes $SIZES MB"
 
 # ---- gradcomp and MPI_Allreduce -----------------------------------------------------------
 ENVS=(-x GRADCOMP_HIERARCHICAL="$HIER")

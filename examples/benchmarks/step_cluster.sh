@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Training step benchmark (step_bench.py) on an emulated cluster (scripts/cluster.sh: one network
+# and UTS namespace per node, tc-shaped links, Open MPI over TCP, --bind-to none). Every variant
+# of every model runs in the same session, so the rows compare like with like.
+#
+#   sudo bash examples/benchmarks/step_cluster.sh [--rate 1gbit] [--nodes 2] [--ranks-per-node 1]
+#        [--models mlp,resnet20,resnet18,gpt2] [--variants LIST] [--steps 8] [--warmup 3]
+#        [--hierarchical] [--queue 20ms] [--no-ingress] [--out build/steps]
+#
+# Appends one JSON record per (model, variant) to OUT/steps.jsonl and prints each model's
+# table. The runtime's compression setting is maxmin 4 bits (what the backend4 row uses); the
+# DistributedOptimizer rows pass their compression explicitly. GRADCOMP_* variables in the
+# environment are passed to every rank.
+set -euo pipefail
+
+RATE=1gbit NODES=2 RPN=1 MODELS=mlp,resnet20,resnet18,gpt2 VARIANTS="" STEPS=8 WARMUP=3 HIER=0 OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rate) RATE=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --ranks-per-node) RPN=$2; shift 2 ;;
+    --models) MODELS=$2; shift 2 ;;
+    --variants) VARIANTS=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --warmup) WARMUP=$2; shift 2 ;;
+    --hierarchical) HIER=1; shift ;;
+    --queue) export CLUSTER_QUEUE=$2; shift 2 ;;
+    --no-ingress) export CLUSTER_INGRESS=0; shift ;;
+    --out) OUT=$2; shift 2 ;;
+    *) echo "step_cluster: unknown flag $1 (see the header of this script)" >&2; exit 2 ;;
+  esac
+done
+[ "$RPN" -ge 1 ] || { echo "step_cluster: --ranks-per-node must be >= 1, got $RPN" >&2; exit 2; }
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
+ls "$BUILD"/python/gradcomp/_core*.so >/dev/null 2>&1 ||
+  { echo "step_cluster: $BUILD/python has no gradcomp build (bash scripts/setup.sh)" >&2; exit 2; }
+OUT=${OUT:-$BUILD/steps}
+mkdir -p "$OUT"
+
+source "$ROOT/scripts/cluster.sh"
+TAG="gcs$(($$ % 100000))"
+trap 'cluster_down "$TAG"' EXIT
+trap 'exit 130' INT TERM
+cluster_up "$TAG" "$NODES" "$RATE"
+HOSTS=""
+for host in ${CLUSTER_HOSTS//,/ }; do HOSTS="${HOSTS:+$HOSTS,}$host:$RPN"; done
+NP=$((NODES * RPN))
+SHAPING="queue ${CLUSTER_QUEUE:-20ms}, $([ "${CLUSTER_INGRESS:-1}" = 1 ] && echo both ways || echo egress only)"
+LINK="$RATE ($SHAPING), $NODES nodes x $RPN"
+[ "$HIER" = 1 ] && LINK="$LINK, hierarchical"
+echo "step benchmark: $LINK"
+
+ENVS=(-x GRADCOMP_HIERARCHICAL="$HIER" -x GRADCOMP_COMPRESSION=maxmin -x GRADCOMP_BITS=4
+      -x MASTER_ADDR="$CLUSTER_SUBNET.11" -x GLOO_SOCKET_IFNAME=eth0 -x PYTHONPATH="$BUILD/python")
+for var in $(env | grep -o '^GRADCOMP_[A-Z0-9_]*' | grep -v -E '^GRADCOMP_(HIERARCHICAL|COMPRESSION|BITS)$' || true); do
+  ENVS+=(-x "$var")
+done
+port=29600
+for model in ${MODELS//,/ }; do
+  port=$((port + 1))
+  "${CLUSTER_MPIRUN[@]}" -H "$HOSTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
+    /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$model" --steps "$STEPS" --warmup "$WARMUP" \
+    ${VARIANTS:+--variants "$VARIANTS"} --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' |
+    tee -a "$OUT/steps.txt"
+done
