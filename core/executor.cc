@@ -166,7 +166,9 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   const size_t n = r.names.size();
   int64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += NumElements(r.shapes[i]);
-  if (r.compression.codec != "none") return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
+  if (r.compression.codec != "none" || OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
+    return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
+  }
   AllreduceOptions o;
   o.count = static_cast<size_t>(total);
   o.dtype = r.dtype;
@@ -205,6 +207,16 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     }
   }
   CompleteAll(entries);
+}
+
+bool Executor::OwnUncompressedAllreduce(const Response& r, size_t total) const {
+  // The "none" codec's scatter-reduce-allgather: the compressed path's algorithm (point-to-point,
+  // striped, float32 sums in rank order) with raw float32 values on the wire.
+  const std::string& choice = settings_.uncompressed_algorithm;
+  if (choice == "mpi" || r.dtype != DataType::kFloat32) return false;
+  if (r.op != ReduceOp::kSum && r.op != ReduceOp::kAverage) return false;
+  if (choice == "sra") return true;
+  return total * sizeof(float) >= kOwnUncompressedMinBytes && topo_.cross_size() > 1;
 }
 
 const Topology* Executor::DeviceComms(const Response& r, const EntryList& entries) {
@@ -447,10 +459,10 @@ CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const 
   o.segments = s.segments;
   o.device = &s.on->device();
   o.workspace = &s.on->workspace;
-  // Stripes overlap encoding and decoding with the network. Automatically only for codecs
-  // whose encoding is worth hiding, across nodes: on one node there is no network time to
-  // hide behind (only a helper thread competing for the cores).
-  const bool auto_stripes = codec.stripes_pay() && topo_.cross_size() > 1;
+  // Stripes overlap encoding and decoding with the network and keep the link busy between the
+  // two phases. Automatically across nodes only: on one node there is no network time to hide
+  // behind (only a helper thread competing for the cores).
+  const bool auto_stripes = topo_.cross_size() > 1;
   o.pipeline_stripes = settings_.pipeline_stripes > 0 ? static_cast<size_t>(settings_.pipeline_stripes)
                        : auto_stripes                 ? kAutoPipelineStripes
                                                       : 1;

@@ -119,8 +119,13 @@ const std::vector<Entry>& Registry() {
        "size of each rank's staging area in the node's shared-memory window", 1, 4096},
       {"GRADCOMP_PIPELINE_STRIPES", nullptr, Kind::kInt, Of(&Settings::pipeline_stripes), "0",
        "compressed allreduces of 1M+ values go in at least this many stripes (about 1 MB on the wire each) "
-       "whose encoding overlaps the network (0: 4 for max-min allreduces that cross nodes, else none; 1: off)",
+       "whose encoding overlaps the network (0: 4 for allreduces that cross nodes, else none; 1: off)",
        0, 64},
+      {"GRADCOMP_UNCOMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::uncompressed_algorithm), "auto",
+       "uncompressed allreduces: mpi (MPI_Allreduce, or shared memory in a node), sra (gradcomp's scatter-reduce-"
+       "allgather over point-to-point, float32 sum/average), auto (sra for float32 sum/average of 1 MB or more "
+       "when the world spans nodes, else mpi)",
+       -kInf, kInf, false, kNoExtra, "auto|mpi|sra"},
       {"GRADCOMP_TIMELINE", nullptr, Kind::kString, Of(&Settings::timeline), "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},
       {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, Of(&Settings::timeline_mark_cycles), "0",

@@ -32,6 +32,7 @@ struct Settings {
   bool cuda_data_path = true;
   int64_t shm_buffer_mb = 0;
   int64_t pipeline_stripes = 0;
+  std::string uncompressed_algorithm;
   std::string timeline;
   bool timeline_mark_cycles = false;
   double stall_check_time_seconds = 0;

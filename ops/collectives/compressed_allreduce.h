@@ -37,8 +37,9 @@
 
 namespace gradcomp {
 
-/// Stripes the runtime uses for allreduces that cross nodes with a codec whose stripes pay
-/// (Codec::stripes_pay: max-min) when GRADCOMP_PIPELINE_STRIPES is 0 (auto).
+/// Stripes the runtime uses for allreduces that cross nodes when GRADCOMP_PIPELINE_STRIPES is 0
+/// (auto): every dense codec, raw float32 included, since a stripe's allgather keeping the link
+/// busy while the next stripe is scattered is what holds a TCP link near its rate.
 constexpr size_t kAutoPipelineStripes = 4;
 
 /// Scratch buffers reused across calls (large fresh allocations cost a page fault per 4 KB

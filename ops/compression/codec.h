@@ -52,9 +52,6 @@ class Codec {
   /// Sparse codecs encode a data-dependent selection (variable size): they are allreduced by
   /// an allgather of every rank's encoding and a scatter-add, not by SRA.
   virtual bool sparse() const { return false; }
-  /// Whether encoding costs enough that striping a cross-node allreduce (encoding one stripe
-  /// while another is on the wire) pays by default; cheap casts do not repay the messages.
-  virtual bool stripes_pay() const { return false; }
   /// Throws InvalidArgument naming the field, the value and the allowed range when `p` holds
   /// a value this codec cannot use.
   virtual void Validate(const CodecParams& p) const { (void)p; }

@@ -31,7 +31,6 @@ class MaxMin final : public Codec {
   uint32_t fields() const override {
     return kFieldBits | kFieldBucketSize | kFieldStochastic | kFieldSkipIncomplete;
   }
-  bool stripes_pay() const override { return true; }
   void Validate(const CodecParams& p) const override {
     if (p.bits < 1 || p.bits > 8) {
       throw InvalidArgument("maxmin: bits=" + std::to_string(p.bits) + " is outside 1..8");
