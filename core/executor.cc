@@ -357,8 +357,12 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
   }
   if (dgc) memory_.MaskSent(device, on.stream(), r.names, staged.segments, sent, staged.skip_masking);
   UnstageCompressed(r, entries, staged);
-  bytes_in_ += total * DataTypeSize(r.dtype);
-  bytes_on_wire_ += st.bytes_sent;
+  if (spec.codec == "none") {  // an uncompressed allreduce on the compressed path's algorithm
+    ++uncompressed_sra_;
+  } else {
+    bytes_in_ += total * DataTypeSize(r.dtype);
+    bytes_on_wire_ += st.bytes_sent;
+  }
   if (record) {
     // Each tensor's share of the bytes this rank sent, in proportion to its size.
     for (size_t i = 0; i < r.names.size(); ++i) {
