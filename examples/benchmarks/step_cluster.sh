@@ -58,10 +58,20 @@ for var in $(env | grep -o '^GRADCOMP_[A-Z0-9_]*' | grep -v -E '^GRADCOMP_(HIERA
   ENVS+=(-x "$var")
 done
 port=29600
-for model in ${MODELS//,/ }; do
+bench() {  # bench MODEL VARIANTS
   port=$((port + 1))
   "${CLUSTER_MPIRUN[@]}" -H "$HOSTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
-    /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$model" --steps "$STEPS" --warmup "$WARMUP" \
-    ${VARIANTS:+--variants "$VARIANTS"} --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' |
+    /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$1" --steps "$STEPS" --warmup "$WARMUP" \
+    --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' | tee -a "$OUT/steps.txt"
+}
+ALL=$(PYTHONPATH="$BUILD/python" /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --list-variants)
+for model in ${MODELS//,/ }; do
+  if [ -n "$VARIANTS" ]; then
+    bench "$model" "$VARIANTS"
+    continue
+  fi
+  # torch's PowerSGD hook can abort the whole job inside gloo (step_bench.py, build()): apart.
+  bench "$model" "$(echo "$ALL" | tr ',' '\n' | grep -v '^ddp_powersgd$' | paste -sd,)"
+  bench "$model" ddp_powersgd || echo "step_cluster: torch's PowerSGD hook failed on $model (see above)" |
     tee -a "$OUT/steps.txt"
 done
