@@ -39,6 +39,14 @@ std::string FusedName(const Response& r) {
 
 Device& EntryDevice(const TensorEntry& e) { return e.device != nullptr ? *e.device : HostDevice(); }
 
+// The host output of a collective whose output the runtime allocates: the handle's, `bytes`
+// long, or `local` on a rank that joined (it has no handle).
+char* HostOutput(EntryList& entries, size_t bytes, std::vector<char>& local) {
+  std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
+  out.resize(bytes);
+  return out.data();
+}
+
 void CompleteAll(EntryList& entries) {
   std::vector<Handle*> handles;
   for (auto& e : entries) {
@@ -502,9 +510,7 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
     });
   } else {
     std::vector<char> local;
-    std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
-    out.resize(out_bytes);
-    o.output = out.data();
+    o.output = HostOutput(entries, out_bytes, local);
     Allgather(*topo_.world, o);
   }
   if (timeline_.active()) {
@@ -577,8 +583,8 @@ void Executor::RunAlltoall(const Response& r, EntryList& entries) {
       Alltoall(comm, d);
     });
   } else {
-    h.mutable_output().resize(out_bytes);
-    o.output = h.mutable_output().data();
+    std::vector<char> unused;
+    o.output = HostOutput(entries, out_bytes, unused);
     Alltoall(*topo_.world, o);
   }
   h.mutable_output_shape() = shape;
@@ -634,9 +640,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries) {
     });
   } else {
     std::vector<char> local;
-    std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
-    out.resize(out_bytes);
-    o.output = out.data();
+    o.output = HostOutput(entries, out_bytes, local);
     Reducescatter(*topo_.world, o);
   }
   if (entries[0]) {

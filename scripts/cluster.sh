@@ -97,6 +97,19 @@ AGENT
                   -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH)
 }
 
+cluster_session() {  # cluster_session PREFIX NODES RATE RANKS_PER_NODE: for scripts that source this
+  # A cluster for the rest of the calling script, torn down when it exits (also on failure or
+  # Ctrl-C), named PREFIX plus the script's pid (parallel runs never collide). Sets CLUSTER_TAG,
+  # CLUSTER_MPIRUN, and CLUSTER_SLOTS (mpirun's -H value: every node with RANKS_PER_NODE slots).
+  CLUSTER_TAG="$1$(($$ % 100000))"
+  trap 'cluster_down "$CLUSTER_TAG"' EXIT
+  trap 'exit 130' INT TERM
+  cluster_up "$CLUSTER_TAG" "$2" "$3"
+  local host
+  CLUSTER_SLOTS=""
+  for host in ${CLUSTER_HOSTS//,/ }; do CLUSTER_SLOTS="${CLUSTER_SLOTS:+$CLUSTER_SLOTS,}$host:$4"; done
+}
+
 cluster_cut() {  # cluster_cut TAG NODE: the node's link drops everything, both ways
   local ns="$1-n$2" peer="$1$((10 + $2))"
   # A FIFO that holds no packet drops each one (netem is not in every kernel; pfifo is).

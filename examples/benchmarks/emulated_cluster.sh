@@ -46,14 +46,9 @@ mkdir -p "$OUT"
 
 # ---- the cluster (scripts/cluster.sh) -----------------------------------------------------
 source "$ROOT/scripts/cluster.sh"
-TAG="gcb$(($$ % 100000))"  # unique per run: parallel runs never collide
-trap 'cluster_down "$TAG"' EXIT
-trap 'exit 130' INT TERM
-cluster_up "$TAG" "$NODES" "$RATE"
-HOSTS=""
-for host in ${CLUSTER_HOSTS//,/ }; do HOSTS="${HOSTS:+$HOSTS,}$host:$RPN"; done
+cluster_session gcb "$NODES" "$RATE" "$RPN"
 NP=$((NODES * RPN))
-MPIRUN=("${CLUSTER_MPIRUN[@]}" -H "$HOSTS" -np "$NP")
+MPIRUN=("${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np "$NP")
 echo "emulated cluster: $NODES nodes x $RPN ranks, links of $RATE (queue ${CLUSTER_QUEUE:-20ms}, $([ "${CLUSTER_INGRESS:-1}" = 1 ] && echo "both directions" || echo "egress only") shaped), sizes $SIZES MB"
 
 # ---- gradcomp and MPI_Allreduce -----------------------------------------------------------

@@ -40,12 +40,7 @@ OUT=${OUT:-$BUILD/steps}
 mkdir -p "$OUT"
 
 source "$ROOT/scripts/cluster.sh"
-TAG="gcs$(($$ % 100000))"
-trap 'cluster_down "$TAG"' EXIT
-trap 'exit 130' INT TERM
-cluster_up "$TAG" "$NODES" "$RATE"
-HOSTS=""
-for host in ${CLUSTER_HOSTS//,/ }; do HOSTS="${HOSTS:+$HOSTS,}$host:$RPN"; done
+cluster_session gcs "$NODES" "$RATE" "$RPN"
 NP=$((NODES * RPN))
 SHAPING="queue ${CLUSTER_QUEUE:-20ms}, $([ "${CLUSTER_INGRESS:-1}" = 1 ] && echo both ways || echo egress only)"
 LINK="$RATE ($SHAPING), $NODES nodes x $RPN"
@@ -60,7 +55,7 @@ done
 port=29600
 bench() {  # bench MODEL VARIANTS
   port=$((port + 1))
-  "${CLUSTER_MPIRUN[@]}" -H "$HOSTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
+  "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
     /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$1" --steps "$STEPS" --warmup "$WARMUP" \
     --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' | tee -a "$OUT/steps.txt"
 }
