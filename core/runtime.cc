@@ -105,7 +105,10 @@ Runtime::Runtime(RuntimeOptions options)
   started_.store(true);
   log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}", topo_.size(),
              topo_.local_size(), topo_.cross_size(), settings_.fusion_threshold_mb, settings_.cache_capacity);
-  background_ = std::thread([this] { BackgroundLoop(); });
+  background_ = std::thread([this] {
+    NameThisThread("gc-background");
+    BackgroundLoop();
+  });
 }
 
 Runtime::~Runtime() {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "ops/common/cpu.h"
 #include "ops/common/enforce.h"
 
 namespace gradcomp {
@@ -51,7 +52,10 @@ void Timeline::Start(const std::string& path, int pid) {
   dropped_ = 0;
   stopping_ = false;
   active_ = true;
-  writer_ = std::thread([this] { WriterLoop(); });
+  writer_ = std::thread([this] {
+    NameThisThread("gc-timeline");
+    WriterLoop();
+  });
 }
 
 void Timeline::Stop() {

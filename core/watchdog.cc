@@ -2,11 +2,18 @@
 
 #include <utility>
 
+#include "ops/common/cpu.h"
+
 namespace gradcomp {
 
 Watchdog::Watchdog(double timeout_seconds, std::function<void(Expired)> on_expired)
     : timeout_(timeout_seconds), on_expired_(std::move(on_expired)) {
-  if (timeout_ > 0) thread_ = std::thread([this] { Loop(); });
+  if (timeout_ > 0) {
+    thread_ = std::thread([this] {
+      NameThisThread("gc-watchdog");
+      Loop();
+    });
+  }
 }
 
 Watchdog::~Watchdog() {

@@ -22,6 +22,10 @@ Variants (--variants, comma-separated; default all):
   backend4             DDP on torch.distributed backend "gradcomp" (maxmin 4 bits from the settings)
   hook4                DDP on gloo with gradcomp's ddp_hook (maxmin 4 bits)
 
+CPU: the training thread's CPU time per step and that of every other thread of the process
+(gradcomp's background and pipeline threads, gloo's, MPI's), averaged over ranks: where the
+exchange's work runs, and how much of the cores it takes from training when they are shared.
+
 Rank 0 prints one line per variant as it finishes and a Markdown table at the end; --json FILE
 appends one record per variant (model, variant, seconds per step, efficiency, ranks, link).
 """
@@ -133,7 +137,7 @@ def build(variant, model, gloo):
     return ddp, opt
 
 
-def run(variant, args, gloo):
+def run(variant, args, gloo, warmup):
     make, batch_of, loss_of, default_batch = MODELS[args.model]
     torch.manual_seed(0)
     model, opt = build(variant, make(), gloo)
@@ -141,14 +145,19 @@ def run(variant, args, gloo):
     batches = [batch_of(args.batch_size or default_batch, g) for _ in range(2)]
     times = []
     hvd.barrier()
-    for step in range(args.warmup + args.steps):
+    for step in range(warmup + args.steps):
+        if step == warmup:
+            cpu = (time.thread_time(), time.process_time())
         start = time.perf_counter()
         opt.zero_grad()
         loss_of(model, batches[step % 2]).backward()
         opt.step()
         times.append(time.perf_counter() - start)
-    every = hvd.allgather_object(times[args.warmup:])
-    return statistics.median(max(rank[i] for rank in every) for i in range(args.steps))
+    train_cpu = time.thread_time() - cpu[0]
+    other_cpu = time.process_time() - cpu[1] - train_cpu
+    every = hvd.allgather_object((times[warmup:], train_cpu / args.steps, other_cpu / args.steps))
+    step = statistics.median(max(rank[0][i] for rank in every) for i in range(args.steps))
+    return step, statistics.mean(r[1] for r in every), statistics.mean(r[2] for r in every)
 
 
 def main():
@@ -187,20 +196,23 @@ def main():
               flush=True)
     rows = []
     for variant in variants:
-        seconds = run(variant, args, gloo)
+        # The first row also warms the process (allocator, page faults, clocks): 3x the warm-up.
+        seconds, train_cpu, other_cpu = run(variant, args, gloo, args.warmup * (1 if rows else 3))
         reference = rows[0][1] if rows else seconds
-        rows.append((variant, seconds, reference / seconds))
+        rows.append((variant, seconds, reference / seconds, train_cpu, other_cpu))
         if hvd.rank() == 0:
-            print(f"  {variant:14s} {seconds:8.3f} s/step  {100 * reference / seconds:5.1f}%", flush=True)
+            print(f"  {variant:14s} {seconds:8.3f} s/step  {100 * reference / seconds:5.1f}%  CPU s/step: training "
+                  f"thread {train_cpu:.3f}, other threads {other_cpu:.3f}", flush=True)
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"model": args.model, "variant": variant, "seconds": seconds,
                                         "efficiency": reference / seconds, "ranks": hvd.size(), "link": args.link,
-                                        "params": params}) + "\n")
+                                        "params": params, "train_cpu": train_cpu, "other_cpu": other_cpu}) + "\n")
     if hvd.rank() == 0:
-        print(f"\n| variant | s/step | scaling efficiency |\n|---|---|---|")
-        for variant, seconds, eff in rows:
-            print(f"| {variant} | {seconds:.3f} | {100 * eff:.0f}% |")
+        print(f"\n| variant | s/step | scaling efficiency | training thread CPU s/step | other threads CPU s/step |"
+              f"\n|---|---|---|---|---|")
+        for variant, seconds, eff, train_cpu, other_cpu in rows:
+            print(f"| {variant} | {seconds:.3f} | {100 * eff:.0f}% | {train_cpu:.3f} | {other_cpu:.3f} |")
     dist.destroy_process_group()
     hvd.shutdown()
 

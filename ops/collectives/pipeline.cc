@@ -1,9 +1,16 @@
 #include "ops/collectives/pipeline.h"
 
+#include "ops/common/cpu.h"
+
 namespace gradcomp {
 
 Pipeline::Pipeline(bool inline_tasks) : inline_(inline_tasks) {
-  if (!inline_) thread_ = std::thread([this] { Loop(); });
+  if (!inline_) {
+    thread_ = std::thread([this] {
+      NameThisThread("gc-pipeline");
+      Loop();
+    });
+  }
 }
 
 Pipeline::~Pipeline() {
@@ -25,12 +32,6 @@ size_t Pipeline::Submit(std::function<void()> task) {
   tasks_.push_back(std::move(task));
   cv_.notify_all();
   return submitted_++;
-}
-
-bool Pipeline::Busy() {
-  if (inline_) return false;
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_ < submitted_;
 }
 
 bool Pipeline::Done(size_t ticket) {

@@ -24,8 +24,6 @@ class Pipeline {
 
   /// Queues `task`; returns its ticket.
   size_t Submit(std::function<void()> task);
-  /// True while tasks are queued or running.
-  bool Busy();
   /// True once task `ticket` has run; never blocks; rethrows the first failure of any task.
   bool Done(size_t ticket);
   /// Waits until task `ticket` has run; rethrows the first failure of any task.

@@ -241,8 +241,9 @@ void SraRun::RunBlocking(Pipeline& pipe) {
 // previous stripe of that step has left (kStripesInFlight), so the scatter of one stripe, the
 // gather of another and the helper thread's encoding and decoding overlap. (One blocking
 // exchange per stripe left the link idle during each exchange's rendezvous handshake through
-// a congested link.) This thread only polls, napping while the helper thread works (it needs
-// the core) and spinning otherwise (the transport progresses only inside MPI calls).
+// a congested link.) This thread only polls (the transport progresses only inside MPI calls),
+// napping between polls once the wait is long (PollUntil): spinning through a link-bound
+// exchange took ~60% of a core that the training thread needed (step_bench.py's CPU columns).
 void SraRun::RunStriped(Pipeline& pipe) {
   const size_t stripes = plan_.stripes;
   std::vector<size_t> encoded(stripes), decoded(stripes);
@@ -315,7 +316,7 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
     bool sent = true;
     for (size_t s = 0; s < stripes; ++s) sent = all_done(scatter_out[s]) && all_done(gather_out[s]) && sent;
     return sent;
-  }, [&] { return pipe.Busy(); });
+  });
 }
 
 }  // namespace

@@ -83,6 +83,12 @@ class Communicator {
   virtual void Barrier() = 0;
   /// out[i] = op over ranks of in[i]; `in == out` is allowed. op is Sum, Min, Max or Product.
   virtual void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) = 0;
+  /// Starts an Allreduce of a small buffer (at most INT_MAX elements) that the caller completes
+  /// by polling (PollUntil), so a thread that waits long for its peers does not hold a core
+  /// the way a blocking MPI call's busy-poll does. Buffers stay untouched until it completes.
+  /// The default runs the blocking Allreduce and returns a completed transfer.
+  virtual std::unique_ptr<PendingTransfer> Iallreduce(const void* in, void* out, size_t count, DataType dtype,
+                                                      ReduceOp op);
   /// Allreduce of the concatenation of `pieces` (Horovod's fusion): inputs are multiplied by
   /// `prescale` (when it is not 1) before the reduction and `finish` (may be empty) is applied
   /// to every reduced element before it reaches its output. This default builds the
@@ -120,10 +126,9 @@ class Communicator {
 std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string& mine);
 
 /// Polls `done` (which should test pending transfers, so the transport progresses) until it
-/// returns true. While `yield_core` (may be empty: always) says another thread of this rank
-/// needs the core, it sleeps ~50 us between polls once it has spun for a short while;
-/// otherwise it spins (the transport progresses fastest then).
-void PollUntil(const std::function<bool()>& done, const std::function<bool()>& yield_core = nullptr);
+/// returns true: spinning for the first ~100 us, then napping between polls (see the .cc), so
+/// a long wait leaves the core to the training thread.
+void PollUntil(const std::function<bool()>& done);
 
 /// Splits `count` elements into `parts` contiguous slices whose sizes differ by at most one
 /// (the first count % parts slices get the extra element).

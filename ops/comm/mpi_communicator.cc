@@ -188,6 +188,37 @@ class MpiTransfer final : public PendingTransfer {
 };
 }  // namespace
 
+namespace {
+// An MPI_Iallreduce request. A collective request cannot be cancelled: one abandoned by an
+// error is left to MPI_Abort (the runtime abandons the world on any error).
+class MpiCollectiveTransfer final : public PendingTransfer {
+ public:
+  explicit MpiCollectiveTransfer(int rank) : rank_(rank) {}
+  MPI_Request* request() { return &request_; }
+  bool Test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    GC_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+
+ private:
+  const int rank_;  // for GC_MPI_CHECK
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+}  // namespace
+
+std::unique_ptr<PendingTransfer> MpiCommunicator::Iallreduce(const void* in, void* out, size_t count,
+                                                             DataType dtype, ReduceOp op) {
+  GC_ENFORCE(count <= kMaxMpiCount, "Iallreduce takes at most " + std::to_string(kMaxMpiCount) +
+                                        " elements, got " + std::to_string(count));
+  auto t = std::make_unique<MpiCollectiveTransfer>(rank_);
+  const void* src = (in == out) ? MPI_IN_PLACE : in;
+  GC_MPI_CHECK(MPI_Iallreduce(src, out, static_cast<int>(count), MpiDataType(dtype), OpFor(dtype, op), comm_,
+                              t->request()));
+  return t;
+}
+
 std::unique_ptr<PendingTransfer> MpiCommunicator::Isend(const void* data, size_t bytes, int peer, int tag) {
   auto t = std::make_unique<MpiTransfer>(false, rank_, bytes);
   GC_MPI_CHECK(MPI_Isend(data, ToInt(bytes, "send size", rank_), MPI_BYTE, peer, tag, comm_, t->request()));

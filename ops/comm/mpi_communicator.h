@@ -57,6 +57,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override;
   void Barrier() override;
   void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
+  std::unique_ptr<PendingTransfer> Iallreduce(const void* in, void* out, size_t count, DataType dtype,
+                                              ReduceOp op) override;
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;

@@ -1,6 +1,7 @@
 #include "ops/common/cpu.h"
 
 #if defined(__linux__)
+#include <pthread.h>
 #include <sched.h>
 #endif
 
@@ -49,6 +50,16 @@ std::string AllowedCpus(int* count) {
   }
 #endif
   return out;
+}
+
+void NameThisThread(const char* name) {
+#if defined(__linux__)
+  char truncated[16] = {};
+  for (size_t i = 0; i + 1 < sizeof(truncated) && name[i] != '\0'; ++i) truncated[i] = name[i];
+  pthread_setname_np(pthread_self(), truncated);
+#else
+  (void)name;
+#endif
 }
 
 }  // namespace gradcomp

@@ -5,9 +5,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "ops/common/enforce.h"
 #include "core/settings.h"
@@ -240,6 +242,32 @@ TEST(Mpi, NonblockingSendsAndReceivesArriveInOrderPerTag) {
         EXPECT_NE(error.find("truncat"), std::string::npos) << comm->kind() << ": " << error;
       }
     }
+  }
+}
+
+// The negotiation's round (Controller::RunCycle) is a polled Iallreduce: it must give what the
+// blocking Allreduce gives, for the bit masks it carries and for sums, in place and not, and a
+// rank that arrives late must not make the others' result wrong.
+TEST(Mpi, PolledAllreduceEqualsTheBlockingOne) {
+  auto world = CreateMpiWorld();
+  const int me = world->rank(), n = world->size();
+  for (int round = 0; round < 20; ++round) {
+    if (me == round % n) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a late rank
+    std::vector<int64_t> masks(5), expect_masks(5);
+    for (size_t i = 0; i < masks.size(); ++i) {
+      masks[i] = ~(int64_t{1} << ((me + round + static_cast<int>(i)) % 63));
+      expect_masks[i] = masks[i];
+    }
+    world->Allreduce(expect_masks.data(), expect_masks.data(), expect_masks.size(), DataType::kInt64,
+                     ReduceOp::kBitwiseAnd);
+    auto t = world->Iallreduce(masks.data(), masks.data(), masks.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
+    PollUntil([&] { return t->Test(); });
+    EXPECT_EQ(masks, expect_masks) << "round " << round;
+    const std::vector<double> mine = {1.0 * me, 0.5 * round, -2.0};
+    std::vector<double> sums(mine.size());
+    auto u = world->Iallreduce(mine.data(), sums.data(), mine.size(), DataType::kFloat64, ReduceOp::kSum);
+    PollUntil([&] { return u->Test(); });
+    EXPECT_EQ(sums, (std::vector<double>{n * (n - 1) / 2.0, 0.5 * round * n, -2.0 * n})) << "round " << round;
   }
 }
 

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <sstream>
@@ -485,6 +487,23 @@ TEST(Runtime, IdleBackgroundThreadUsesAlmostNoCpu) {
     const double used = rt.BackgroundCpuSeconds() - before;
     std::printf("rank %d: background thread used %.4f CPU s in 2 s idle (%.3f%%)\n", rt.rank(), used, used / 2 * 100);
     return used < 0.02 ? "" : "idle background thread used " + std::to_string(used) + " s of CPU in 2 s";
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+// Users find which thread takes a core (top -H, ps -L) by its name.
+TEST(Runtime, BackgroundThreadsAreNamed) {
+  const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
+    float x = 1;
+    rt.Allreduce("before", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum)->Wait();  // both have started
+    int named = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (std::getline(comm, name) && name == "gc-background") ++named;
+    }
+    rt.Allreduce("after", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum)->Wait();  // neither has stopped
+    return named == 2 ? "" : std::to_string(named) + " threads named gc-background, expected one per runtime";
   });
   EXPECT_EQ(Failures(results), "");
 }
