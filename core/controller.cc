@@ -56,11 +56,9 @@ void Controller::SendPendingToCoordinator(size_t pos) {
 Controller::CycleOutput Controller::RunCycle(CycleInput input) {
   const size_t nw = Words(cache_.capacity());
   std::vector<uint64_t> words = CycleWords(input, Clock::now());
-  // Polled with naps, not a blocking MPI call: while this rank waits for a slower one (every
-  // cycle of a backward pass), MPI's busy-poll would take a core from the training thread.
-  const std::unique_ptr<PendingTransfer> round =
-      world_.Iallreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
-  PollUntil([&] { return round->Test(); });
+  // (Over MPI a small allreduce is polled with naps: while this rank waits for a slower one,
+  // every cycle of a backward pass, it leaves the core to the training thread.)
+  world_.Allreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
   if (log_.should_log(spdlog::level::trace)) {
     log_.trace("cycle: {} cached pending, {} for the coordinator, {} outstanding, flags {:#x}", pending_count_,
                to_coordinator_.size(), outstanding_.size(), words[0]);

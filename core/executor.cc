@@ -163,8 +163,8 @@ void Executor::SynchronizeAll(const EntryList& entries) {
   }
 }
 
-bool Executor::UseHierarchy(bool compressed) const {
-  const bool wanted = settings_.hierarchical || (compressed && settings_.intra_broadcast);
+bool Executor::UseHierarchy(bool compressed, bool raw_auto) const {
+  const bool wanted = settings_.hierarchical || (compressed && settings_.intra_broadcast) || raw_auto;
   return wanted && topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
 }
 
@@ -367,6 +367,7 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
   UnstageCompressed(r, entries, staged);
   if (spec.codec == "none") {  // an uncompressed allreduce on the compressed path's algorithm
     ++uncompressed_sra_;
+    uncompressed_sra_bytes_ += st.bytes_sent;
   } else {
     bytes_in_ += total * DataTypeSize(r.dtype);
     bytes_on_wire_ += st.bytes_sent;
@@ -485,7 +486,12 @@ CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const 
 CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o,
                                                           const Topology& topo) {
   if (codec.sparse()) return SparseAllreduce(*topo.world, o);
-  if (UseHierarchy(true)) return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast);
+  // The uncompressed SRA chosen automatically goes hierarchical on nodes of several ranks: flat,
+  // every rank's scatter and gather cross its node's link, local_size times the traffic of
+  // reducing inside the node first (2 nodes x 2 ranks at 1 Gbit/s, MLP step: 3.57 s flat, 2.70 s
+  // hierarchical, torch DDP on gloo 2.67 s).
+  const bool raw_auto = std::strcmp(codec.name(), "none") == 0 && settings_.uncompressed_algorithm == "auto";
+  if (UseHierarchy(true, raw_auto)) return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast);
   return CompressedAllreduce(*topo.world, o);
 }
 

@@ -111,8 +111,9 @@ class Executor {
   CompressedAllreduceStats RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o,
                                                   const Topology& topo);
   /// Hierarchical collectives: asked for, and a topology of equal nodes, several ranks per node
-  /// and several nodes (GRADCOMP_INTRA_BROADCAST asks for it too in compressed allreduces).
-  bool UseHierarchy(bool compressed) const;
+  /// and several nodes (GRADCOMP_INTRA_BROADCAST asks for it too in compressed allreduces, and
+  /// `raw_auto`, the uncompressed SRA that GRADCOMP_UNCOMPRESSED_ALGORITHM=auto chose).
+  bool UseHierarchy(bool compressed, bool raw_auto = false) const;
   void RunAllgather(const Response& r, EntryList& entries);
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
@@ -128,13 +129,14 @@ class Executor {
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   std::map<Device*, std::unique_ptr<OnDevice>> devices_;
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
-  std::atomic<uint64_t> uncompressed_sra_{0};
+  std::atomic<uint64_t> uncompressed_sra_{0}, uncompressed_sra_bytes_{0};
 
  public:
   /// Payload bytes of compressed allreduces and the bytes this rank sent for them.
   uint64_t compressed_bytes_in() const { return bytes_in_; }
   uint64_t compressed_bytes_on_wire() const { return bytes_on_wire_; }
   uint64_t uncompressed_sra_responses() const { return uncompressed_sra_; }
+  uint64_t uncompressed_sra_bytes_on_wire() const { return uncompressed_sra_bytes_; }
   /// Error-feedback residuals and DGC memories (one per tensor and memory) that kept their
   /// previous values because a step carried non-finite values (ops/compression/memory.h).
   uint64_t nonfinite_memory_skips() const { return memory_.nonfinite_skips(); }

@@ -359,6 +359,7 @@ RuntimeStats Runtime::stats() const {
   s.compressed_bytes_in = executor_.compressed_bytes_in();
   s.compressed_bytes_on_wire = executor_.compressed_bytes_on_wire();
   s.uncompressed_sra_responses = executor_.uncompressed_sra_responses();
+  s.uncompressed_sra_bytes_on_wire = executor_.uncompressed_sra_bytes_on_wire();
   s.nonfinite_memory_skips = executor_.nonfinite_memory_skips();
   s.coordinator_responses = controller_.coordinator_responses();
   s.queued_operations = queue_->size();

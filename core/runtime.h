@@ -61,6 +61,7 @@ struct RuntimeStats {
   uint64_t compressed_bytes_in = 0;       ///< payload of compressed allreduces on this rank
   uint64_t compressed_bytes_on_wire = 0;  ///< bytes this rank sent for them
   uint64_t uncompressed_sra_responses = 0;  ///< uncompressed allreduces run as scatter-reduce-allgather
+  uint64_t uncompressed_sra_bytes_on_wire = 0;  ///< their SRA's bytes sent (across nodes when hierarchical)
   uint64_t nonfinite_memory_skips = 0;    ///< memories kept unchanged over a non-finite step
   // Gauges (what is held now), for soak tests: in steady state none of them grows.
   uint64_t queued_operations = 0;    ///< enqueued on this rank and not completed

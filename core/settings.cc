@@ -124,7 +124,7 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_UNCOMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::uncompressed_algorithm), "auto",
        "uncompressed allreduces: mpi (MPI_Allreduce, or shared memory in a node), sra (gradcomp's scatter-reduce-"
        "allgather over point-to-point, float32 sum/average), auto (sra for float32 sum/average of 1 MB or more "
-       "when the world spans nodes, else mpi)",
+       "when the world spans nodes, hierarchical on nodes of several ranks; else mpi)",
        -kInf, kInf, false, kNoExtra, "auto|mpi|sra"},
       {"GRADCOMP_TIMELINE", nullptr, Kind::kString, Of(&Settings::timeline), "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},

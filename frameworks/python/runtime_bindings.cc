@@ -200,6 +200,7 @@ py::dict StatsDict(const Runtime& rt) {
   d["compressed_bytes_in"] = s.compressed_bytes_in;
   d["compressed_bytes_on_wire"] = s.compressed_bytes_on_wire;
   d["uncompressed_sra_responses"] = s.uncompressed_sra_responses;
+  d["uncompressed_sra_bytes_on_wire"] = s.uncompressed_sra_bytes_on_wire;
   d["nonfinite_memory_skips"] = s.nonfinite_memory_skips;
   d["queued_operations"] = s.queued_operations;
   d["negotiating_tensors"] = s.negotiating_tensors;

@@ -35,6 +35,11 @@ MPI_Datatype MpiDataType(DataType dtype) {
 namespace {
 
 constexpr size_t kMaxMpiCount = static_cast<size_t>(INT_MAX);
+// Allreduces up to this size are started nonblocking and polled with naps (PollUntil): they
+// are latency-bound, and a rank that reaches one before its peers (a backward pass's small
+// tensors, every cycle) would otherwise busy-poll inside MPI on a core training needs. Larger
+// ones stay blocking: their progress needs MPI's attention all along (shared memory's copies).
+constexpr size_t kPolledAllreduceBytes = 256 << 10;
 
 // MPI user-op body: inout[i] = in[i] (op) inout[i] (our ops are commutative).
 template <DataType D, ReduceOp O>
@@ -142,6 +147,11 @@ void MpiCommunicator::Allreduce(const void* in, void* out, size_t count, DataTyp
   const MPI_Datatype type = MpiDataType(dtype);
   const MPI_Op mpi_op = OpFor(dtype, op);
   const size_t esize = DataTypeSize(dtype);
+  if (count * esize <= kPolledAllreduceBytes) {
+    const std::unique_ptr<PendingTransfer> t = Iallreduce(in, out, count, dtype, op);
+    PollUntil([&] { return t->Test(); });
+    return;
+  }
   // MPI counts are int: very large buffers go through in pieces.
   for (size_t done = 0; done < count; done += kMaxMpiCount) {
     const size_t n = std::min(kMaxMpiCount, count - done);

@@ -204,6 +204,32 @@ TEST(Runtime, UncompressedScatterReduceAllgatherGivesTheExactSums) {
   }
 }
 
+// Chosen automatically on nodes of several ranks, the uncompressed SRA reduces inside each node
+// first: only the node-sum shards cross nodes (a flat SRA would send local_size times more).
+TEST(Runtime, AutomaticUncompressedSraGoesHierarchicalOnNodesOfSeveralRanks) {
+  const Settings settings = Settings::FromMap({{"GRADCOMP_LOCAL_SIZE", "2"}});  // 2 nodes x 2 ranks
+  constexpr size_t kCount = size_t{1} << 20;                                    // 4 MB: over auto's 1 MB
+  const auto results = WithRuntimes(4, [&](Runtime& rt) -> std::string {
+    std::vector<float> v(kCount);
+    for (size_t i = 0; i < kCount; ++i) v[i] = float((rt.rank() + 1) * static_cast<int>(i % 5));
+    rt.Allreduce("raw", DataType::kFloat32, {static_cast<int64_t>(kCount)}, v.data(), v.data(), ReduceOp::kSum)
+        ->Wait();
+    for (size_t i = 0; i < kCount; ++i) {
+      if (v[i] != 10.0f * float(i % 5)) return "[" + std::to_string(i) + "] = " + std::to_string(v[i]);
+    }
+    const RuntimeStats st = rt.stats();
+    if (st.uncompressed_sra_responses != 1) return std::string("the scatter-reduce-allgather did not run");
+    // Hierarchical: an SRA of this rank's half of the node sum with the other node's rank:
+    // half of that half out in the scatter, half back in the gather. Flat would be 6 * kCount.
+    const uint64_t want = 2 * kCount;
+    if (st.uncompressed_sra_bytes_on_wire != want) {
+      return "sent " + std::to_string(st.uncompressed_sra_bytes_on_wire) + " bytes, want " + std::to_string(want);
+    }
+    return std::string();
+  }, settings);
+  EXPECT_EQ(Failures(results), "");
+}
+
 TEST(Runtime, ShapeChangeInvalidatesTheCacheEntryOnEveryRank) {
   const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
     for (int step = 0; step < 6; ++step) {
