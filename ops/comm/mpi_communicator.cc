@@ -1,6 +1,7 @@
 #include "ops/comm/mpi_communicator.h"
 
 #include <algorithm>
+#include <numeric>
 #include <climits>
 #include <cstring>
 
@@ -35,11 +36,12 @@ MPI_Datatype MpiDataType(DataType dtype) {
 namespace {
 
 constexpr size_t kMaxMpiCount = static_cast<size_t>(INT_MAX);
-// Allreduces up to this size are started nonblocking and polled with naps (PollUntil): they
-// are latency-bound, and a rank that reaches one before its peers (a backward pass's small
-// tensors, every cycle) would otherwise busy-poll inside MPI on a core training needs. Larger
-// ones stay blocking: their progress needs MPI's attention all along (shared memory's copies).
-constexpr size_t kPolledAllreduceBytes = 256 << 10;
+// Collectives up to this size (allreduce, allgather, alltoall) are started nonblocking and
+// polled with naps (PollUntil): they are latency-bound, and a rank that reaches one before its
+// peers (a backward pass's small tensors, every cycle) would otherwise busy-poll inside MPI on
+// a core training needs. Larger ones stay blocking: their progress needs MPI's attention all
+// along (shared memory's copies).
+constexpr size_t kPolledCollectiveBytes = 256 << 10;
 
 // MPI user-op body: inout[i] = in[i] (op) inout[i] (our ops are commutative).
 template <DataType D, ReduceOp O>
@@ -147,7 +149,7 @@ void MpiCommunicator::Allreduce(const void* in, void* out, size_t count, DataTyp
   const MPI_Datatype type = MpiDataType(dtype);
   const MPI_Op mpi_op = OpFor(dtype, op);
   const size_t esize = DataTypeSize(dtype);
-  if (count * esize <= kPolledAllreduceBytes) {
+  if (count * esize <= kPolledCollectiveBytes) {
     const std::unique_ptr<PendingTransfer> t = Iallreduce(in, out, count, dtype, op);
     PollUntil([&] { return t->Test(); });
     return;
@@ -247,6 +249,13 @@ void MpiCommunicator::Allgatherv(const void* in, void* out, const std::vector<si
   const std::vector<int> displs = ToInts(Offsets(bytes), "allgather offset", rank_);
   const void* src = in;
   if (static_cast<const char*>(out) + displs[static_cast<size_t>(rank_)] == in) src = MPI_IN_PLACE;
+  if (std::accumulate(bytes.begin(), bytes.end(), size_t{0}) <= kPolledCollectiveBytes) {
+    MpiCollectiveTransfer t(rank_);
+    GC_MPI_CHECK(MPI_Iallgatherv(src, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(),
+                                 displs.data(), MPI_BYTE, comm_, t.request()));
+    PollUntil([&] { return t.Test(); });
+    return;
+  }
   GC_MPI_CHECK(MPI_Allgatherv(src, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(),
                               displs.data(), MPI_BYTE, comm_));
 }
@@ -274,6 +283,15 @@ void MpiCommunicator::Alltoallv(const void* in, const std::vector<size_t>& send_
   const std::vector<int> sd = ToInts(Offsets(send_bytes), "alltoall send offset", rank_);
   const std::vector<int> rc = ToInts(recv_bytes, "alltoall receive size", rank_);
   const std::vector<int> rd = ToInts(Offsets(recv_bytes), "alltoall receive offset", rank_);
+  size_t total = 0;
+  for (size_t i = 0; i < send_bytes.size(); ++i) total += send_bytes[i] + recv_bytes[i];
+  if (total <= kPolledCollectiveBytes) {
+    MpiCollectiveTransfer t(rank_);
+    GC_MPI_CHECK(MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_,
+                                t.request()));
+    PollUntil([&] { return t.Test(); });
+    return;
+  }
   GC_MPI_CHECK(MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_));
 }
 
