@@ -126,7 +126,7 @@ class Communicator {
 std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string& mine);
 
 /// Polls `done` (which should test pending transfers, so the transport progresses) until it
-/// returns true: spinning for the first ~100 us, then napping between polls (see the .cc), so
+/// returns true: spinning for the first ~20 us, then napping between polls (see the .cc), so
 /// a long wait leaves the core to the training thread.
 void PollUntil(const std::function<bool()>& done);
 
