@@ -35,7 +35,7 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = list(rows)
-    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(variants) * len(groups) / 2), 4.5))
+    fig, ax = plt.subplots(figsize=(min(16, max(8, 0.25 * len(variants) * len(groups))), 6.5))
     width = 0.8 / len(groups)
     for g, key in enumerate(groups):
         effs = [100 * rows[key][v]["efficiency"] if v in rows[key] else 0 for v in variants]
@@ -44,7 +44,7 @@ def main():
     ax.set_xticklabels(variants, rotation=45, ha="right")
     ax.set_ylabel("scaling efficiency (%)")
     ax.axhline(100, color="gray", linewidth=0.5)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
     print(f"\nplot: {args.png}")
