@@ -1,9 +1,9 @@
 #include "ops/comm/mpi_communicator.h"
 
 #include <algorithm>
-#include <numeric>
 #include <climits>
 #include <cstring>
+#include <numeric>
 
 #include "ops/reduce/reduce.h"
 
@@ -198,11 +198,9 @@ class MpiTransfer final : public PendingTransfer {
   const size_t bytes_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
-}  // namespace
 
-namespace {
-// An MPI_Iallreduce request. A collective request cannot be cancelled: one abandoned by an
-// error is left to MPI_Abort (the runtime abandons the world on any error).
+// A nonblocking collective's request. It cannot be cancelled: one abandoned by an error is
+// left to MPI_Abort (the runtime abandons the world on any error).
 class MpiCollectiveTransfer final : public PendingTransfer {
  public:
   explicit MpiCollectiveTransfer(int rank) : rank_(rank) {}
