@@ -194,6 +194,9 @@ std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void
   TensorEntry entry = NewEntry(input, output, placement);
   request.on_device = entry.device != nullptr;
   std::shared_ptr<Handle> handle = entry.handle;
+  // When this rank handed the tensor over: with the response cache, tensors after the first
+  // step have no NEGOTIATE row, and this mark is what shows how long a ready tensor waited.
+  if (timeline_.active()) timeline_.Instant(request.name, "queued");
   queue_->Push(std::move(request), std::move(entry));
   return handle;
 }
@@ -266,6 +269,7 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
     entries.push_back(NewEntry(inputs[i], outputs[i], placement));
     requests.back().on_device = entries.back().device != nullptr;
     handles.push_back(entries[i].handle);
+    if (timeline_.active()) timeline_.Instant(names[i], "queued");
   }
   queue_->PushGroup(std::move(requests), std::move(entries));
   return handles;
