@@ -146,14 +146,14 @@ void MpiCommunicator::SendRecv(const void* send, size_t send_bytes, int dst, voi
 void MpiCommunicator::Barrier() { GC_MPI_CHECK(MPI_Barrier(comm_)); }
 
 void MpiCommunicator::Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
-  const MPI_Datatype type = MpiDataType(dtype);
-  const MPI_Op mpi_op = OpFor(dtype, op);
   const size_t esize = DataTypeSize(dtype);
   if (count * esize <= kPolledCollectiveBytes) {
     const std::unique_ptr<PendingTransfer> t = Iallreduce(in, out, count, dtype, op);
     PollUntil([&] { return t->Test(); });
     return;
   }
+  const MPI_Datatype type = MpiDataType(dtype);
+  const MPI_Op mpi_op = OpFor(dtype, op);
   // MPI counts are int: very large buffers go through in pieces.
   for (size_t done = 0; done < count; done += kMaxMpiCount) {
     const size_t n = std::min(kMaxMpiCount, count - done);

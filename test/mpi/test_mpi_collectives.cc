@@ -271,6 +271,15 @@ TEST(Mpi, PolledAllreduceGivesExactMasksAndSums) {
     PollUntil([&] { return u->Test(); });
     EXPECT_EQ(sums, (std::vector<double>{n * (n - 1) / 2.0, 0.5 * round * n, -2.0 * n})) << "round " << round;
   }
+  // More than MPI's int count cannot start (checked before the buffers are touched).
+  const size_t too_many = size_t{1} << 31;
+  std::string error;
+  try {
+    world->Iallreduce(nullptr, nullptr, too_many, DataType::kFloat32, ReduceOp::kSum);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("Iallreduce takes at most 2147483647 elements, got 2147483648"), std::string::npos) << error;
 }
 
 TEST(Mpi, AllgatherBroadcastAlltoallReducescatter) {
