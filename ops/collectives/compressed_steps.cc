@@ -5,17 +5,18 @@
 #include <string>
 
 #include "ops/common/enforce.h"
+#include "ops/common/simulation.h"
 #include "ops/compression/maxmin_math.h"
 
 namespace gradcomp {
 
 Phase::Phase(const CompressedAllreduceOptions& o, const char* name, double* seconds)
-    : hook_(o.on_phase), name_(name), seconds_(seconds), start_(std::chrono::steady_clock::now()) {
+    : hook_(o.on_phase), name_(name), seconds_(seconds), start_(sim::WorkNow()) {
   if (hook_) hook_(name_, true);
 }
 
 Phase::~Phase() {
-  *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  *seconds_ += sim::WorkNow() - start_;
   if (hook_) hook_(name_, false);
 }
 

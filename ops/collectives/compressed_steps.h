@@ -3,7 +3,6 @@
 // the float32 working copy and the output, phase timing. Internal to ops/collectives.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -14,7 +13,8 @@
 
 namespace gradcomp {
 
-/// Times one phase into `seconds` and reports its begin and end to the options' hook.
+/// Times one phase into `seconds` (sim::WorkNow: the simulated clock under SMPI) and reports
+/// its begin and end to the options' hook.
 class Phase {
  public:
   Phase(const CompressedAllreduceOptions& o, const char* name, double* seconds);
@@ -26,7 +26,7 @@ class Phase {
   const std::function<void(const char*, bool)>& hook_;
   const char* name_;
   double* seconds_;
-  std::chrono::steady_clock::time_point start_;
+  double start_;
 };
 
 /// A run of values inside one chunk and one tensor: an encoded segment of its own.

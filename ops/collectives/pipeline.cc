@@ -1,11 +1,14 @@
 #include "ops/collectives/pipeline.h"
 
+#include <algorithm>
+
 #include "ops/common/cpu.h"
+#include "ops/common/simulation.h"
 
 namespace gradcomp {
 
 Pipeline::Pipeline(bool inline_tasks) : inline_(inline_tasks) {
-  if (!inline_) {
+  if (!inline_ && !sim::kSimulated) {
     thread_ = std::thread([this] {
       NameThisThread("gc-pipeline");
       Loop();
@@ -14,7 +17,7 @@ Pipeline::Pipeline(bool inline_tasks) : inline_(inline_tasks) {
 }
 
 Pipeline::~Pipeline() {
-  if (inline_) return;
+  if (inline_ || sim::kSimulated) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -24,6 +27,18 @@ Pipeline::~Pipeline() {
 }
 
 size_t Pipeline::Submit(std::function<void()> task) {
+  if (sim::kSimulated) {
+    // Encoding and decoding: their cost is the real time they take here (times the
+    // simulation's codec scale), on this rank's core (inline) or on the helper's.
+    const double cost = sim::CodecCost(sim::TimeUnaccounted(task));
+    if (inline_) {
+      sim::Compute(cost);
+      return done_++;
+    }
+    sim_free_at_ = std::max(sim::Now(), sim_free_at_) + cost;
+    sim_done_at_.push_back(sim_free_at_);
+    return submitted_++;
+  }
   if (inline_) {
     task();
     return done_++;
@@ -36,6 +51,7 @@ size_t Pipeline::Submit(std::function<void()> task) {
 
 bool Pipeline::Done(size_t ticket) {
   if (inline_) return true;
+  if (sim::kSimulated) return sim::Now() >= sim_done_at_.at(ticket);
   std::lock_guard<std::mutex> lock(mu_);
   if (error_) std::rethrow_exception(error_);
   return done_ > ticket;
@@ -43,6 +59,10 @@ bool Pipeline::Done(size_t ticket) {
 
 void Pipeline::Wait(size_t ticket) {
   if (inline_) return;
+  if (sim::kSimulated) {
+    sim::Sleep(sim_done_at_.at(ticket) - sim::Now());
+    return;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ > ticket || error_; });
   if (error_) std::rethrow_exception(error_);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace gradcomp {
 
@@ -40,6 +41,9 @@ class Pipeline {
   size_t submitted_ = 0, done_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
+  /// Simulation: when each task ends on the simulated clock, and when the helper is free.
+  std::vector<double> sim_done_at_;
+  double sim_free_at_ = 0;
 };
 
 }  // namespace gradcomp

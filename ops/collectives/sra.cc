@@ -242,8 +242,9 @@ void SraRun::RunBlocking(Pipeline& pipe) {
 // gather of another and the helper thread's encoding and decoding overlap. (One blocking
 // exchange per stripe left the link idle during each exchange's rendezvous handshake through
 // a congested link.) This thread only polls (the transport progresses only inside MPI calls),
-// napping between polls once the wait is long (PollUntil): spinning through a link-bound
-// exchange took ~60% of a core that the training thread needed (step_bench.py's CPU columns).
+// napping between polls once nothing has progressed for a while (Poller): spinning through a
+// link-bound exchange took ~60% of a core that the training thread needed (step_bench.py's CPU
+// columns).
 void SraRun::RunStriped(Pipeline& pipe) {
   const size_t stripes = plan_.stripes;
   std::vector<size_t> encoded(stripes), decoded(stripes);
@@ -273,17 +274,30 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
           comm_.Irecv(ws_.all.wire() + plan_.all_at[s] + aoff[p], plan_.bytes[s][p], peer, tag(s, 1)));
     }
   }
+  // Stops at the first transfer still in flight: a finished one costs no transport call, and
+  // one call progresses every transfer, so a poll costs a few calls instead of one per peer
+  // (at 64 ranks, hundreds of progress calls a poll made the exchange slower than the link).
   const auto all_done = [](Transfers& ts) {
-    bool done = true;
-    for (auto& t : ts) done = t->Test() && done;
-    return done;
+    for (auto& t : ts) {
+      if (!t->Test()) return false;
+    }
+    return true;
+  };
+  // Every stripe went out (peers may finish decoding ours later than we finish decoding theirs).
+  const auto all_sent = [&] {
+    for (size_t s = 0; s < stripes; ++s) {
+      if (!all_done(scatter_out[s]) || !all_done(gather_out[s])) return false;
+    }
+    return true;
   };
   const auto window_free = [&](std::vector<Transfers>& sends, size_t s) {
     return s < kStripesInFlight || all_done(sends[s - kStripesInFlight]);
   };
   std::vector<size_t> reduced(stripes);
   size_t scattered = 0, reducing = 0, gathered = 0, decoding = 0;
-  PollUntil([&] {
+  Poller poller;
+  while (true) {
+    const size_t before = scattered + reducing + gathered + decoding;
     if (scattered < stripes && window_free(scatter_out, scattered) && pipe.Done(encoded[scattered])) {
       const std::vector<size_t> soff = Offsets(plan_.ScatterBytes(scattered, true));
       for (size_t p = 0; p < ranks; ++p) {
@@ -310,13 +324,11 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
       (*decoded)[decoding] = pipe.Submit([this, s = decoding] { DecodeAll(s); });
       ++decoding;
     }
-    // Done once every stripe went out (peers may finish decoding ours later than we finish
-    // decoding theirs) and every stripe came in.
-    if (scattered < stripes || gathered < stripes || decoding < stripes) return false;
-    bool sent = true;
-    for (size_t s = 0; s < stripes; ++s) sent = all_done(scatter_out[s]) && all_done(gather_out[s]) && sent;
-    return sent;
-  });
+    // Done once every stripe came in and went out.
+    const bool progressed = scattered + reducing + gathered + decoding != before;
+    if (scattered == stripes && gathered == stripes && decoding == stripes && all_sent()) return;
+    poller.Pause(progressed);
+  }
 }
 
 }  // namespace

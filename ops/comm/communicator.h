@@ -125,9 +125,22 @@ class Communicator {
 /// Collective: every rank's string, in rank order (an allgather of sizes, then of bytes).
 std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string& mine);
 
+/// The pacing of a polling loop: after a poll that neither finished nor made progress, spin
+/// on for the first ~20 us since the last progress, then nap between polls, a tenth of the time
+/// since it (see the .cc), so a long wait leaves the core to the training thread while a busy
+/// exchange, progressing every few hundred microseconds, is never napped through.
+class Poller {
+ public:
+  Poller();
+  /// After a poll that did not finish; `progressed`: it completed or started something.
+  void Pause(bool progressed);
+
+ private:
+  double since_;  // the last progress, sim::Now()
+};
+
 /// Polls `done` (which should test pending transfers, so the transport progresses) until it
-/// returns true: spinning for the first ~20 us, then napping between polls (see the .cc), so
-/// a long wait leaves the core to the training thread.
+/// returns true, paced by a Poller.
 void PollUntil(const std::function<bool()>& done);
 
 /// Splits `count` elements into `parts` contiguous slices whose sizes differ by at most one

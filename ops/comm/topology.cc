@@ -3,7 +3,9 @@
 #include <vector>
 
 #include "ops/comm/mpi_communicator.h"
+#if !defined(GRADCOMP_SIMULATION)
 #include "ops/comm/shm_communicator.h"
+#endif
 #include "ops/common/enforce.h"
 
 namespace gradcomp {
@@ -21,7 +23,14 @@ Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_siz
     // Over MPI, the node's ranks exchange through a shared-memory window (other kinds of
     // communicator, the tests' in-process one, share memory already).
     if (const auto* node = dynamic_cast<const MpiCommunicator*>(topo.local.get())) {
+#if defined(GRADCOMP_SIMULATION)
+      (void)node;
+      (void)shm_staging_bytes;
+      GC_THROW("the shared-memory node transport does not exist under SimGrid's SMPI (no MPI-3 shared windows): ",
+               "simulate nodes with LocalTransport::kMessages");
+#else
       topo.local = std::make_unique<ShmCommunicator>(node->handle(), shm_staging_bytes);
+#endif
     }
   }
   topo.cross = world->Split(topo.local->rank(), world->rank());

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "ops/common/enforce.h"
+#include "ops/common/simulation.h"
 #include "ops/compression/memory.h"
 #include "ops/reduce/reduce.h"
 
@@ -46,12 +47,15 @@ size_t ElementBytes(DataType dtype, size_t n) { return n * DataTypeSize(dtype); 
 
 void* CpuDevice::AllocateHost(size_t bytes) {
   ++allocations_;
+  if (void* shared = sim::SharedAllocate(bytes)) return shared;
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 
-void CpuDevice::FreeHost(void* ptr, size_t) { std::free(ptr); }
+void CpuDevice::FreeHost(void* ptr, size_t) {
+  if (!sim::SharedFree(ptr)) std::free(ptr);
+}
 
 std::unique_ptr<Stream> CpuDevice::NewStream() { return std::make_unique<CpuStream>(); }
 std::unique_ptr<Event> CpuDevice::NewEvent() { return std::make_unique<CpuEvent>(); }

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""gradcomp's allreduces on simulated clusters of 2 to 1024 nodes (SimGrid's SMPI).
+
+Builds the data plane and its driver with SimGrid (cmake -DGRADCOMP_SIMULATION=ON into
+build-sim/, once), writes a platform for each world and runs the driver under smpirun: every
+rank runs the real algorithm and the real codecs, SMPI times the network and advances each
+rank's clock by the CPU time measured between its MPI calls (ops/common/simulation.h).
+
+    python3 examples/benchmarks/simulate.py --nodes 16,64,256 [--ranks-per-node 1]
+        [--link 25Gbps] [--latency 5us] [--backbone 3.2Tbps] [--topology flat|fattree]
+        [--intra-bw 20GBps] [--intra-latency 1us] [--sizes-mb 64]
+        [--variants mpi,sra:maxmin4] [--reps 2] [--host-slowdown 1] [--out FILE.json]
+
+Platforms: `flat` is one switch (a SimGrid cluster: each node's full-duplex link to a backbone
+of --backbone); `fattree` is a two-level fat tree of 16-port leaves, each leaf's uplinks
+carrying what its nodes can send. --ranks-per-node R puts R ranks on every node; they talk
+through the node's loopback (--intra-bw, --intra-latency: PCIe or NVLink between GPUs) and
+share its network link. --host-slowdown s makes every simulated core s times slower than this
+machine's (to compare with an emulation that runs more ranks than it has cores).
+
+Prints, per world and variant, the simulated time, MPI_Allreduce's in the same run, the ratio,
+and the link-bound ideal (the bytes each node must send over its link at full rate).
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("GRADCOMP_SIM_BUILD_DIR", os.path.join(ROOT, "build-sim"))
+DRIVER = os.path.join(BUILD, "examples", "benchmarks", "simulation", "sim_allreduce")
+
+UNITS = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def rate_bytes(text):
+    """'25Gbps' -> bytes/s (bps: bits, Bps: bytes), as SimGrid spells rates."""
+    m = re.fullmatch(r"([0-9.]+)([kKMGT]?)(bps|Bps)", text)
+    if not m:
+        sys.exit(f"simulate: rate '{text}' is not like 25Gbps or 20GBps")
+    value = float(m.group(1)) * UNITS[m.group(2)]
+    return value / 8 if m.group(3) == "bps" else value
+
+
+def seconds(text):
+    m = re.fullmatch(r"([0-9.]+)(s|ms|us|ns)", text)
+    if not m:
+        sys.exit(f"simulate: latency '{text}' is not like 5us")
+    return float(m.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
+
+
+def build():
+    if os.path.exists(DRIVER) and os.environ.get("GRADCOMP_SIM_REBUILD") != "1":
+        return
+    if shutil.which("smpirun") is None:
+        sys.exit("simulate: smpirun not found (apt-get install libsimgrid-dev, or scripts/install_deps.sh)")
+    subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-DGRADCOMP_SIMULATION=ON", "-DCMAKE_BUILD_TYPE=Release"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)], check=True)
+
+
+def platform_xml(args, nodes):
+    """A SimGrid platform of `nodes` nodes named node-0..; each core as fast as this machine."""
+    speed = f"{1.0 / args.host_slowdown:.6f}Gf"
+    common = (f'speed="{speed}" core="{max(2, 2 * args.ranks_per_node)}" bw="{args.link}" lat="{args.latency}" '
+              f'loopback_bw="{args.intra_bw}" loopback_lat="{args.intra_latency}" sharing_policy="SPLITDUPLEX"')
+    if args.topology == "flat" or nodes <= 16:
+        body = (f'<cluster id="c" prefix="node-" suffix="" radical="0-{nodes - 1}" {common} '
+                f'bb_bw="{args.backbone}" bb_lat="0us" bb_sharing_policy="SHARED"/>')
+    else:
+        # Two levels: leaves of 16 nodes; each leaf has as many uplinks (of the node link's rate)
+        # as nodes, spread over enough spines: full bisection bandwidth.
+        leaves = math.ceil(nodes / 16)
+        spines = 16
+        params = f"2;16,{leaves};1,{spines};1,1"
+        body = (f'<cluster id="c" prefix="node-" suffix="" radical="0-{nodes - 1}" {common} '
+                f'topology="FAT_TREE" topo_parameters="{params}"/>')
+    return ('<?xml version="1.0"?>\n<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">\n'
+            f'<platform version="4.1">\n  {body}\n</platform>\n')
+
+
+def ideal_seconds(args, nodes, size_bytes, wire_ratio):
+    """Link-bound time: each node sends 2 (M-1)/M of the (encoded) buffer over its link."""
+    if nodes == 1:
+        return 0.0
+    return 2.0 * (nodes - 1) / nodes * size_bytes * wire_ratio / rate_bytes(args.link)
+
+
+def wire_ratio(variant):
+    codec = variant.split(":")[-1]
+    if codec in ("mpi", "none"):
+        return 1.0
+    if codec in ("fp16", "bf16"):
+        return 0.5
+    bits = int(codec[len("maxmin"):])
+    return (bits * 512 / 8 + 8) / (512 * 4)  # codes plus a float32 min and unit per bucket of 512
+
+
+def run_world(args, nodes, tmp):
+    ranks = nodes * args.ranks_per_node
+    plat = os.path.join(tmp, f"platform-{nodes}.xml")
+    hosts = os.path.join(tmp, f"hosts-{nodes}")
+    with open(plat, "w") as f:
+        f.write(platform_xml(args, nodes))
+    with open(hosts, "w") as f:
+        for n in range(nodes):
+            f.write(f"node-{n}:{args.ranks_per_node}\n")
+    env = dict(os.environ)
+    # Per-rank memory of the buffers: input and output, encodings, working copies.
+    per_rank = max(float(s) for s in args.sizes_mb.split(",")) * 2.6 * 2**20
+    if ranks * per_rank > args.memory_gb * 2**30:
+        env["GRADCOMP_SIM_SHARED_MB"] = "1"
+    cmd = ["smpirun", "-no-privatize", "-np", str(ranks), "-platform", plat, "-hostfile", hosts,
+           "--cfg=smpi/host-speed:1Gf", "--cfg=smpi/test:1e-6", f"--cfg=network/model:{args.network_model}", f"--cfg=smpi/coll-selector:{args.coll_selector}",
+           "--cfg=smpi/shared-malloc:global", "--cfg=smpi/shared-malloc-blocksize:" + str(64 << 20),
+           "--log=root.thres:warning", DRIVER, "--sizes-mb", args.sizes_mb, "--variants", args.variants,
+           "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        sys.exit(f"simulate: smpirun failed on {nodes} nodes (exit {proc.returncode}): {' '.join(cmd)}")
+    rows = []
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "RESULT":
+            rows.append({"nodes": nodes, "ranks": ranks, "variant": parts[1], "mb": float(parts[2]),
+                         "seconds": float(parts[3]), "bytes_sent": int(parts[4]), "codec_seconds": float(parts[5]),
+                         "communicate_seconds": float(parts[6]),
+                         "shared_buffers": "GRADCOMP_SIM_SHARED_MB" in env})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="16,64")
+    ap.add_argument("--ranks-per-node", type=int, default=1)
+    ap.add_argument("--link", default="25Gbps")
+    ap.add_argument("--latency", default="5us")
+    ap.add_argument("--backbone", default="3.2Tbps")
+    ap.add_argument("--topology", choices=["flat", "fattree"], default="flat")
+    ap.add_argument("--intra-bw", default="20GBps")
+    ap.add_argument("--intra-latency", default="1us")
+    ap.add_argument("--sizes-mb", default="64")
+    ap.add_argument("--variants", default="mpi,sra:maxmin4")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--stripes", type=int, default=0, help="SRA's stripes (0: the runtime's choice across nodes)")
+    ap.add_argument("--host-slowdown", type=float, default=1.0)
+    ap.add_argument("--coll-selector", default="ompi")
+    ap.add_argument("--network-model", default="SMPI",
+                    help="SimGrid's network model: SMPI (calibrated on TCP over Ethernet) or CM02 (no factors)")
+    ap.add_argument("--memory-gb", type=float, default=12.0,
+                    help="above this much buffer memory for all ranks, buffers are shared (times only)")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    rate_bytes(args.link), rate_bytes(args.intra_bw), seconds(args.latency), seconds(args.intra_latency)
+    if args.ranks_per_node < 1:
+        sys.exit(f"simulate: --ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    build()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gradcomp-sim-") as tmp:
+        print(f"simulate: {args.topology} cluster, {args.ranks_per_node} rank(s)/node, links {args.link} "
+              f"{args.latency}, backbone {args.backbone}, intra-node {args.intra_bw}, sizes {args.sizes_mb} MB")
+        print(f"{'nodes':>6} {'ranks':>6} {'variant':<16} {'MB':>5} {'seconds':>9} {'vs mpi':>7} "
+              f"{'ideal s':>9} {'% ideal':>8} {'codec s':>8} {'comm s':>8}")
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            world = run_world(args, nodes, tmp)
+            mpi = {r["mb"]: r["seconds"] for r in world if r["variant"] == "mpi"}
+            for r in world:
+                r["ideal_seconds"] = ideal_seconds(args, nodes, r["mb"] * 2**20, wire_ratio(r["variant"]))
+                r["vs_mpi"] = mpi[r["mb"]] / r["seconds"] if r["mb"] in mpi else None
+                vs = f"{r['vs_mpi']:.2f}x" if r["vs_mpi"] else "-"
+                pct = 100 * r["ideal_seconds"] / r["seconds"] if r["seconds"] > 0 else 0
+                print(f"{nodes:>6} {r['ranks']:>6} {r['variant']:<16} {r['mb']:>5g} {r['seconds']:>9.4f} {vs:>7} "
+                      f"{r['ideal_seconds']:>9.4f} {pct:>7.0f}% {r['codec_seconds']:>8.4f} "
+                      f"{r['communicate_seconds']:>8.4f}", flush=True)
+            rows += world
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

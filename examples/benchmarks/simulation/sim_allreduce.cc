@@ -1,0 +1,213 @@
+// The data plane's allreduces on a simulated cluster: built against SimGrid's SMPI
+// (cmake -DGRADCOMP_SIMULATION=ON) and run by examples/benchmarks/simulate.py, which writes the
+// platform and the host file and starts smpirun. Every rank runs the real algorithm and the real
+// codecs; SMPI advances each rank's clock by the CPU time measured between MPI calls, and by the
+// network's simulated transfers (ops/common/simulation.h says what else is simulated).
+//
+//   smpirun -no-privatize -platform P.xml -hostfile H -np N build-sim/.../sim_allreduce
+//       [--sizes-mb 64] [--variants mpi,sra:maxmin4,hier:maxmin4] [--reps 3] [--local-size 8]
+//       [--stripes 0]
+//
+// A variant is "mpi" (MPI_Allreduce of float32, SMPI's collective selection) or
+// "<algorithm>:<codec>": algorithm sra (flat) or hier (--local-size consecutive ranks per node,
+// reduced inside the node, compressed across nodes); codec none, fp16, bf16 or maxmin<bits>.
+// --stripes 0 uses the runtime's choice across nodes (kAutoPipelineStripes).
+//
+// Prints, on rank 0, one line per (variant, size):
+//   RESULT <variant> <MB> <seconds> <bytes sent per rank> <codec seconds> <communicate seconds>
+// seconds: the median over repetitions of the slowest rank's simulated time; codec seconds: the
+// CPU time encoding and decoding took on this machine (mean over ranks; included in seconds);
+// communicate seconds: simulated time in the algorithm's exchanges (mean over ranks).
+// Buffers of at least GRADCOMP_SIM_SHARED_MB are shared by all ranks (their contents are then
+// meaningless): set it when the ranks' memory would not fit.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ops/collectives/compressed_allreduce.h"
+#include "ops/comm/mpi_communicator.h"
+#include "ops/comm/topology.h"
+#include "ops/common/enforce.h"
+#include "ops/compression/codec.h"
+#include "ops/device/device.h"
+
+namespace {
+
+using gradcomp::CodecParams;
+
+std::vector<std::string> SplitList(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
+  return out;
+}
+
+struct Variant {
+  std::string name, algorithm;
+  const gradcomp::Codec* codec = nullptr;
+  CodecParams params;
+};
+
+Variant ParseVariant(const std::string& text) {
+  Variant v;
+  v.name = text;
+  if (text == "mpi") {
+    v.algorithm = "mpi";
+    return v;
+  }
+  const std::vector<std::string> parts = SplitList(text, ':');
+  GC_ENFORCE(parts.size() == 2 && (parts[0] == "sra" || parts[0] == "hier"), "sim_allreduce: variant '", text,
+             "' is not mpi or <sra|hier>:<codec>");
+  v.algorithm = parts[0];
+  std::string codec = parts[1];
+  if (codec.rfind("maxmin", 0) == 0) {
+    v.params.bits = std::atoi(codec.c_str() + 6);
+    GC_ENFORCE(v.params.bits >= 1 && v.params.bits <= 8, "sim_allreduce: variant '", text,
+               "' has bits outside 1..8");
+    codec = "maxmin";
+  }
+  v.codec = &gradcomp::FindCodec(codec);
+  GC_ENFORCE(!v.codec->sparse(), "sim_allreduce: variant '", text, "': sparse codecs are not simulated yet");
+  return v;
+}
+
+double Slowest(double t) {
+  double m = 0;
+  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
+double Mean(double t, int n) {
+  double s = 0;
+  MPI_Allreduce(&t, &s, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return s / n;
+}
+
+// Host memory for one rank's buffer, shared among ranks above GRADCOMP_SIM_SHARED_MB.
+class Buffer {
+ public:
+  explicit Buffer(size_t count)
+      : bytes_(count * sizeof(float)), data_(static_cast<float*>(gradcomp::HostDevice().Allocate(bytes_))) {}
+  ~Buffer() { gradcomp::HostDevice().Free(data_, bytes_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  float* data() { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_;
+};
+
+int Run(int argc, char** argv) {
+  std::string sizes = "64", variants = "mpi,sra:maxmin4";
+  int reps = 3, local_size = 1, stripes = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--sizes-mb") {
+      sizes = argv[i + 1];
+    } else if (flag == "--variants") {
+      variants = argv[i + 1];
+    } else if (flag == "--reps") {
+      reps = std::atoi(argv[i + 1]);
+    } else if (flag == "--local-size") {
+      local_size = std::atoi(argv[i + 1]);
+    } else if (flag == "--stripes") {
+      stripes = std::atoi(argv[i + 1]);
+    } else {
+      GC_THROW("sim_allreduce: unknown flag ", flag, " (--sizes-mb, --variants, --reps, --local-size, --stripes)");
+    }
+  }
+  GC_ENFORCE(reps >= 1, "sim_allreduce: --reps must be at least 1, got ", reps);
+  std::vector<Variant> parsed;
+  for (const std::string& v : SplitList(variants, ',')) parsed.push_back(ParseVariant(v));
+
+  gradcomp::Topology topo = gradcomp::BuildTopology(std::make_unique<gradcomp::MpiCommunicator>(MPI_COMM_WORLD),
+                                                    local_size, gradcomp::LocalTransport::kMessages);
+  const int n = topo.size(), rank = topo.rank();
+  if (rank == 0) {
+    std::printf("sim_allreduce: %d ranks, %d per node x %d nodes, %d reps\n", n, topo.local_size(),
+                topo.cross_size(), reps);
+    std::fflush(stdout);
+  }
+  gradcomp::CompressionWorkspace ws;
+  for (const std::string& mb_text : SplitList(sizes, ',')) {
+    const double mb = std::atof(mb_text.c_str());
+    const size_t count = static_cast<size_t>(mb * 1048576.0) / sizeof(float);
+    Buffer in(count), out(count);
+    {
+      // Gaussian gradients, different on every rank (shared buffers: rank 0's, for all).
+      std::mt19937 rng(static_cast<unsigned>(rank) + 1);
+      std::normal_distribution<float> g(0.0f, 1e-3f);
+      const bool shared = std::getenv("GRADCOMP_SIM_SHARED_MB") != nullptr;
+      if (!shared || rank == 0) {
+        for (size_t i = 0; i < count; ++i) in.data()[i] = g(rng);
+      }
+    }
+    for (const Variant& v : parsed) {
+      std::vector<double> times;
+      double codec_seconds = 0, comm_seconds = 0;
+      size_t bytes_sent = 0;
+      for (int r = 0; r <= reps; ++r) {  // repetition 0 warms up (buffers, connections)
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        gradcomp::CompressedAllreduceStats st;
+        if (v.algorithm == "mpi") {
+          MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          st.bytes_sent = static_cast<size_t>(2.0 * (n - 1) / n * static_cast<double>(count * sizeof(float)));
+        } else {
+          gradcomp::CompressedAllreduceOptions o;
+          o.input = in.data();
+          o.output = out.data();
+          o.count = count;
+          o.op = gradcomp::ReduceOp::kAverage;
+          o.codec = v.codec;
+          o.params = v.params;
+          o.params.step = static_cast<uint64_t>(r) + 1;
+          o.workspace = &ws;
+          o.pipeline_stripes = stripes > 0 ? static_cast<size_t>(stripes) : gradcomp::kAutoPipelineStripes;
+          o.name = v.name;
+          st = v.algorithm == "hier" ? gradcomp::HierarchicalCompressedAllreduce(topo, o, false)
+                                     : gradcomp::CompressedAllreduce(*topo.world, o);
+        }
+        const double dt = Slowest(MPI_Wtime() - t0);
+        if (r > 0) {
+          times.push_back(dt);
+          codec_seconds += Mean(st.compress_seconds + st.decompress_seconds, n) / reps;
+          comm_seconds += Mean(st.communicate_seconds, n) / reps;
+          bytes_sent = st.bytes_sent;
+        }
+      }
+      std::sort(times.begin(), times.end());
+      if (rank == 0) {
+        std::printf("RESULT %s %s %.6f %zu %.6f %.6f\n", v.name.c_str(), mb_text.c_str(), times[times.size() / 2],
+                    bytes_sent, codec_seconds, comm_seconds);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  try {
+    rc = Run(argc, argv);
+  } catch (const std::exception& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "sim_allreduce rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Finalize();
+  return rc;
+}

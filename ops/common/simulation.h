@@ -1,0 +1,77 @@
+// Time under SimGrid's SMPI. A GRADCOMP_SIMULATION build (cmake -DGRADCOMP_SIMULATION=ON, driven
+// by examples/benchmarks/simulate.py) runs the data plane's real code as the ranks of a
+// simulated cluster: every rank is a SimGrid actor, one at a time in one process, and time is
+// the simulation's. SMPI measures the CPU time spent between MPI calls and advances the rank's
+// clock by it; only what happens outside those calls needs this header:
+//  - waiting without an MPI call (PollUntil's naps) must advance simulated time, not real time;
+//  - work the real build runs on a helper thread (the striped SRA's Pipeline) overlaps with the
+//    rank's communication: it is run for real, timed, and its duration is placed on a timeline
+//    of its own (the helper's core) instead of the rank's.
+// In an ordinary build every function here is the real clock and these are never called.
+#pragma once
+
+#include <cstddef>
+
+namespace gradcomp {
+namespace sim {
+
+#if defined(GRADCOMP_SIMULATION)
+constexpr bool kSimulated = true;
+#else
+constexpr bool kSimulated = false;
+#endif
+
+/// Seconds on this rank's simulated clock (MPI_Wtime under SMPI).
+double Now();
+/// Advances this rank's simulated clock by `seconds` without using its CPU.
+void Sleep(double seconds);
+/// Occupies this rank's simulated core for `seconds` (of this machine's CPU time).
+void Compute(double seconds);
+/// What codec work that took `real_seconds` here costs a simulated host: scaled by
+/// GRADCOMP_SIM_CODEC_SCALE (default 1: as measured; 0: free, the network alone) and by how
+/// much slower the simulated host is than this machine (SMPI's smpi/host-speed over its speed).
+double CodecCost(double real_seconds);
+
+/// Seconds on the real (monotonic) clock, in any build.
+double RealNow();
+
+/// The clock a phase of work is timed with: the simulated one, except inside an Unaccounted
+/// section, where the rank's simulated clock stands still and TaskNow gives the work's cost.
+/// The real clock in an ordinary build.
+double WorkNow();
+
+/// While one lives, SMPI does not count this rank's CPU time (no-op in an ordinary build).
+class Unaccounted {
+ public:
+  Unaccounted();
+  ~Unaccounted();
+  Unaccounted(const Unaccounted&) = delete;
+  Unaccounted& operator=(const Unaccounted&) = delete;
+};
+
+/// Large host buffers of a simulation whose ranks' real memory would not fit in this machine's
+/// (GRADCOMP_SIM_SHARED_MB=M: buffers of at least M MB): SMPI's shared allocation, the same
+/// physical pages for every rank and buffer, so their contents are meaningless and only the
+/// times count. Returns null when the buffer is to be allocated normally (always, in an
+/// ordinary build).
+void* SharedAllocate(size_t bytes);
+/// Frees `ptr` if SharedAllocate returned it; false otherwise.
+bool SharedFree(void* ptr);
+
+/// The clock work run outside SMPI's measurement is timed with: the calling thread's CPU time
+/// under SMPI (as SMPI times a rank's computation: immune to other processes taking the core),
+/// the real clock otherwise.
+double TaskNow();
+
+/// Runs `work` for real, outside SMPI's measurement of this rank's CPU time, and returns how
+/// long it took (TaskNow).
+template <typename Work>
+double TimeUnaccounted(Work&& work) {
+  Unaccounted pause;
+  const double t0 = TaskNow();
+  work();
+  return TaskNow() - t0;
+}
+
+}  // namespace sim
+}  // namespace gradcomp
