@@ -491,8 +491,24 @@ CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, co
   // reducing inside the node first (2 nodes x 2 ranks at 1 Gbit/s, MLP step: 3.57 s flat, 2.70 s
   // hierarchical, torch DDP on gloo 2.67 s).
   const bool raw_auto = std::strcmp(codec.name(), "none") == 0 && settings_.uncompressed_algorithm == "auto";
-  if (UseHierarchy(true, raw_auto)) return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast);
+  if (UseHierarchy(true, raw_auto)) {
+    return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast, GridFor(*topo.cross));
+  }
+  if (const Grid* grid = GridFor(*topo.world)) return CompressedAllreduce2d(*grid, o);
   return CompressedAllreduce(*topo.world, o);
+}
+
+const Grid* Executor::GridFor(Communicator& across) {
+  // Flat SRA sends 2 (n - 1) messages a rank of size/n^2 encoded bytes each; past a few dozen
+  // ranks their count, not their bytes, sets the time (simulated 25 Gbit/s clusters,
+  // docs/benchmarks.md "Beyond one machine").
+  const std::string& choice = settings_.compressed_algorithm;
+  const bool wanted = choice == "sra2d" || (choice == "auto" && across.size() >= settings_.grid_min_ranks);
+  if (!wanted || across.size() < 4) return nullptr;
+  std::unique_ptr<Grid>& grid = grids_[&across];
+  if (!grid) grid = std::make_unique<Grid>(MakeGrid(across));
+  // A prime number of ranks makes one row: flat SRA.
+  return grid->rows() > 1 ? grid.get() : nullptr;
 }
 
 void Executor::RunAllgather(const Response& r, EntryList& entries) {

@@ -114,6 +114,9 @@ class Executor {
   /// and several nodes (GRADCOMP_INTRA_BROADCAST asks for it too in compressed allreduces, and
   /// `raw_auto`, the uncompressed SRA that GRADCOMP_UNCOMPRESSED_ALGORITHM=auto chose).
   bool UseHierarchy(bool compressed, bool raw_auto = false) const;
+  /// The grid of `across` when the SRA over it runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM),
+  /// made the first time (collectively: every rank runs the same responses) and kept; else null.
+  const Grid* GridFor(Communicator& across);
   void RunAllgather(const Response& r, EntryList& entries);
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
@@ -128,6 +131,7 @@ class Executor {
   CompressionMemory memory_;         // kept per tensor name across steps
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   std::map<Device*, std::unique_ptr<OnDevice>> devices_;
+  std::map<const Communicator*, std::unique_ptr<Grid>> grids_;
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
   std::atomic<uint64_t> uncompressed_sra_{0}, uncompressed_sra_bytes_{0};
 

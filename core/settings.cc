@@ -126,6 +126,14 @@ const std::vector<Entry>& Registry() {
        "allgather over point-to-point, float32 sum/average), auto (sra for float32 sum/average of 1 MB or more "
        "when the world spans nodes, hierarchical on nodes of several ranks; else mpi)",
        -kInf, kInf, false, kNoExtra, "auto|mpi|sra"},
+      {"GRADCOMP_COMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::compressed_algorithm), "auto",
+       "the SRA of dense compressed (and gradcomp's uncompressed) allreduces across ranks or, hierarchical, across "
+       "nodes: sra (flat: 2 (n-1) messages a rank), sra2d (a grid of rows and columns: 2 (rows + columns - 2) "
+       "messages, one more quantization), auto (sra2d from GRADCOMP_GRID_MIN_RANKS ranks on)",
+       -kInf, kInf, false, kNoExtra, "auto|sra|sra2d"},
+      {"GRADCOMP_GRID_MIN_RANKS", nullptr, Kind::kInt, Of(&Settings::grid_min_ranks), "32",
+       "with GRADCOMP_COMPRESSED_ALGORITHM=auto, the number of ranks the SRA spans from which it runs on a grid",
+       4, 1 << 20},
       {"GRADCOMP_TIMELINE", nullptr, Kind::kString, Of(&Settings::timeline), "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},
       {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, Of(&Settings::timeline_mark_cycles), "0",

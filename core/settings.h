@@ -33,6 +33,8 @@ struct Settings {
   int64_t shm_buffer_mb = 0;
   int64_t pipeline_stripes = 0;
   std::string uncompressed_algorithm;
+  std::string compressed_algorithm;
+  int64_t grid_min_ranks = 0;
   std::string timeline;
   bool timeline_mark_cycles = false;
   double stall_check_time_seconds = 0;

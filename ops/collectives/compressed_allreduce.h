@@ -19,6 +19,26 @@
 // With error feedback the errors of both stages are carried into the next call, so the
 // average of the outputs over many calls converges to the exact average.
 //
+// 2-D SRA (sra2d.cc), for worlds where flat SRA's n^2 messages of size/n^2 bytes each cost
+// more than their bytes: the ranks form a grid (MakeGrid, rows of b ranks, a = n/b rows). A
+// row runs SRA's scatter on the whole buffer (b chunks), so each rank holds the float32 sum of
+// its chunk j over its row, P_j; its column runs a full SRA on P_j (scatter, float32 sum,
+// encode once, allgather), so every rank of column j holds the encodings of the reduced chunk j;
+// the row allgathers those encodings as they are, and every rank decodes every chunk. A rank
+// sends 2 (n-1)/n of the encoded size (as flat SRA) in 2 (a + b - 2) messages instead of
+// 2 (n - 1), and results stay bit-identical on every rank.
+//
+// Error bound (nearest rounding; stochastic: twice each term). Element i of chunk j, in the
+// column SRA's piece owned by row o. Each rank (r, k), k != j, quantized its own value with
+// unit u1_{r,k}(i); each row r != o quantized its float32 row sum P_{r,j} with unit u2_r(i)
+// (range of that row sum's bucket / (2^bits - 1)). Before the final encoding the error is
+//   E(i) = s * ( sum_r sum_{k != j} u1_{r,k}(i) / 2 + sum_{r != o} u2_r(i) / 2 ),
+// and the final encoding of the scaled sum's bucket B adds at most (R(B) + 2 max_B E) /
+// (2 (2^bits - 1)), as in SRA. Against flat SRA, n - a of the n - 1 first-stage terms are the
+// same and a - 1 are units of row sums, whose range is at most b times a value's (typically
+// sqrt(b) for independent noise): three quantizations on a value's path instead of two, never
+// one per level of a tree, so the error does not grow with the world (test_compressed_allreduce).
+//
 // Sparse (topk): each rank encodes its whole buffer (values and indices), the variable-size
 // encodings are allgathered and every rank scatter-adds all of them in rank order.
 #pragma once
@@ -49,8 +69,9 @@ struct CompressionWorkspace {
   explicit CompressionWorkspace(Device& dev = HostDevice()) : device(dev), stream(dev.NewStream()) {}
   Device& device;
   std::unique_ptr<Stream> stream;
-  /// float32 values: the working copy, the result, a node's shard and its result.
-  StagedBuffer x, out, shard, shard_out;
+  /// float32 values: the working copy, the result, a node's shard and its result, the 2-D
+  /// SRA's row sum.
+  StagedBuffer x, out, shard, shard_out, partial;
   /// The reduction's block (device only).
   Scratch acc;
   /// Encoded bytes: peers' chunks sent, peers' encodings received, this rank's reduced chunk,
@@ -118,8 +139,13 @@ CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const Compresse
 /// rank, node-local allgather. With `leader_only` (CGX_INTRA_BROADCAST) the node reduces to
 /// its local rank 0, only those leaders run SRA across nodes, and the result is broadcast in
 /// the node.
+/// With `cross_grid` (MakeGrid of topo.cross) the SRA across nodes is the 2-D SRA.
 CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, const CompressedAllreduceOptions& opts,
-                                                         bool leader_only);
+                                                         bool leader_only, const Grid* cross_grid = nullptr);
+
+/// 2-D SRA over `grid` (MakeGrid of the communicator the allreduce spans; see above). A grid of
+/// one row or one column is flat SRA over the other.
+CompressedAllreduceStats CompressedAllreduce2d(const Grid& grid, const CompressedAllreduceOptions& opts);
 
 /// Sparse allreduce for topk: allgather of every rank's (values, indices), scatter-add.
 CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAllreduceOptions& opts);

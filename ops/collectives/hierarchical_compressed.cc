@@ -1,5 +1,6 @@
 // Hierarchical compressed allreduce (compressed_allreduce.h): uncompressed inside each node
-// (through the shared-memory window when the local communicator is shm), SRA across nodes.
+// (through the shared-memory window when the local communicator is shm), SRA (flat or 2-D)
+// across nodes.
 // The node-local steps move float32 values through host staging; SRA runs on the device.
 #include "ops/collectives/context.h"
 #include "ops/collectives/sra.h"
@@ -7,7 +8,7 @@
 namespace gradcomp {
 
 CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, const CompressedAllreduceOptions& o,
-                                                         bool leader_only) {
+                                                         bool leader_only, const Grid* cross_grid) {
   CompressedAllreduceStats st;
   WithTensorContext("hierarchical compressed allreduce", o.name, [&] {
     ValidateCompressed(o, false);
@@ -22,6 +23,14 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
     CompressionWorkspace& ws = *workspace;
     Device& d = ws.device;
     Stream& stream = *ws.stream;
+    // Across nodes: flat SRA, or the 2-D SRA over the cross communicator's grid.
+    const auto across = [&](const CompressedAllreduceOptions& q, const float* in, float* result) {
+      if (cross_grid != nullptr) {
+        Sra2d(*cross_grid, q, in, scale, result, ws, &st);
+      } else {
+        Sra(*topo.cross, q, in, scale, result, ws, &st);
+      }
+    };
     const size_t bytes = o.count * sizeof(float);
     // The values on the local communicator's side (the host, unless it reads device memory),
     // summed over the node in place below.
@@ -48,7 +57,7 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       }
       if (local.rank() == 0) {  // residuals: of node sums
         x.FromWire(0, bytes, stream);
-        Sra(*topo.cross, o, x.device_as<float>(), scale, result.device_as<float>(), ws, &st);
+        across(o, x.device_as<float>(), result.device_as<float>());
         result.ToWire(0, bytes, stream);
         stream.Synchronize();
       }
@@ -73,7 +82,7 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       sub.reduced_residual = o.reduced_residual ? o.reduced_residual + s0 : nullptr;
       StagedBuffer& shard_out = ws.shard_out;
       shard_out.Reserve(d, len * sizeof(float), local_on_device);
-      Sra(*topo.cross, sub, shard.device_as<float>(), scale, shard_out.device_as<float>(), ws, &st);
+      across(sub, shard.device_as<float>(), shard_out.device_as<float>());
       shard_out.ToWire(0, len * sizeof(float), stream);
       stream.Synchronize();
       std::vector<size_t> shard_bytes(shards.size());

@@ -47,6 +47,10 @@ struct SraPlan {
   size_t BytesSent() const;
 };
 
+/// 2-D SRA of x (as Sra, over `grid`; compressed_allreduce.h).
+void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+           CompressionWorkspace& ws, CompressedAllreduceStats* st);
+
 /// SRA of the o.count float32 values x (already prescaled and compensated) into float32 `out`
 /// (which may alias x), scaled by `scale`; o.residual and o.reduced_residual receive the
 /// errors of the two compressions. Adds to `st`.

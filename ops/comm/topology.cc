@@ -44,4 +44,21 @@ Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_siz
   return topo;
 }
 
+Grid MakeGrid(Communicator& comm, int columns) {
+  const int n = comm.size();
+  if (columns <= 0) {
+    int rows = 1;
+    for (int r = 1; r * r <= n; ++r) {
+      if (n % r == 0) rows = r;
+    }
+    columns = n / rows;
+  }
+  GC_ENFORCE(n % columns == 0, "a grid of rows of ", columns, " ranks does not divide ", n, " ranks");
+  Grid g;
+  g.rank = comm.rank();
+  g.row = comm.Split(comm.rank() / columns, comm.rank());
+  g.column = comm.Split(comm.rank() % columns, comm.rank());
+  return g;
+}
+
 }  // namespace gradcomp

@@ -26,6 +26,21 @@ struct Topology {
   int cross_size() const { return cross->size(); }
 };
 
+/// The ranks of a communicator as a grid for two-level algorithms (the 2-D SRA): rows of
+/// `columns` consecutive ranks; a column holds the ranks at the same place in their rows.
+struct Grid {
+  std::unique_ptr<Communicator> row;
+  std::unique_ptr<Communicator> column;
+  int rank = 0;  ///< in the communicator the grid was made of: column->rank() * columns + row->rank()
+
+  int columns() const { return row->size(); }
+  int rows() const { return column->size(); }
+};
+
+/// Collective over `comm`: its grid of rows of `columns` ranks (which must divide its size);
+/// 0 picks the most square grid with rows at least as long as columns (for a prime size, one row).
+Grid MakeGrid(Communicator& comm, int columns = 0);
+
 /// Collective over `world`: builds the node and cross communicators. forced_local_size > 0
 /// forces nodes of that many consecutive ranks (GRADCOMP_LOCAL_SIZE; it must divide the
 /// world size); 0 detects shared-memory domains. `shm_staging_bytes` sizes the node's

@@ -1,4 +1,4 @@
-// Compressed allreduce over thread ranks: SRA, hierarchical, leader-only and sparse (topk),
+// Compressed allreduce over thread ranks: SRA, 2-D SRA, hierarchical, leader-only and sparse (topk),
 // against float64 and the analytic error bound, with bit-identical results on every rank.
 #include <gtest/gtest.h>
 
@@ -44,24 +44,47 @@ void SraBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
     CompressedAllreduce(device_comm ? *DeviceMemoryCommunicator(comm, TestDevice()) : comm, q);
   });
 }
+// The 2-D SRA over the grid of `comm` (MakeGrid; `columns` 0: the most square).
+void Sra2dBoth(Communicator& comm, const CompressedAllreduceOptions& o, int columns = 0) {
+  const Grid grid = MakeGrid(comm, columns);
+  OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+    if (!device_comm) {
+      CompressedAllreduce2d(grid, q);
+      return;
+    }
+    Grid on_device;
+    on_device.row = DeviceMemoryCommunicator(*grid.row, TestDevice());
+    on_device.column = DeviceMemoryCommunicator(*grid.column, TestDevice());
+    on_device.rank = grid.rank;
+    CompressedAllreduce2d(on_device, q);
+  });
+}
 void SparseBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
   OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
     SparseAllreduce(device_comm ? *DeviceMemoryCommunicator(comm, TestDevice()) : comm, q);
   });
 }
 // With device_comm both the node's and the cross-node communicator take device memory.
-void HierarchicalBoth(const Topology& topo, const CompressedAllreduceOptions& o, bool leader_only) {
+// `grid`: the 2-D SRA across nodes.
+void HierarchicalBoth(const Topology& topo, const CompressedAllreduceOptions& o, bool leader_only, bool grid = false) {
+  const Grid cross_grid = grid ? MakeGrid(*topo.cross) : Grid{};
   OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
     if (!device_comm) {
-      HierarchicalCompressedAllreduce(topo, q, leader_only);
+      HierarchicalCompressedAllreduce(topo, q, leader_only, grid ? &cross_grid : nullptr);
       return;
+    }
+    Grid cross_grid_on_device;
+    if (grid) {
+      cross_grid_on_device.row = DeviceMemoryCommunicator(*cross_grid.row, TestDevice());
+      cross_grid_on_device.column = DeviceMemoryCommunicator(*cross_grid.column, TestDevice());
+      cross_grid_on_device.rank = cross_grid.rank;
     }
     Topology on_device;
     on_device.world = DeviceMemoryCommunicator(*topo.world, TestDevice());
     on_device.local = DeviceMemoryCommunicator(*topo.local, TestDevice());
     on_device.cross = DeviceMemoryCommunicator(*topo.cross, TestDevice());
     on_device.homogeneous = topo.homogeneous;
-    HierarchicalCompressedAllreduce(on_device, q, leader_only);
+    HierarchicalCompressedAllreduce(on_device, q, leader_only, grid ? &cross_grid_on_device : nullptr);
   });
 }
 
@@ -277,6 +300,108 @@ TEST(Sra, StochasticRoundingStaysWithinItsBound) {
   }
 }
 
+struct GridShape {
+  int world, columns;
+};
+
+class Sra2dSweep : public ::testing::TestWithParam<GridShape> {};
+
+TEST_P(Sra2dSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
+  const int world = GetParam().world, columns = GetParam().columns;
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{1} << 18}) {
+    const auto parts = Inputs(world, count, 1e4);
+    const std::vector<double> exact = ExactSum(parts, 1.0 / world);
+    for (int bits : {2, 4, 8}) {
+      for (size_t bucket : {size_t{64}, size_t{512}}) {
+        const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+          Sra2dBoth(comm, Maxmin(in, out, bits, bucket), columns);
+        });
+        const std::string where = " world " + std::to_string(world) + " columns " + std::to_string(columns) +
+                                  " count " + std::to_string(count) + " bits " + std::to_string(bits) + " bucket " +
+                                  std::to_string(bucket);
+        ASSERT_EQ(BitIdentical(outs), "") << where;
+        ASSERT_EQ(WithinBound(outs[0], exact, Sra2dBound(parts, 1.0 / world, bits, bucket, false, columns)), "")
+            << where;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grids, Sra2dSweep,
+                         ::testing::Values(GridShape{4, 2}, GridShape{6, 3}, GridShape{6, 2}, GridShape{8, 4},
+                                           GridShape{9, 3}, GridShape{12, 4}, GridShape{16, 4}),
+                         [](const ::testing::TestParamInfo<GridShape>& s) {
+                           return "world" + std::to_string(s.param.world) + "_columns" +
+                                  std::to_string(s.param.columns);
+                         });
+
+TEST(Sra2d, StochasticRoundingAndErrorFeedbackAndTensorBoundaries) {
+  // Stochastic rounding stays within twice the nearest bound; tensors restart buckets inside
+  // chunks; error feedback makes the average over steps converge to the exact average.
+  const int world = 8;
+  const size_t count = 3 * 4096 + 77;
+  const auto parts = Inputs(world, count, 0.5);
+  const auto outs = RunAll(world, count, 0.5, [&](Communicator& comm, const auto& in, auto& out) {
+    CompressedAllreduceOptions o = Maxmin(in, out, 3, 128);
+    o.params.stochastic = true;
+    o.segments = {4096, 77, 2 * 4096};
+    Sra2dBoth(comm, o, 4);
+  });
+  EXPECT_EQ(BitIdentical(outs), "");
+  EXPECT_EQ(WithinBound(outs[0], ExactSum(parts, 1.0 / world), Sra2dBound(parts, 1.0 / world, 3, 128, true, 4)),
+            "");
+  const int steps = 40;
+  const std::vector<double> exact = ExactSum(parts, 1.0 / world);
+  std::vector<double> first_error(1), mean_error(1);
+  RunAll(world, count, 0.5, [&](Communicator& comm, const auto& in, auto& out) {
+    const Grid grid = MakeGrid(comm, 4);
+    std::vector<float> residual(count, 0.0f), reduced(count, 0.0f);
+    std::vector<double> mean(count, 0.0);
+    for (int step = 0; step < steps; ++step) {
+      CompressedAllreduceOptions o = Maxmin(in, out, 2, 512);
+      o.residual = residual.data();
+      o.reduced_residual = reduced.data();
+      o.params.step = static_cast<uint64_t>(step) + 1;
+      CompressedAllreduce2d(grid, o);
+      for (size_t i = 0; i < count; ++i) mean[i] += out[i] / steps;
+      if (step == 0 && comm.rank() == 0) first_error[0] = RelativeL2(out, exact);
+    }
+    if (comm.rank() == 0) mean_error[0] = RelativeL2(std::vector<float>(mean.begin(), mean.end()), exact);
+  });
+  std::printf("2-D SRA 2-bit with error feedback: one step %.4f, mean of %d steps %.4f\n", first_error[0], steps,
+              mean_error[0]);
+  EXPECT_LT(mean_error[0], first_error[0] / 8);
+}
+
+TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
+  // The largest worlds this machine runs as thread ranks: the 2-D SRA re-quantizes once more
+  // than flat SRA (the row sums), never once per level, so its error stays within the issue's
+  // 0.3 and near flat SRA's at every size.
+  const size_t count = size_t{1} << 16;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const std::vector<int> worlds = {16, 64, 256};  // 1024 threads under a sanitizer's shadow stacks: too slow
+#else
+  const std::vector<int> worlds = {16, 64, 256, 1024};
+#endif
+  for (int world : worlds) {
+    for (double noise : {1e4, 0.5}) {
+      const auto exact = ExactSum(Inputs(world, count, noise), 1.0 / world);
+      const auto flat = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
+        CompressedAllreduce(comm, Maxmin(in, out, 4, 512));
+      });
+      const auto grid = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
+        CompressedAllreduce2d(MakeGrid(comm), Maxmin(in, out, 4, 512));
+      });
+      const double e_flat = RelativeL2(flat[0], exact), e_grid = RelativeL2(grid[0], exact);
+      std::printf("4-bit, world %d, %s inputs: relative L2 error flat SRA %.4f, 2-D SRA %.4f\n", world,
+                  noise > 1 ? "independent" : "correlated", e_flat, e_grid);
+      EXPECT_EQ(BitIdentical(grid), "") << "world " << world;
+      EXPECT_LE(e_grid, 0.3) << "world " << world;
+      EXPECT_LE(e_grid, 1.5 * e_flat) << "world " << world;
+    }
+  }
+}
+
 TEST(Sra, FourBitGaussianErrorIsSmallAndDoesNotGrowWithWorldSize) {
   const size_t count = 1 << 18;
   std::vector<double> independent, correlated;
@@ -452,12 +577,13 @@ TEST(SparseAllreduce, KeepsTheLargestValuesAndFeedsBackTheRest) {
 struct Shape2 {
   int world, local;
   bool leader_only;
+  bool grid = false;  // the 2-D SRA across nodes
 };
 
 class HierarchicalCompressed : public ::testing::TestWithParam<Shape2> {};
 
 TEST_P(HierarchicalCompressed, WithinTheCrossNodeBoundAndBitIdentical) {
-  const auto [world, local, leader_only] = GetParam();
+  const auto [world, local, leader_only, grid] = GetParam();
   const size_t count = 50001;
   const int nodes = world / local;
   const auto parts = Inputs(world, count, 1e4);
@@ -465,7 +591,7 @@ TEST_P(HierarchicalCompressed, WithinTheCrossNodeBoundAndBitIdentical) {
   RunTopology(world, local, [&](Topology& topo) {
     const std::vector<float> in = Gradient(count, topo.rank(), 1e4);
     std::vector<float> out(count);
-    HierarchicalBoth(topo, Maxmin(in, out, 4, 512), leader_only);
+    HierarchicalBoth(topo, Maxmin(in, out, 4, 512), leader_only, grid);
     outs[static_cast<size_t>(topo.rank())] = out;
     return std::string();
   });
@@ -483,7 +609,12 @@ TEST_P(HierarchicalCompressed, WithinTheCrossNodeBoundAndBitIdentical) {
     for (const auto& ns : node_sums) {
       shard_parts.emplace_back(ns.begin() + static_cast<long>(soff[s]), ns.begin() + static_cast<long>(soff[s] + shards[s]));
     }
-    const std::vector<double> b = SraBound(shard_parts, 1.0 / world, 4, 512, false);
+    int columns = nodes;  // MakeGrid's choice: the most square grid, rows at least as long
+    for (int r = 1; r * r <= nodes; ++r) {
+      if (nodes % r == 0) columns = nodes / r;
+    }
+    const std::vector<double> b = grid ? Sra2dBound(shard_parts, 1.0 / world, 4, 512, false, columns)
+                                       : SraBound(shard_parts, 1.0 / world, 4, 512, false);
     for (size_t i = 0; i < shards[s]; ++i) bound[soff[s] + i] = b[i] + 1e-5;  // + float32 node sums
   }
   EXPECT_EQ(WithinBound(outs[0], ExactSum(parts, 1.0 / world), bound), "");
@@ -491,10 +622,12 @@ TEST_P(HierarchicalCompressed, WithinTheCrossNodeBoundAndBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HierarchicalCompressed,
                          ::testing::Values(Shape2{4, 2, false}, Shape2{8, 2, false}, Shape2{8, 4, false},
-                                           Shape2{6, 3, false}, Shape2{4, 2, true}, Shape2{8, 4, true}),
+                                           Shape2{6, 3, false}, Shape2{4, 2, true}, Shape2{8, 4, true},
+                                           Shape2{16, 2, false, true}, Shape2{12, 2, false, true},
+                                           Shape2{8, 2, true, true}),
                          [](const ::testing::TestParamInfo<Shape2>& s) {
                            return "world" + std::to_string(s.param.world) + "_local" + std::to_string(s.param.local) +
-                                  (s.param.leader_only ? "_leader" : "");
+                                  (s.param.leader_only ? "_leader" : "") + (s.param.grid ? "_2d" : "");
                          });
 
 TEST(CompressedAllreduceErrors, NameWhatIsWrong) {

@@ -7,7 +7,9 @@
 #include <cstring>
 
 #include "core/runtime.h"
+#include "ops/collectives/compressed_allreduce.h"
 #include "ops/common/enforce.h"
+#include "ops/compression/codec.h"
 #include "test/support/harness.h"
 #include "test/support/sra_reference.h"
 
@@ -161,6 +163,54 @@ TEST(RuntimeCompression, HierarchicalAndLeaderOnlyAreBitIdenticalAcrossRanks) {
     EXPECT_GT(e, 1e-4);
     EXPECT_LT(e, 0.2);
   }
+}
+
+// GRADCOMP_COMPRESSED_ALGORITHM: the runtime's bytes are those of the 2-D SRA over the world's
+// grid (2 rows x 4 here) when asked for, or when auto and the world reaches GRADCOMP_GRID_MIN_RANKS,
+// and flat SRA's otherwise (the 2-D SRA quantizes the row sums once more: other bytes).
+TEST(RuntimeCompression, CompressedAlgorithmPicksTheGridFromItsSizeOn) {
+  const int world = 8;
+  const size_t n = 256 * 64;
+  const auto direct = [&](bool grid) {
+    std::vector<std::vector<float>> outs(world);
+    RunRanks(world, [&](Communicator& comm) {
+      const std::vector<float> g = Gradient(n, comm.rank(), 1e4);
+      std::vector<float> out(n);
+      CompressedAllreduceOptions o;
+      o.input = g.data();
+      o.output = out.data();
+      o.count = n;
+      o.op = ReduceOp::kAverage;
+      o.codec = &FindCodec("maxmin");
+      if (grid) {
+        CompressedAllreduce2d(MakeGrid(comm), o);
+      } else {
+        CompressedAllreduce(comm, o);
+      }
+      outs[static_cast<size_t>(comm.rank())] = out;
+      return std::string();
+    });
+    return outs;
+  };
+  const auto through_runtime = [&](const std::map<std::string, std::string>& vars) {
+    std::vector<std::vector<float>> outs(world);
+    RunRanks(world, [&](Communicator& comm) {
+      std::map<std::string, std::string> all = vars;
+      all["GRADCOMP_COMPRESSION"] = "maxmin";
+      Runtime rt(Options(comm, all));
+      std::vector<float> g = Gradient(n, rt.rank(), 1e4);
+      rt.Allreduce("w", DataType::kFloat32, {256, 64}, g.data(), g.data(), ReduceOp::kAverage)->Wait();
+      outs[static_cast<size_t>(rt.rank())] = g;
+      return std::string();
+    });
+    return outs;
+  };
+  const auto grid = direct(true), flat = direct(false);
+  ASSERT_NE(grid[0], flat[0]);
+  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), grid);
+  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), grid);
+  EXPECT_EQ(through_runtime({}), flat);  // auto: 8 ranks are below the default 32
+  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}, {"GRADCOMP_GRID_MIN_RANKS", "4"}}), flat);
 }
 
 TEST(RuntimeCompression, FourBitSendsAboutAnEighthOfTheBytes) {

@@ -50,6 +50,69 @@ std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, doubl
   return bound;
 }
 
+namespace {
+// Range of v over [lo, hi).
+double RangeOf(const std::vector<double>& v, size_t lo, size_t hi) {
+  const auto mm = std::minmax_element(v.begin() + static_cast<long>(lo), v.begin() + static_cast<long>(hi));
+  return *mm.second - *mm.first;
+}
+double MaxOf(const std::vector<double>& v, size_t lo, size_t hi) {
+  return *std::max_element(v.begin() + static_cast<long>(lo), v.begin() + static_cast<long>(hi));
+}
+// f(lo, hi) for every bucket of [begin, begin + len), buckets starting at `begin`.
+template <typename F>
+void ForBuckets(size_t begin, size_t len, size_t bucket, F&& f) {
+  for (size_t b0 = 0; b0 < len; b0 += bucket) f(begin + b0, begin + std::min(len, b0 + bucket));
+}
+}  // namespace
+
+std::vector<double> Sra2dBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
+                               bool stochastic, int columns) {
+  const size_t n = parts.size(), b = static_cast<size_t>(columns), a = n / b;
+  const size_t count = parts.empty() ? 0 : parts[0].size();
+  std::vector<double> bound(count, 0.0);
+  if (n <= 1) return bound;
+  const double levels = std::ldexp(1.0, bits) - 1;
+  const double k = stochastic ? 2.0 : 1.0;
+  std::vector<std::vector<double>> value(n);
+  for (size_t w = 0; w < n; ++w) value[w].assign(parts[w].begin(), parts[w].end());
+  const std::vector<double> exact = ExactSum(parts, scale);
+  const std::vector<size_t> chunks = EvenSplit(count, static_cast<int>(b)), coff = Offsets(chunks);
+  for (size_t j = 0; j < b; ++j) {
+    const size_t c0 = coff[j], clen = chunks[j];
+    // Row scatter: e1[r][i] = what row r's sum of chunk j lost (its other ranks' units / 2).
+    std::vector<std::vector<double>> e1(a, std::vector<double>(count, 0.0)), rowsum(a, std::vector<double>(count, 0.0));
+    for (size_t r = 0; r < a; ++r) {
+      for (size_t col = 0; col < b; ++col) {
+        const std::vector<double>& v = value[r * b + col];
+        for (size_t i = c0; i < c0 + clen; ++i) rowsum[r][i] += v[i];
+        if (col == j) continue;
+        ForBuckets(c0, clen, bucket, [&](size_t lo, size_t hi) {
+          const double u = RangeOf(v, lo, hi) / levels;
+          for (size_t i = lo; i < hi; ++i) e1[r][i] += k * u / 2;
+        });
+      }
+    }
+    // Column SRA of the row sums: sub-chunk o of chunk j owned by row o.
+    const std::vector<size_t> subs = EvenSplit(clen, static_cast<int>(a)), soff = Offsets(subs);
+    for (size_t o = 0; o < a; ++o) {
+      ForBuckets(c0 + soff[o], subs[o], bucket, [&](size_t lo, size_t hi) {
+        double e = 0, mag = 0;
+        for (size_t r = 0; r < a; ++r) {
+          e += scale * MaxOf(e1[r], lo, hi);
+          mag += scale * std::max(std::fabs(rowsum[r][lo]), RangeOf(rowsum[r], lo, hi));
+          // A row sum's bucket range, widened by what the row scatter lost in it.
+          if (r != o) e += k * scale * (RangeOf(rowsum[r], lo, hi) + 2 * MaxOf(e1[r], lo, hi)) / levels / 2;
+        }
+        const double final_term = k * (RangeOf(exact, lo, hi) + 2 * e) / levels / 2;
+        const double slack = 1e-6 * (mag + e * levels) * static_cast<double>(n);
+        for (size_t i = lo; i < hi; ++i) bound[i] = e + final_term + slack;
+      });
+    }
+  }
+  return bound;
+}
+
 double RelativeL2(const std::vector<float>& got, const std::vector<double>& exact) {
   double num = 0, den = 0;
   for (size_t i = 0; i < got.size(); ++i) {

@@ -13,6 +13,11 @@ namespace gradcomp::testing {
 std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
                              bool stochastic);
 
+/// The same for the 2-D SRA over a grid of rows of `columns` participants (participant w is in
+/// row w / columns, column w % columns).
+std::vector<double> Sra2dBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
+                               bool stochastic, int columns);
+
 /// Exact scale * sum of the parts, in float64.
 std::vector<double> ExactSum(const std::vector<std::vector<float>>& parts, double scale);
 

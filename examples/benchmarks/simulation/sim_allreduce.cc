@@ -9,8 +9,9 @@
 //       [--stripes 0]
 //
 // A variant is "mpi" (MPI_Allreduce of float32, SMPI's collective selection) or
-// "<algorithm>:<codec>": algorithm sra (flat) or hier (--local-size consecutive ranks per node,
-// reduced inside the node, compressed across nodes); codec none, fp16, bf16 or maxmin<bits>.
+// "<algorithm>:<codec>": algorithm sra (flat), sra2d (2-D SRA over the most square grid), hier
+// (--local-size consecutive ranks per node, reduced inside the node, flat SRA across nodes) or
+// hier2d (the same with the 2-D SRA across nodes); codec none, fp16, bf16 or maxmin<bits>.
 // --stripes 0 uses the runtime's choice across nodes (kAutoPipelineStripes).
 //
 // Prints, on rank 0, one line per (variant, size):
@@ -63,8 +64,9 @@ Variant ParseVariant(const std::string& text) {
     return v;
   }
   const std::vector<std::string> parts = SplitList(text, ':');
-  GC_ENFORCE(parts.size() == 2 && (parts[0] == "sra" || parts[0] == "hier"), "sim_allreduce: variant '", text,
-             "' is not mpi or <sra|hier>:<codec>");
+  GC_ENFORCE(parts.size() == 2 && (parts[0] == "sra" || parts[0] == "sra2d" || parts[0] == "hier" ||
+                                    parts[0] == "hier2d"),
+             "sim_allreduce: variant '", text, "' is not mpi or <sra|sra2d|hier|hier2d>:<codec>");
   v.algorithm = parts[0];
   std::string codec = parts[1];
   if (codec.rfind("maxmin", 0) == 0) {
@@ -131,9 +133,11 @@ int Run(int argc, char** argv) {
   gradcomp::Topology topo = gradcomp::BuildTopology(std::make_unique<gradcomp::MpiCommunicator>(MPI_COMM_WORLD),
                                                     local_size, gradcomp::LocalTransport::kMessages);
   const int n = topo.size(), rank = topo.rank();
+  const gradcomp::Grid world_grid = gradcomp::MakeGrid(*topo.world), cross_grid = gradcomp::MakeGrid(*topo.cross);
   if (rank == 0) {
-    std::printf("sim_allreduce: %d ranks, %d per node x %d nodes, %d reps\n", n, topo.local_size(),
-                topo.cross_size(), reps);
+    std::printf("sim_allreduce: %d ranks, %d per node x %d nodes, %d reps; grids %d x %d, across nodes %d x %d\n", n,
+                topo.local_size(), topo.cross_size(), reps, world_grid.rows(), world_grid.columns(), cross_grid.rows(),
+                cross_grid.columns());
     std::fflush(stdout);
   }
   gradcomp::CompressionWorkspace ws;
@@ -173,8 +177,14 @@ int Run(int argc, char** argv) {
           o.workspace = &ws;
           o.pipeline_stripes = stripes > 0 ? static_cast<size_t>(stripes) : gradcomp::kAutoPipelineStripes;
           o.name = v.name;
-          st = v.algorithm == "hier" ? gradcomp::HierarchicalCompressedAllreduce(topo, o, false)
-                                     : gradcomp::CompressedAllreduce(*topo.world, o);
+          if (v.algorithm == "hier" || v.algorithm == "hier2d") {
+            st = gradcomp::HierarchicalCompressedAllreduce(topo, o, false,
+                                                           v.algorithm == "hier2d" ? &cross_grid : nullptr);
+          } else if (v.algorithm == "sra2d") {
+            st = gradcomp::CompressedAllreduce2d(world_grid, o);
+          } else {
+            st = gradcomp::CompressedAllreduce(*topo.world, o);
+          }
         }
         const double dt = Slowest(MPI_Wtime() - t0);
         if (r > 0) {

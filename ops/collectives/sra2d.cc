@@ -1,0 +1,160 @@
+// 2-D SRA (compressed_allreduce.h gives the algorithm and its error bound): SRA's scatter in
+// each row, a full SRA of the row sums in each column, the column's encodings allgathered in
+// each row as they are. Both row steps are blocking collectives and the column SRA runs in one
+// stripe, so that its encodings of the chunk end in one buffer, in its plan's layout, that
+// every rank of the row can decode with the same plan.
+#include <algorithm>
+
+#include "ops/collectives/context.h"
+#include "ops/collectives/pipeline.h"
+#include "ops/collectives/sra.h"
+#include "ops/reduce/reduce.h"
+
+namespace gradcomp {
+
+namespace {
+
+// The column SRA's rounding streams differ from the row scatter's (both are keyed by rank).
+constexpr uint64_t kColumnSeed = 0x2D5A2D5A2D5A2D5Aull;
+
+// The options of the column SRA of row chunk c (one stripe).
+CompressedAllreduceOptions ColumnOptions(const CompressedAllreduceOptions& o, const SraPlan& row, size_t c) {
+  CompressedAllreduceOptions sub = o;
+  const size_t c0 = row.chunk_offsets[c], len = row.chunks[c];
+  sub.count = len;
+  sub.segments.clear();
+  for (const Piece& pc : PiecesIn(c0, len, SegmentBounds(o))) sub.segments.push_back(pc.len);
+  sub.residual = o.residual ? o.residual + c0 : nullptr;
+  sub.reduced_residual = o.reduced_residual ? o.reduced_residual + c0 : nullptr;
+  sub.params.seed = o.params.seed ^ kColumnSeed;
+  sub.pipeline_stripes = 1;
+  sub.sent_indices = nullptr;
+  return sub;
+}
+
+}  // namespace
+
+void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+           CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+  Communicator& row = *grid.row;
+  Communicator& column = *grid.column;
+  if (row.size() == 1 || column.size() == 1) {
+    Sra(row.size() == 1 ? column : row, o, x, scale, out, ws, st);
+    return;
+  }
+  const Codec& codec = *o.codec;
+  Device& d = ws.device;
+  Stream& stream = *ws.stream;
+  CompressedAllreduceOptions one_stripe = o;
+  one_stripe.pipeline_stripes = 1;
+  const size_t b = static_cast<size_t>(row.size()), j = static_cast<size_t>(row.rank());
+  const SraPlan rp = SraPlan::Make(one_stripe, b, j);
+  const CodecParams p1 = SraScatterParams(o.params, grid.rank);
+  const bool wire_on_device = WireOnDevice(row, ws);
+  // Encoding and decoding run on this thread, through an inline pipeline so that a simulation
+  // (ops/common/simulation.h) counts them as codec work.
+  Pipeline codec_work(true);
+
+  // 1. The row's scatter: every other chunk of the row, encoded for its owner.
+  ws.send.Reserve(d, rp.send_total, wire_on_device);
+  ws.recv.Reserve(d, rp.recv_total, wire_on_device);
+  const std::vector<size_t> send_bytes = rp.ScatterBytes(0, true), recv_bytes = rp.ScatterBytes(0, false);
+  codec_work.Submit([&] {
+    Phase phase(o, "COMPRESS", &st->compress_seconds);
+    const std::vector<size_t> off = Offsets(send_bytes);
+    for (size_t p = 0; p < b; ++p) {
+      if (p == j) continue;
+      uint8_t* dst = ws.send.device() + off[p];
+      EncodePieces(ws, codec, p1, x, 0, rp.pieces[0][p], dst);
+      if (!o.residual) continue;
+      const size_t begin = rp.StripeBegin(p, 0), len = rp.StripeLength(p, 0);
+      float* r = o.residual + begin;
+      DecodePieces(ws, codec, p1, dst, rp.pieces[0][p], begin, DataType::kFloat32, r);
+      d.Subtract(r, x + begin, r, len, stream);
+    }
+    ws.send.ToWire(0, rp.send_total, stream);
+    stream.Synchronize();
+  });
+  {
+    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+    row.Alltoallv(ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
+  }
+  st->bytes_sent += rp.send_total;
+
+  // 2. The row sum of chunk j in float32: this rank's values, then the peers' in row order.
+  const size_t c0 = rp.chunk_offsets[j], len = rp.chunks[j];
+  ws.partial.Reserve(d, len * sizeof(float));
+  float* sum = ws.partial.device_as<float>();
+  codec_work.Submit([&] {
+    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
+    ws.recv.FromWire(0, rp.recv_total, stream);
+    const std::vector<size_t> off = Offsets(recv_bytes);
+    size_t wire_at = 0;  // of this block in every peer's message
+    for (const Piece& pc : rp.pieces[0][j]) {
+      float* a = sum + (pc.start - c0);
+      d.Copy(a, x + pc.start, pc.len * sizeof(float), stream);
+      const size_t block_bytes = codec.MaxWireSize(pc.len, p1);
+      for (size_t p = 0; p < b; ++p) {
+        if (p == j) continue;
+        d.Decode(codec, ws.recv.device() + off[p] + wire_at, block_bytes, pc.len, p1, DataType::kFloat32, a, true,
+                 stream);
+      }
+      wire_at += block_bytes;
+    }
+    stream.Synchronize();
+  });
+
+  // 3. The column's SRA of the row sums: chunk j reduced over the world, into the output, and
+  // its encodings (what every rank decodes chunk j from) in ws.all.
+  const CompressedAllreduceOptions mine = ColumnOptions(o, rp, j);
+  Sra(column, mine, sum, scale, out + c0, ws, st);
+
+  // 4. The row's allgather of those encodings; every other chunk decoded from them.
+  std::vector<CompressedAllreduceOptions> chunk_options;
+  std::vector<SraPlan> chunk_plans;
+  std::vector<size_t> blob_bytes(b);
+  for (size_t k = 0; k < b; ++k) {
+    chunk_options.push_back(ColumnOptions(o, rp, k));
+    chunk_plans.push_back(SraPlan::Make(chunk_options[k], static_cast<size_t>(column.size()), 0));
+    blob_bytes[k] = chunk_plans[k].all_total;
+  }
+  const std::vector<size_t> blob_at = Offsets(blob_bytes);
+  ws.recv.Reserve(d, blob_at.back() + blob_bytes.back(), wire_on_device);
+  {
+    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+    row.Allgatherv(ws.all.wire(), ws.recv.wire(), blob_bytes);
+  }
+  st->bytes_sent += (b - 1) * blob_bytes[j];
+  codec_work.Submit([&] {
+    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
+    for (size_t k = 0; k < b; ++k) {
+      if (k == j) continue;
+      const SraPlan& cp = chunk_plans[k];
+      ws.recv.FromWire(blob_at[k], blob_bytes[k], stream);
+      const std::vector<size_t> aoff = Offsets(cp.bytes[0]);
+      for (size_t c = 0; c < cp.ranks; ++c) {
+        DecodePieces(ws, codec, SraGatherParams(chunk_options[k].params, static_cast<int>(c)),
+                     ws.recv.device() + blob_at[k] + cp.all_at[0] + aoff[c], cp.pieces[0][c], 0, DataType::kFloat32,
+                     out + rp.chunk_offsets[k]);
+      }
+    }
+    stream.Synchronize();
+  });
+}
+
+CompressedAllreduceStats CompressedAllreduce2d(const Grid& grid, const CompressedAllreduceOptions& o) {
+  CompressedAllreduceStats st;
+  WithTensorContext("2-D compressed allreduce", o.name, [&] {
+    ValidateCompressed(o, false);
+    if (o.count == 0) return;
+    WorkspaceFor workspace(o);
+    CompressionWorkspace& ws = *workspace;
+    const float* x = WorkingCopy(o, ws);
+    float* out = ResultBuffer(o, ws);
+    Sra2d(grid, o, x, OutputScale(o, grid.row->size() * grid.column->size()), out, ws, &st);
+    StoreOutput(o, ws, out);
+  });
+  return st;
+}
+
+}  // namespace gradcomp
