@@ -14,6 +14,7 @@ PACKAGES=(
   python3-torch libtorch-dev
   python3-sklearn python3-matplotlib
   iproute2 iputils-ping procps
+  libsimgrid-dev
 )
 
 missing=()

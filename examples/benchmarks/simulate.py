@@ -20,6 +20,8 @@ machine's (to compare with an emulation that runs more ranks than it has cores).
 
 Prints, per world and variant, the simulated time, MPI_Allreduce's in the same run, the ratio,
 and the link-bound ideal (the bytes each node must send over its link at full rate).
+GRADCOMP_SIM_CODEC_SCALE=0 leaves codec time out (the network alone); the default counts it as
+measured on this machine's core. examples/benchmarks/plot_simulation.py plots --out files.
 """
 import argparse
 import json
@@ -73,6 +75,8 @@ def platform_xml(args, nodes):
         body = (f'<cluster id="c" prefix="node-" suffix="" radical="0-{nodes - 1}" {common} '
                 f'bb_bw="{args.backbone}" bb_lat="0us" bb_sharing_policy="SHARED"/>')
     else:
+        if nodes % 16:
+            sys.exit(f"simulate: a fat tree takes a multiple of 16 nodes (leaves of 16), not {nodes}")
         # Two levels: leaves of 16 nodes; each leaf has as many uplinks (of the node link's rate)
         # as nodes, spread over enough spines: full bisection bandwidth.
         leaves = math.ceil(nodes / 16)
@@ -112,7 +116,7 @@ def run_world(args, nodes, tmp):
             f.write(f"node-{n}:{args.ranks_per_node}\n")
     env = dict(os.environ)
     # Per-rank memory of the buffers: input and output, encodings, working copies.
-    per_rank = max(float(s) for s in args.sizes_mb.split(",")) * 2.6 * 2**20
+    per_rank = max(float(s) for s in args.sizes_mb.split(",")) * 4 * 2**20
     if ranks * per_rank > args.memory_gb * 2**30:
         env["GRADCOMP_SIM_SHARED_MB"] = "1"
     cmd = ["smpirun", "-no-privatize", "-np", str(ranks), "-platform", plat, "-hostfile", hosts,
@@ -153,7 +157,7 @@ def main():
     ap.add_argument("--coll-selector", default="ompi")
     ap.add_argument("--network-model", default="SMPI",
                     help="SimGrid's network model: SMPI (calibrated on TCP over Ethernet) or CM02 (no factors)")
-    ap.add_argument("--memory-gb", type=float, default=12.0,
+    ap.add_argument("--memory-gb", type=float, default=6.0,
                     help="above this much buffer memory for all ranks, buffers are shared (times only)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -181,7 +185,8 @@ def main():
             rows += world
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+            json.dump({"args": vars(args), "codec_scale": os.environ.get("GRADCOMP_SIM_CODEC_SCALE", "1"),
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

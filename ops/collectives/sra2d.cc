@@ -1,9 +1,11 @@
 // 2-D SRA (compressed_allreduce.h gives the algorithm and its error bound): SRA's scatter in
 // each row, a full SRA of the row sums in each column, the column's encodings allgathered in
-// each row as they are. Both row steps are blocking collectives and the column SRA runs in one
-// stripe, so that its encodings of the chunk end in one buffer, in its plan's layout, that
-// every rank of the row can decode with the same plan.
+// each row as they are, in the column SRA's plan's layout, which every rank of the row can make.
+// The row steps post every message at once (an MPI allgather's ring would pay a latency per
+// peer, one after the other); the column SRA stripes as the options say.
 #include <algorithm>
+#include <memory>
+#include <utility>
 
 #include "ops/collectives/context.h"
 #include "ops/collectives/pipeline.h"
@@ -16,8 +18,29 @@ namespace {
 
 // The column SRA's rounding streams differ from the row scatter's (both are keyed by rank).
 constexpr uint64_t kColumnSeed = 0x2D5A2D5A2D5A2D5Aull;
+// Tags of the row steps' messages.
+constexpr int kRowScatterTag = 0x5400, kRowGatherTag = 0x5401;
 
-// The options of the column SRA of row chunk c (one stripe).
+// One message to and from every other rank of `comm` at once: send[p] / recv[p] = (data, bytes).
+void ExchangeAll(Communicator& comm, int tag, const std::vector<std::pair<const uint8_t*, size_t>>& send,
+                 const std::vector<std::pair<uint8_t*, size_t>>& recv) {
+  std::vector<std::unique_ptr<PendingTransfer>> pending;
+  const int n = comm.size(), me = comm.rank();
+  for (int p = 0; p < n; ++p) {
+    if (p != me) pending.push_back(comm.Irecv(recv[p].first, recv[p].second, p, tag));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p != me) pending.push_back(comm.Isend(send[p].first, send[p].second, p, tag));
+  }
+  PollUntil([&] {
+    for (auto& t : pending) {
+      if (!t->Test()) return false;
+    }
+    return true;
+  });
+}
+
+// The options of the column SRA of row chunk c.
 CompressedAllreduceOptions ColumnOptions(const CompressedAllreduceOptions& o, const SraPlan& row, size_t c) {
   CompressedAllreduceOptions sub = o;
   const size_t c0 = row.chunk_offsets[c], len = row.chunks[c];
@@ -27,7 +50,6 @@ CompressedAllreduceOptions ColumnOptions(const CompressedAllreduceOptions& o, co
   sub.residual = o.residual ? o.residual + c0 : nullptr;
   sub.reduced_residual = o.reduced_residual ? o.reduced_residual + c0 : nullptr;
   sub.params.seed = o.params.seed ^ kColumnSeed;
-  sub.pipeline_stripes = 1;
   sub.sent_indices = nullptr;
   return sub;
 }
@@ -77,7 +99,14 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
   });
   {
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    row.Alltoallv(ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
+    const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
+    std::vector<std::pair<const uint8_t*, size_t>> out_msgs(b);
+    std::vector<std::pair<uint8_t*, size_t>> in_msgs(b);
+    for (size_t p = 0; p < b; ++p) {
+      out_msgs[p] = {ws.send.wire() + soff[p], send_bytes[p]};
+      in_msgs[p] = {ws.recv.wire() + roff[p], recv_bytes[p]};
+    }
+    ExchangeAll(row, kRowScatterTag, out_msgs, in_msgs);
   }
   st->bytes_sent += rp.send_total;
 
@@ -108,6 +137,16 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
   // its encodings (what every rank decodes chunk j from) in ws.all.
   const CompressedAllreduceOptions mine = ColumnOptions(o, rp, j);
   Sra(column, mine, sum, scale, out + c0, ws, st);
+  {
+    // ws.all holds every other column rank's encodings; this rank's own are in ws.own.
+    const SraPlan cp = SraPlan::Make(mine, static_cast<size_t>(column.size()), static_cast<size_t>(column.rank()));
+    for (size_t s = 0; s < cp.stripes; ++s) {
+      const size_t at = cp.all_at[s] + Offsets(cp.bytes[s])[cp.mine], bytes = cp.bytes[s][cp.mine];
+      d.Copy(ws.all.device() + at, ws.own.device() + cp.own_at[s], bytes, stream);
+      ws.all.ToWire(at, bytes, stream);
+    }
+    stream.Synchronize();
+  }
 
   // 4. The row's allgather of those encodings; every other chunk decoded from them.
   std::vector<CompressedAllreduceOptions> chunk_options;
@@ -122,7 +161,10 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
   ws.recv.Reserve(d, blob_at.back() + blob_bytes.back(), wire_on_device);
   {
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    row.Allgatherv(ws.all.wire(), ws.recv.wire(), blob_bytes);
+    std::vector<std::pair<const uint8_t*, size_t>> out_msgs(b, {ws.all.wire(), blob_bytes[j]});
+    std::vector<std::pair<uint8_t*, size_t>> in_msgs(b);
+    for (size_t p = 0; p < b; ++p) in_msgs[p] = {ws.recv.wire() + blob_at[p], blob_bytes[p]};
+    ExchangeAll(row, kRowGatherTag, out_msgs, in_msgs);
   }
   st->bytes_sent += (b - 1) * blob_bytes[j];
   codec_work.Submit([&] {
@@ -131,11 +173,13 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
       if (k == j) continue;
       const SraPlan& cp = chunk_plans[k];
       ws.recv.FromWire(blob_at[k], blob_bytes[k], stream);
-      const std::vector<size_t> aoff = Offsets(cp.bytes[0]);
-      for (size_t c = 0; c < cp.ranks; ++c) {
-        DecodePieces(ws, codec, SraGatherParams(chunk_options[k].params, static_cast<int>(c)),
-                     ws.recv.device() + blob_at[k] + cp.all_at[0] + aoff[c], cp.pieces[0][c], 0, DataType::kFloat32,
-                     out + rp.chunk_offsets[k]);
+      for (size_t s = 0; s < cp.stripes; ++s) {
+        const std::vector<size_t> aoff = Offsets(cp.bytes[s]);
+        for (size_t c = 0; c < cp.ranks; ++c) {
+          DecodePieces(ws, codec, SraGatherParams(chunk_options[k].params, static_cast<int>(c)),
+                       ws.recv.device() + blob_at[k] + cp.all_at[s] + aoff[c], cp.pieces[s][c], 0, DataType::kFloat32,
+                       out + rp.chunk_offsets[k]);
+        }
       }
     }
     stream.Synchronize();

@@ -373,6 +373,27 @@ TEST(Sra2d, StochasticRoundingAndErrorFeedbackAndTensorBoundaries) {
   EXPECT_LT(mean_error[0], first_error[0] / 8);
 }
 
+TEST(Sra2d, StripedColumnsGiveTheSameBytes) {
+  // Columns of 2M values stripe (4 stripes on a helper thread, point to point); the rows decode
+  // the column's encodings in its striped layout: the same bytes as one stripe.
+  const int world = 4;
+  const size_t count = size_t{1} << 22;
+  std::vector<std::vector<float>> striped_outs;
+  for (size_t stripes : {size_t{1}, size_t{4}}) {
+    const auto outs = RunAll(world, count, 0.5, [&](Communicator& comm, const auto& in, auto& out) {
+      CompressedAllreduceOptions o = Maxmin(in, out, 4, 512);
+      o.pipeline_stripes = stripes;
+      CompressedAllreduce2d(MakeGrid(comm, 2), o);
+    });
+    ASSERT_EQ(BitIdentical(outs), "") << stripes << " stripes";
+    if (stripes == 1) {
+      striped_outs = outs;
+    } else {
+      EXPECT_TRUE(SameBytes(outs[0].data(), striped_outs[0].data(), count * sizeof(float)));
+    }
+  }
+}
+
 TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
   // The largest worlds this machine runs as thread ranks: the 2-D SRA re-quantizes once more
   // than flat SRA (the row sums), never once per level, so its error stays within the issue's

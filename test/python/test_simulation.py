@@ -1,0 +1,51 @@
+"""The simulation target (cmake -DGRADCOMP_SIMULATION=ON, driven by examples/benchmarks/simulate.py):
+the data plane builds against SimGrid's SMPI, and on small simulated clusters its allreduces take
+what the links allow. Builds into GRADCOMP_SIM_BUILD_DIR (the test registration puts it under the
+build directory)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIMULATE = os.path.join(ROOT, "examples", "benchmarks", "simulate.py")
+
+
+def simulate(*args, codec_scale="1"):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        env = dict(os.environ, GRADCOMP_SIM_CODEC_SCALE=codec_scale)
+        subprocess.run([sys.executable, SIMULATE, *args, "--out", out], check=True, timeout=900, env=env)
+        with open(out) as f:
+            return {r["variant"]: r for r in json.load(f)["rows"]}
+
+
+def test_two_nodes_at_one_gigabit_run_near_the_link():
+    rows = simulate("--nodes", "2", "--link", "1Gbps", "--latency", "15us", "--sizes-mb", "16",
+                    "--variants", "mpi,sra:none,sra:maxmin4", "--reps", "1")
+    mpi, none, four = rows["mpi"], rows["sra:none"], rows["sra:maxmin4"]
+    # Uncompressed, the ring and SRA both send 2 (n-1)/n of the buffer: near the link's rate
+    # (SMPI's TCP model keeps ~0.9 of it).
+    for r in (mpi, none):
+        assert 0.75 <= r["ideal_seconds"] / r["seconds"] <= 1.0, r
+    # 4 bits: 7.76x fewer bytes than float32 (buckets of 512 carry a min and a unit)...
+    assert abs(mpi["bytes_sent"] / four["bytes_sent"] - 7.76) < 0.1, four
+    # ...and, codec time included, at least 5x MPI_Allreduce's speed (the ideal is 7.76x).
+    assert mpi["seconds"] / four["seconds"] >= 5.0, (mpi, four)
+    assert four["codec_seconds"] > 0
+
+
+def test_the_grid_sends_flat_sras_bytes_and_the_hierarchy_fewer():
+    # 8 nodes of 2 ranks, the network alone (codec scale 0): the 2-D SRA moves the bytes flat SRA
+    # moves (2 rows x 8 columns); hierarchical sends only the node's shard across.
+    rows = simulate("--nodes", "8", "--ranks-per-node", "2", "--sizes-mb", "16",
+                    "--variants", "sra:maxmin4,sra2d:maxmin4,hier:maxmin4,hier2d:maxmin4", "--reps", "1",
+                    codec_scale="0")
+    flat, grid = rows["sra:maxmin4"], rows["sra2d:maxmin4"]
+    assert abs(grid["bytes_sent"] / flat["bytes_sent"] - 1) < 0.01, (flat, grid)
+    for v in ("hier:maxmin4", "hier2d:maxmin4"):
+        # Across nodes a rank sends its shard (1/2 of the buffer) SRA'd among 8: under half of
+        # flat SRA's bytes (which also cross the node's link), plus the node-local exchanges.
+        assert rows[v]["seconds"] < flat["seconds"], (v, rows[v], flat)
+    assert rows["hier:maxmin4"]["codec_seconds"] > 0
