@@ -4,7 +4,8 @@
 Builds the data plane and its driver with SimGrid (cmake -DGRADCOMP_SIMULATION=ON into
 build-sim/, once), writes a platform for each world and runs the driver under smpirun: every
 rank runs the real algorithm and the real codecs, SMPI times the network and advances each
-rank's clock by the CPU time measured between its MPI calls (ops/common/simulation.h).
+rank's clock by its encoding and decoding, timed for real (--computation measured: by all the CPU
+time measured between its MPI calls; ops/common/simulation.h).
 
     python3 examples/benchmarks/simulate.py --nodes 16,64,256 [--ranks-per-node 1]
         [--link 25Gbps] [--latency 5us] [--backbone 3.2Tbps] [--topology flat|fattree]
@@ -120,7 +121,8 @@ def run_world(args, nodes, tmp):
     if ranks * per_rank > args.memory_gb * 2**30:
         env["GRADCOMP_SIM_SHARED_MB"] = "1"
     cmd = ["smpirun", "-no-privatize", "-np", str(ranks), "-platform", plat, "-hostfile", hosts,
-           "--cfg=smpi/host-speed:1Gf", "--cfg=smpi/test:1e-6", f"--cfg=network/model:{args.network_model}", f"--cfg=smpi/coll-selector:{args.coll_selector}",
+           "--cfg=smpi/host-speed:1Gf", "--cfg=smpi/test:1e-6",
+           f"--cfg=smpi/simulate-computation:{'yes' if args.computation == 'measured' else 'no'}", f"--cfg=network/model:{args.network_model}", f"--cfg=smpi/coll-selector:{args.coll_selector}",
            "--cfg=smpi/shared-malloc:global", "--cfg=smpi/shared-malloc-blocksize:" + str(64 << 20),
            "--log=root.thres:warning", DRIVER, "--sizes-mb", args.sizes_mb, "--variants", args.variants,
            "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes)]
@@ -154,6 +156,11 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--stripes", type=int, default=0, help="SRA's stripes (0: the runtime's choice across nodes)")
     ap.add_argument("--host-slowdown", type=float, default=1.0)
+    ap.add_argument("--computation", choices=["codec", "measured"], default="codec",
+                    help="codec: a rank's time is the network's plus its encoding and decoding, timed for real "
+                         "(GRADCOMP_SIM_CODEC_SCALE scales it); measured: SMPI also charges every other CPU "
+                         "burst between MPI calls (staging copies, plans), as measured on this machine, where "
+                         "other ranks' memory traffic makes them vary from run to run")
     ap.add_argument("--coll-selector", default="ompi")
     ap.add_argument("--network-model", default="SMPI",
                     help="SimGrid's network model: SMPI (calibrated on TCP over Ethernet) or CM02 (no factors)")
@@ -168,7 +175,8 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradcomp-sim-") as tmp:
         print(f"simulate: {args.topology} cluster, {args.ranks_per_node} rank(s)/node, links {args.link} "
-              f"{args.latency}, backbone {args.backbone}, intra-node {args.intra_bw}, sizes {args.sizes_mb} MB")
+              f"{args.latency}, backbone {args.backbone}, intra-node {args.intra_bw}, sizes {args.sizes_mb} MB, "
+              f"computation {args.computation}, codec scale {os.environ.get('GRADCOMP_SIM_CODEC_SCALE', '1')}")
         print(f"{'nodes':>6} {'ranks':>6} {'variant':<16} {'MB':>5} {'seconds':>9} {'vs mpi':>7} "
               f"{'ideal s':>9} {'% ideal':>8} {'codec s':>8} {'comm s':>8}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
