@@ -35,7 +35,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("GRADCOMP_SIM_BUILD_DIR", os.path.join(ROOT, "build-sim"))
+BUILD = os.path.abspath(os.environ.get("GRADCOMP_SIM_BUILD_DIR", os.path.join(ROOT, "build-sim")))
 DRIVER = os.path.join(BUILD, "examples", "benchmarks", "simulation", "sim_allreduce")
 
 UNITS = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
@@ -113,8 +113,10 @@ def run_world(args, nodes, tmp):
     with open(plat, "w") as f:
         f.write(platform_xml(args, nodes))
     with open(hosts, "w") as f:
+        # One line per rank (smpirun would otherwise unroll "host:slots" into a file of its own
+        # in the working directory).
         for n in range(nodes):
-            f.write(f"node-{n}:{args.ranks_per_node}\n")
+            f.write(f"node-{n}\n" * args.ranks_per_node)
     env = dict(os.environ)
     # Per-rank memory of the buffers: input and output, encodings, working copies.
     per_rank = max(float(s) for s in args.sizes_mb.split(",")) * 4 * 2**20
@@ -126,7 +128,7 @@ def run_world(args, nodes, tmp):
            "--cfg=smpi/shared-malloc:global", "--cfg=smpi/shared-malloc-blocksize:" + str(64 << 20),
            "--log=root.thres:warning", DRIVER, "--sizes-mb", args.sizes_mb, "--variants", args.variants,
            "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         sys.exit(f"simulate: smpirun failed on {nodes} nodes (exit {proc.returncode}): {' '.join(cmd)}")
