@@ -344,19 +344,26 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
   SraRun(comm, o, x, scale, out, ws, st).Run();
 }
 
-CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const CompressedAllreduceOptions& o) {
+CompressedAllreduceStats RunDenseAllreduce(const char* what, const CompressedAllreduceOptions& o, int ranks,
+                                           const DenseAlgorithm& algorithm) {
   CompressedAllreduceStats st;
-  WithTensorContext("compressed allreduce", o.name, [&] {
+  WithTensorContext(what, o.name, [&] {
     ValidateCompressed(o, false);
     if (o.count == 0) return;
     WorkspaceFor workspace(o);
     CompressionWorkspace& ws = *workspace;
     const float* x = WorkingCopy(o, ws);
     float* out = ResultBuffer(o, ws);
-    Sra(comm, o, x, OutputScale(o, comm.size()), out, ws, &st);
+    algorithm(x, OutputScale(o, ranks), out, ws, &st);
     StoreOutput(o, ws, out);
   });
   return st;
+}
+
+CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const CompressedAllreduceOptions& o) {
+  return RunDenseAllreduce("compressed allreduce", o, comm.size(),
+                           [&](const float* x, double scale, float* out, CompressionWorkspace& ws,
+                               CompressedAllreduceStats* st) { Sra(comm, o, x, scale, out, ws, st); });
 }
 
 }  // namespace gradcomp

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "ops/collectives/compressed_steps.h"
@@ -46,6 +47,15 @@ struct SraPlan {
   /// Bytes this rank sends in the whole allreduce.
   size_t BytesSent() const;
 };
+
+/// A dense algorithm on the float32 working copy x (prescaled, compensated), writing the scaled
+/// result to out, as Sra and Sra2d.
+using DenseAlgorithm = std::function<void(const float* x, double scale, float* out, CompressionWorkspace& ws,
+                                          CompressedAllreduceStats* st)>;
+/// The frame of a dense compressed allreduce over `ranks` ranks: the options checked (errors
+/// name `what` and the tensor), the working copy and the result buffer made, the output stored.
+CompressedAllreduceStats RunDenseAllreduce(const char* what, const CompressedAllreduceOptions& o, int ranks,
+                                           const DenseAlgorithm& algorithm);
 
 /// 2-D SRA of x (as Sra, over `grid`; compressed_allreduce.h).
 void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,

@@ -187,18 +187,9 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
 }
 
 CompressedAllreduceStats CompressedAllreduce2d(const Grid& grid, const CompressedAllreduceOptions& o) {
-  CompressedAllreduceStats st;
-  WithTensorContext("2-D compressed allreduce", o.name, [&] {
-    ValidateCompressed(o, false);
-    if (o.count == 0) return;
-    WorkspaceFor workspace(o);
-    CompressionWorkspace& ws = *workspace;
-    const float* x = WorkingCopy(o, ws);
-    float* out = ResultBuffer(o, ws);
-    Sra2d(grid, o, x, OutputScale(o, grid.row->size() * grid.column->size()), out, ws, &st);
-    StoreOutput(o, ws, out);
-  });
-  return st;
+  return RunDenseAllreduce("2-D compressed allreduce", o, grid.row->size() * grid.column->size(),
+                           [&](const float* x, double scale, float* out, CompressionWorkspace& ws,
+                               CompressedAllreduceStats* st) { Sra2d(grid, o, x, scale, out, ws, st); });
 }
 
 }  // namespace gradcomp
