@@ -43,6 +43,7 @@ def main():
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=key)
     ax.axhline(7.76, color="grey", linestyle="--", label="4-bit link-bound ideal (7.76x)")
     ax.set_xscale("log", base=2)
+    ax.set_ylim(0, max(9.0, max(p[1] for pts in series.values() for p in pts) * 1.1))
     ax.set_xlabel("ranks")
     ax.set_ylabel("speed over MPI_Allreduce (64 MB float32)")
     ax.set_title("Simulated clusters, 25 Gbit/s links (SimGrid SMPI)")

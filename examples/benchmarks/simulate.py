@@ -193,10 +193,10 @@ def main():
                       f"{r['ideal_seconds']:>9.4f} {pct:>7.0f}% {r['codec_seconds']:>8.4f} "
                       f"{r['communicate_seconds']:>8.4f}", flush=True)
             rows += world
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "codec_scale": os.environ.get("GRADCOMP_SIM_CODEC_SCALE", "1"),
-                       "rows": rows}, f, indent=1)
+            if args.out:  # after every world: large ones take long
+                with open(args.out, "w") as f:
+                    json.dump({"args": vars(args), "codec_scale": os.environ.get("GRADCOMP_SIM_CODEC_SCALE", "1"),
+                               "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
