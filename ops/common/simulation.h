@@ -1,13 +1,14 @@
 // Time under SimGrid's SMPI. A GRADCOMP_SIMULATION build (cmake -DGRADCOMP_SIMULATION=ON, driven
 // by examples/benchmarks/simulate.py) runs the data plane's real code as the ranks of a
 // simulated cluster: every rank is a SimGrid actor, one at a time in one process, and time is
-// the simulation's. SMPI measures the CPU time spent between MPI calls and advances the rank's
-// clock by it; only what happens outside those calls needs this header:
+// the simulation's. SMPI can measure the CPU time spent between MPI calls and advance the rank's
+// clock by it (simulate.py's default counts only codec work instead: CodecCost); what happens
+// outside MPI calls needs this header:
 //  - waiting without an MPI call (PollUntil's naps) must advance simulated time, not real time;
 //  - work the real build runs on a helper thread (the striped SRA's Pipeline) overlaps with the
 //    rank's communication: it is run for real, timed, and its duration is placed on a timeline
 //    of its own (the helper's core) instead of the rank's.
-// In an ordinary build every function here is the real clock and these are never called.
+// In an ordinary build Now and Sleep are the real clock (Poller uses them), the rest no-ops.
 #pragma once
 
 #include <cstddef>
