@@ -73,11 +73,8 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
       Device& device = DeviceOf(entries);
       if (&device != &HostDevice()) {
         OnDevice& on = On(device);
-        if (r.compression.codec == "none") {
-          on.host_stage.Reserve(device, bytes, true);
-        } else {
-          on.fusion.Reserve(device, bytes);
-        }
+        if (r.compression.codec == "none" || r.compression.is_auto()) on.host_stage.Reserve(device, bytes, true);
+        if (r.compression.codec != "none") on.fusion.Reserve(device, bytes);
       } else if ((r.names.size() > 1 || any_missing) && fusion_.size() < bytes) {
         fusion_.resize(bytes);
       }
@@ -174,6 +171,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   const size_t n = r.names.size();
   int64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += NumElements(r.shapes[i]);
+  if (r.compression.is_auto()) return RunAutoAllreduce(r, entries);
   if (r.compression.codec != "none" || OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
     return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
   }
@@ -382,6 +380,84 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
     }
   }
   CompleteAll(entries);
+}
+
+void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
+  AutoCompression& policy = *auto_;
+  policy.BeforeResponse(r, *topo_.world);
+  const std::vector<CompressionSpec>& measured = policy.Measured(r.compression);
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    if (!policy.Measuring(r.names[i])) continue;
+    const auto n = static_cast<size_t>(NumElements(r.shapes[i]));
+    CandidateErrors errors;  // a rank that joined contributes zeros, and so no error
+    errors.err2.assign(measured.size(), 0.0);
+    if (entries[i]) {
+      std::vector<float> keep;
+      errors = MeasureCandidates(HostFloats(*entries[i], r.dtype, n, &keep), n, measured, topo_.size());
+    }
+    policy.Record(r.names[i], r.compression, r.dtype, n, errors);
+  }
+  // The tensors grouped by setting, in order of first appearance (the same on every rank); a
+  // tensor that moved to none with a residual sends it this once, exactly, and drops it.
+  struct Group {
+    CompressionSpec spec;
+    bool flush = false;
+    std::vector<size_t> members;
+  };
+  std::vector<Group> groups;
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    Group g{policy.SettingFor(r.names[i], r.compression), policy.TakeFlush(r.names[i]), {}};
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const Group& o) { return o.flush == g.flush && o.spec == g.spec; });
+    if (it == groups.end()) it = groups.insert(groups.end(), std::move(g));
+    it->members.push_back(i);
+  }
+  for (const Group& g : groups) {
+    Response sub = r;
+    sub.names.clear();
+    sub.shapes.clear();
+    sub.compression = g.spec;
+    EntryList part;
+    size_t total = 0;
+    for (size_t i : g.members) {
+      sub.names.push_back(r.names[i]);
+      sub.shapes.push_back(r.shapes[i]);
+      part.push_back(std::move(entries[i]));
+      total += static_cast<size_t>(NumElements(r.shapes[i]));
+    }
+    // The entries go back whatever happens: the caller fails their handles on an error.
+    struct Return {
+      EntryList& from;
+      EntryList& to;
+      const std::vector<size_t>& at;
+      ~Return() {
+        for (size_t j = 0; j < at.size(); ++j) to[at[j]] = std::move(from[j]);
+      }
+    } give_back{part, entries, g.members};
+    if (g.flush) {
+      RunCompressedAllreduce(sub, part, total);
+      for (const std::string& name : sub.names) memory_.Forget(name);
+    } else {
+      RunAllreduce(sub, part);
+    }
+  }
+}
+
+const float* Executor::HostFloats(const TensorEntry& e, DataType dtype, size_t n, std::vector<float>* keep) {
+  Device& device = EntryDevice(e);
+  if (&device == &HostDevice() && dtype == DataType::kFloat32) return static_cast<const float*>(e.input);
+  const void* host = e.input;
+  std::vector<char> raw;
+  if (&device != &HostDevice()) {
+    if (e.ready) e.ready->Block(StreamOf(device));
+    raw.resize(n * DataTypeSize(dtype));
+    device.CopyToHost(raw.data(), e.input, raw.size(), StreamOf(device));
+    StreamOf(device).Synchronize();
+    host = raw.data();
+  }
+  keep->resize(n);
+  CastBuffer(host, dtype, n, keep->data(), DataType::kFloat32, false);
+  return keep->data();
 }
 
 Executor::Staged Executor::StageCompressed(const Response& r, EntryList& entries, size_t total, bool dgc) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/auto_compression.h"
 #include "core/compression_memory.h"
 #include "core/message.h"
 #include "core/settings.h"
@@ -46,10 +47,19 @@ class Executor {
   void Run(const Response& response, EntryList& entries);
   /// Drops the error-feedback residuals and DGC momentum kept for `name`.
   void ForgetCompressionState(const std::string& name) { memory_.Forget(name); }
+  /// Where the choices of auto compression are logged (rank 0).
+  void SetLogger(spdlog::logger* log) { auto_ = std::make_unique<AutoCompression>(timeline_, log); }
+  /// Adaptive compression's choices (thread-safe).
+  const AutoCompression& auto_compression() const { return *auto_; }
 
  private:
   void RunAllreduce(const Response& r, EntryList& entries);
   void RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total);
+  /// An allreduce of an auto spec: measures the candidates on the steps that do, then runs one
+  /// allreduce per setting its tensors resolve to (core/auto_compression.h).
+  void RunAutoAllreduce(const Response& r, EntryList& entries);
+  /// n values of `dtype` of an entry's input as float32 on the host (a view when they are).
+  const float* HostFloats(const TensorEntry& e, DataType dtype, size_t n, std::vector<float>* keep);
   /// What the executor keeps on each device it has met: the compressed path's workspace
   /// (whose stream all the device's work goes on), its fusion buffer and DGC velocities, the
   /// residuals of a step, and the host staging of uncompressed allreduces.
@@ -129,6 +139,7 @@ class Executor {
   std::vector<char> fusion_;   // fusion buffer of host allreduces, grown as needed
   std::vector<char> scratch_;  // zeros / receive space of joined ranks
   CompressionMemory memory_;         // kept per tensor name across steps
+  std::unique_ptr<AutoCompression> auto_ = std::make_unique<AutoCompression>(timeline_, nullptr);
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   std::map<Device*, std::unique_ptr<OnDevice>> devices_;
   std::map<const Communicator*, std::unique_ptr<Grid>> grids_;

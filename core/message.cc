@@ -88,8 +88,12 @@ class Writer {
 // Fewest bytes a serialized request / response takes (empty strings and lists): bounds how
 // many a message of a given size can hold.
 uint64_t MinSpecBytes() {
-  CompressionSpec empty;
-  empty.codec.clear();
+  CompressionSpec empty;  // every string field empty
+  CompressionSpec::ForEachField(
+      [](const SpecField&, auto& v) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) v.clear();
+      },
+      empty);
   Writer w;
   w.Spec(empty);
   return w.Take().size();

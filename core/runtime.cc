@@ -97,6 +97,7 @@ Runtime::Runtime(RuntimeOptions options)
       controller_(*topo_.world, settings_, *log_, timeline_),
       executor_(topo_, settings_, timeline_, DeviceCommunicatorsFrom(options)),
       fault_injector_(std::move(options.fault_injector)) {
+  executor_.SetLogger(log_.get());
   for (const std::string& note : settings_.notes) log_->warn("{}", note);
   WarnIfPinnedToOneCore();
   CheckSettingsAgree();
@@ -230,17 +231,14 @@ Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const
   if (compression != nullptr && compression->codec != "none") {
     // An explicit choice must make sense for this tensor.
     const std::string what = "allreduce of '" + name + "' with compression " + compression->Describe();
-    const Codec& codec = FindCodec(compression->codec);
+    if (!compression->is_auto()) FindCodec(compression->codec);  // names the known codecs
     if (!IsCodecDataType(dtype)) {
       throw InvalidArgument(what + ": dtype " + DataTypeName(dtype) + " cannot be compressed (float32, float16, bfloat16)");
     }
     if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
       throw InvalidArgument(what + ": op " + std::string(ReduceOpName(op)) + " cannot be compressed (sum, average)");
     }
-    codec.Validate(ParamsOf(*compression));
-    if (!(compression->topk_momentum >= 0 && compression->topk_momentum < 1)) {
-      throw InvalidArgument(what + ": momentum must be in [0, 1), got " + std::to_string(compression->topk_momentum));
-    }
+    ValidateSpec(*compression, what);
   }
   return r;
 }
@@ -365,6 +363,7 @@ RuntimeStats Runtime::stats() const {
   s.uncompressed_sra_responses = executor_.uncompressed_sra_responses();
   s.uncompressed_sra_bytes_on_wire = executor_.uncompressed_sra_bytes_on_wire();
   s.nonfinite_memory_skips = executor_.nonfinite_memory_skips();
+  s.auto_choices = executor_.auto_compression().choices_made();
   s.coordinator_responses = controller_.coordinator_responses();
   s.queued_operations = queue_->size();
   timeline_.Sizes(&s.timeline_rows, &s.timeline_queued);

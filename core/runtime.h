@@ -63,6 +63,7 @@ struct RuntimeStats {
   uint64_t uncompressed_sra_responses = 0;  ///< uncompressed allreduces run as scatter-reduce-allgather
   uint64_t uncompressed_sra_bytes_on_wire = 0;  ///< their SRA's bytes sent (across nodes when hierarchical)
   uint64_t nonfinite_memory_skips = 0;    ///< memories kept unchanged over a non-finite step
+  uint64_t auto_choices = 0;  ///< times auto compression chose settings (core/auto_compression.h)
   // Gauges (what is held now), for soak tests: in steady state none of them grows.
   uint64_t queued_operations = 0;    ///< enqueued on this rank and not completed
   uint64_t negotiating_tensors = 0;  ///< known to the negotiation and not answered yet
@@ -146,6 +147,9 @@ class Runtime {
   void StopTimeline();
 
   RuntimeStats stats() const;
+  /// Auto compression: each tensor's current setting and the errors measured for its last
+  /// choice (empty until a choice was made).
+  std::map<std::string, AutoTensorReport> CompressionChoices() const { return executor_.auto_compression().Report(); }
   /// Local, not collective: the compression state kept for these tensor names (error-feedback
   /// residuals, DGC momentum and velocity) is dropped before the next operation runs, so a new
   /// model or optimizer reusing the names starts fresh. Call it with no operation on those

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "ops/common/enforce.h"
+#include "ops/compression/auto_select.h"
 
 extern char** environ;
 
@@ -70,8 +71,10 @@ const std::vector<Entry>& Registry() {
        "entries of the response cache that skips coordinator round trips in steady state (0 disables it)", 0,
        1e9},
       {"GRADCOMP_COMPRESSION", nullptr, Kind::kChoice, Spec(&CompressionSpec::codec), "none",
-       "gradient compression of float allreduces: none, fp16, bf16, maxmin (quantization) or topk (DGC)", -kInf,
-       kInf, false, kNoExtra, "none|fp16|bf16|maxmin|topk"},
+       "gradient compression of float allreduces: none, fp16, bf16, maxmin (quantization), topk (DGC) or auto (a "
+       "setting per tensor among GRADCOMP_AUTO_CANDIDATES, least bytes at no more total error than maxmin with "
+       "GRADCOMP_BITS etc.)",
+       -kInf, kInf, false, kNoExtra, "none|fp16|bf16|maxmin|topk|auto"},
       {"GRADCOMP_BITS", "CGX_COMPRESSION_QUANTIZATION_BITS", Kind::kInt, Spec(&CompressionSpec::bits), "4",
        "bits per value for maxmin quantization; 32 disables quantization (setting it enables maxmin, as in CGX)", 1,
        8, false, 32},
@@ -96,6 +99,14 @@ const std::vector<Entry>& Registry() {
        "Nesterov variant of DGC's momentum correction"},
       {"GRADCOMP_ERROR_FEEDBACK", nullptr, Kind::kBool, Spec(&CompressionSpec::error_feedback), "0",
        "carry each tensor's compression error into its next step (error feedback)"},
+      {"GRADCOMP_AUTO_CANDIDATES", nullptr, Kind::kString, Spec(&CompressionSpec::auto_candidates),
+       "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2",
+       "with GRADCOMP_COMPRESSION=auto, the settings chosen from per tensor: none, fp16, bf16, maxminB (B in 1..8), "
+       "topkR (R in (0, 1]), comma-separated"},
+      {"GRADCOMP_AUTO_INTERVAL", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_interval), "100",
+       "with GRADCOMP_COMPRESSION=auto, steps between two choices (each choice measures every candidate on the "
+       "step before it)",
+       1, 1e9},
       {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, Of(&Settings::hierarchical), "0",
        "allreduce inside each node first (shared memory), then across nodes"},
       {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, Of(&Settings::local_size), "0",
@@ -318,6 +329,7 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
     c.codec = "none";
     s.notes.push_back("maxmin with 32 bits means no quantization: compression set to none");
   }
+  if (c.is_auto()) ValidateSpec(c, "GRADCOMP_COMPRESSION=auto (GRADCOMP_AUTO_CANDIDATES, GRADCOMP_BITS, ...)");
   // CGX documents that its minimal size is never below 16.
   if (from_alias.count("GRADCOMP_MIN_SIZE") && s.min_size < 16) {
     s.notes.push_back("CGX_COMPRESSION_MINIMAL_SIZE=" + std::to_string(s.min_size) + " raised to 16, as CGX does");

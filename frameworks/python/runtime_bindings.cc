@@ -202,6 +202,7 @@ py::dict StatsDict(const Runtime& rt) {
   d["uncompressed_sra_responses"] = s.uncompressed_sra_responses;
   d["uncompressed_sra_bytes_on_wire"] = s.uncompressed_sra_bytes_on_wire;
   d["nonfinite_memory_skips"] = s.nonfinite_memory_skips;
+  d["auto_choices"] = s.auto_choices;
   d["queued_operations"] = s.queued_operations;
   d["negotiating_tensors"] = s.negotiating_tensors;
   d["cache_entries"] = s.cache_entries;
@@ -316,7 +317,19 @@ void BindRuntime(py::module& m) {
            "Drops error-feedback and DGC state kept for these tensor names (local)")
       .def("start_timeline", &Runtime::StartTimeline)
       .def("stop_timeline", &Runtime::StopTimeline)
-      .def("stats", &StatsDict);
+      .def("stats", &StatsDict)
+      .def("compression_choices", [](const Runtime& rt) {
+        py::dict out;
+        for (const auto& [name, rep] : rt.CompressionChoices()) {
+          py::dict d;
+          d["setting"] = rep.setting;
+          d["choice"] = rep.choice;
+          d["measured_at"] = rep.measured_at;
+          d["relative_error"] = rep.relative_error;
+          out[py::str(name)] = d;
+        }
+        return out;
+      });
 }
 
 }  // namespace gradcomp

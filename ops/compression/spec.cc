@@ -8,6 +8,7 @@
 namespace gradcomp {
 
 uint32_t CompressionSpec::UsedFields() const {
+  if (is_auto()) return MaxMinCodec().fields() | kFieldAuto;
   const Codec* c = LookupCodec(codec);
   return c != nullptr ? c->fields() : ~0u;
 }
@@ -34,6 +35,8 @@ std::string CompressionSpec::Describe() const {
         const char* sep = args.tellp() > 0 ? ", " : "";
         if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) {
           if (v) args << sep << f.label;
+        } else if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+          if (!v.empty()) args << sep << f.label << "=" << v;
         } else if (v != 0) {
           args << sep << f.label << "=" << v;
         }

@@ -24,6 +24,7 @@ enum CodecField : uint32_t {
   kFieldRatio = 1u << 4,
   kFieldMomentum = 1u << 5,
   kFieldNesterov = 1u << 6,
+  kFieldAuto = 1u << 7,  ///< the adaptive policy "auto" (not a codec; core/auto_compression.h)
 };
 
 /// How one field is named: `key` in Python dicts, `label` in Describe(), `bit` in a codec's
@@ -44,6 +45,9 @@ struct CompressionOptions {
   double topk_ratio = 0.01;              ///< topk: fraction of values kept, in (0, 1]
   double topk_momentum = 0.0;            ///< topk: DGC momentum correction when > 0
   bool topk_nesterov = false;            ///< topk: Nesterov variant of the momentum correction
+  /// auto: the settings it chooses from per tensor, comma-separated (ops/compression/auto_select.h).
+  std::string auto_candidates = "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2";
+  int64_t auto_interval = 100;  ///< auto: steps between two choices (error measured on the last)
 
   /// Calls f(SpecField, member of each of `self`...) for every field, in wire order:
   /// ForEach(f, a) visits one options, ForEach(f, a, b) two side by side.
@@ -57,13 +61,18 @@ struct CompressionOptions {
     f(SpecField{"ratio", "ratio", kFieldRatio}, self.topk_ratio...);
     f(SpecField{"momentum", "momentum", kFieldMomentum}, self.topk_momentum...);
     f(SpecField{"nesterov", "nesterov", kFieldNesterov}, self.topk_nesterov...);
+    f(SpecField{"candidates", "candidates", kFieldAuto}, self.auto_candidates...);
+    f(SpecField{"interval", "interval", kFieldAuto}, self.auto_interval...);
   }
 };
 
 /// How a float allreduce is compressed: a codec and its options. Part of a tensor's identity
 /// for validation, caching and fusion (only tensors with equal specs are fused).
 struct CompressionSpec : CompressionOptions {
-  std::string codec = "none";  ///< a registered codec name (codec.h AllCodecs)
+  /// A registered codec name (codec.h AllCodecs), or "auto": a setting chosen per tensor
+  /// among auto_candidates, none of them losing more than the reference (this spec's maxmin
+  /// options) in total (core/auto_compression.h).
+  std::string codec = "none";
 
   /// ForEach with the codec's name first: the whole spec, in wire order.
   template <typename F, typename... Self>
@@ -77,7 +86,10 @@ struct CompressionSpec : CompressionOptions {
   bool operator!=(const CompressionSpec& o) const { return !(*this == o); }
   /// "maxmin(bits=4, bucket=512)", "topk(ratio=0.01, momentum=0.9)+ef", "none", ...
   std::string Describe() const;
-  /// The fields the codec reads (its fields()); every bit for a name no codec has.
+  /// The adaptive policy rather than one codec.
+  bool is_auto() const { return codec == "auto"; }
+  /// The fields the codec reads (its fields()); auto: maxmin's and its own; every bit for a
+  /// name no codec has.
   uint32_t UsedFields() const;
 };
 

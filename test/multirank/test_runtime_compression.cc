@@ -11,19 +11,13 @@
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #include "test/support/harness.h"
+#include "test/support/runtime_options.h"
 #include "test/support/sra_reference.h"
 
 namespace gradcomp {
 namespace {
 
 using namespace gradcomp::testing;
-
-RuntimeOptions Options(Communicator& comm, const std::map<std::string, std::string>& vars) {
-  RuntimeOptions o;
-  o.settings = Settings::FromMap(vars);
-  o.world = comm.Split(0, comm.rank());
-  return o;
-}
 
 std::vector<double> ExactAverage(int world, size_t n, double noise) {
   std::vector<std::vector<float>> parts;

@@ -220,6 +220,50 @@ def test_compressed_allreduce_is_identical_everywhere_and_close():
         gc.allreduce(np.ones((4, 4), np.int32), name="bad3", compression="maxmin")
 
 
+def test_auto_compression_chooses_per_array_records_its_choices_and_names_bad_candidates():
+    path = os.path.join(os.environ.get("GRADCOMP_TEST_TMP", "/tmp"), f"gradcomp_auto_{os.getppid()}.json")
+    gc.start_timeline(path)
+    gc.barrier()
+    spec = gc.Compression.auto(interval=2, reference={"codec": "maxmin", "bits": 4, "error_feedback": True})
+    assert spec["codec"] == "auto" and spec["error_feedback"] and spec["interval"] == 2
+    rng = np.random.default_rng(gc.rank())
+    before = gc.stats()["auto_choices"]
+    for step in range(5):
+        arrays = {"np.auto.gauss": rng.normal(size=(128, 512)).astype(np.float32),
+                  "np.auto.tails": (rng.normal(size=(128, 512)) ** 3).astype(np.float32)}
+        outs = {n: gc.allreduce(a, name=n, compression=spec) for n, a in arrays.items()}
+        everyone = gc.allgather(np.stack(list(outs.values()))[None], name=f"np.auto.check.{step}")
+        for r in range(gc.size()):
+            np.testing.assert_array_equal(everyone[r][0], everyone[0][0])
+    gc.stop_timeline()
+    assert gc.stats()["auto_choices"] - before == 2  # at steps 3 and 5
+    choices = gc.compression_choices()
+    assert set(choices) >= {"np.auto.gauss", "np.auto.tails"}
+    for name in ("np.auto.gauss", "np.auto.tails"):
+        c = choices[name]
+        assert c["choice"] - before == 2 and c["measured_at"] == 4, c
+        assert c["setting"].endswith("+ef"), c
+        assert set(c["relative_error"]) == {"none", "fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3",
+                                            "maxmin2", "reference"}
+        assert c["relative_error"]["none"] == 0 < c["relative_error"]["maxmin8"] < c["relative_error"]["maxmin2"]
+    gc.barrier()
+    if gc.rank() == 0:
+        with open(path) as f:
+            events = json.load(f)
+        os.unlink(path)
+        rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+        marks = [e for e in events if e["ph"] == "i" and e["name"] == "AUTO_CHOICE"]
+        assert {rows[e["tid"]] for e in marks} == {"np.auto.gauss", "np.auto.tails"}
+        assert all({"setting", "relative_error", "reference_error"} <= set(e["args"]) for e in marks), marks
+    g = np.ones((64, 64), np.float32)
+    with pytest.raises(ValueError, match="'maxmin9' is not a candidate"):
+        gc.allreduce(g, name="np.auto.bad", compression=gc.Compression.auto(["maxmin4", "maxmin9"]))
+    with pytest.raises(ValueError, match="interval must be a positive number of steps"):
+        gc.Compression.auto(interval=0)
+    with pytest.raises(ValueError, match="the reference must be a maxmin setting"):
+        gc.Compression.auto(reference={"codec": "topk"})
+
+
 def test_timeline_records_phases_and_per_rank_ready_marks():
     path = os.path.join(os.environ.get("GRADCOMP_TEST_TMP", "/tmp"), f"gradcomp_timeline_{os.getppid()}.json")
     gc.start_timeline(path)

@@ -107,7 +107,8 @@ TEST(Messages, CorruptCountsAndEnumsAreRejectedWithWhatIsWrong) {
   r.names = {"w"};
   std::string rbytes = SerializeResponses({r});
   // Shape-list count of the response: after type, error, names, dtype, op, root, scales, spec.
-  const size_t at = 8 + 1 + 8 + 8 + (8 + 1) + 1 + 1 + 4 + 8 + 8 + (8 + 4 + 4 + 8 + 1 + 1 + 1 + 8 + 8 + 1);
+  const size_t spec = (8 + 4) + 4 + 8 + 1 + 1 + 1 + 8 + 8 + 1 + (8 + r.compression.auto_candidates.size()) + 8;
+  const size_t at = 8 + 1 + 8 + 8 + (8 + 1) + 1 + 1 + 4 + 8 + 8 + spec;
   std::memcpy(&rbytes[at], &count, 8);
   expect_error([&] { ParseResponses(rbytes); },
                "a list of 1152921504606846976 items at byte " + std::to_string(at + 8) + " cannot fit");

@@ -135,7 +135,41 @@ def check_op(op, average=None):
     return op
 
 
-_CODECS = tuple(name for name, _ in _core.codecs())
+_CODECS = tuple(name for name, _ in _core.codecs()) + ("auto",)
+
+AUTO_CANDIDATES = ("none", "fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2")
+
+
+def auto_spec(candidates=None, reference=None, interval=100):
+    """The runtime's spec of adaptive compression: every `interval` steps each tensor gets the
+    setting among `candidates` (names: none, fp16, bf16, maxminB, topkR) that puts the fewest
+    bytes on the wire while the model's total squared error stays at most what `reference` (a
+    maxmin spec dict, default 4 bits; its bucket size, rounding and error feedback apply to
+    every candidate) would give."""
+    candidates = AUTO_CANDIDATES if candidates is None else candidates
+    if isinstance(candidates, str):
+        candidates = [candidates]
+    candidates = [str(c).strip() for c in candidates]
+    if not candidates or any(not c or "," in c for c in candidates):
+        raise ValueError(f"auto compression: candidates must be a non-empty list of names (none, fp16, bf16, "
+                         f"maxminB, topkR), got {candidates!r}")
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise ValueError(f"auto compression: interval must be a positive number of steps, got {interval!r}")
+    ref = {"codec": "maxmin", "bits": 4} if reference is None else dict(reference)
+    if ref.get("codec") != "maxmin":
+        raise ValueError(f"auto compression: the reference must be a maxmin setting, got {reference!r}")
+    spec = {k: v for k, v in ref.items() if k in ("bits", "bucket_size", "stochastic", "error_feedback",
+                                                  "skip_incomplete_buckets")}
+    spec.update(codec="auto", candidates=",".join(candidates), interval=interval)
+    return spec
+
+
+def compression_choices():
+    """Auto compression on this rank: {tensor name: {"setting": its current setting, "choice":
+    which choice set it (counting from 1, as stats()["auto_choices"]), "measured_at": the step
+    of the tensor its errors were measured on, "relative_error": {candidate: error over all
+    ranks, "reference": error}}} (empty before the first choice)."""
+    return dict(_rt().compression_choices())
 
 
 def codec_info():

@@ -13,7 +13,7 @@ import numpy as np
 
 from gradcomp.basics import (Average, GradcompError, Max, Min, Product, Sum, barrier, check_op, cross_rank,
                              cross_size, init, is_initialized, join, local_rank, local_size, poll, rank, shutdown,
-                             size, start_timeline, stats, stop_timeline, synchronize)
+                             size, start_timeline, stats, stop_timeline, synchronize, compression_choices)
 from gradcomp import _core
 from gradcomp import basics as _b
 
@@ -23,7 +23,17 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
            "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
-           "Product", "GradcompError", "stats"]
+           "Product", "GradcompError", "stats", "compression_choices", "Compression"]
+
+
+class Compression:
+    """Compression specs for `compression=` (a codec name or a dict works too)."""
+
+    @staticmethod
+    def auto(candidates=None, reference=None, interval=100):
+        """Adaptive compression (gradcomp.basics.auto_spec): `reference` is a maxmin spec dict
+        such as {"codec": "maxmin", "bits": 4, "error_feedback": True}."""
+        return _b.auto_spec(candidates, reference, interval)
 
 
 # numpy dtype -> the core's DataType code (numpy has no bfloat16).

@@ -19,6 +19,7 @@ communication.
 from gradcomp._core import GradcompError
 from gradcomp.basics import (Average, Max, Min, Product, Sum, cross_rank, cross_size, init, is_initialized,
                              local_rank, local_size, poll, rank, shutdown, size, start_timeline, stats, stop_timeline,
+                             compression_choices,
                              synchronize)
 from gradcomp.torch.compression import Compression, Compressor
 from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
@@ -98,5 +99,5 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
-           "GradcompError", "HorovodInternalError", "stats", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "GradcompError", "HorovodInternalError", "stats", "compression_choices", "mpi_built", "mpi_enabled", "mpi_threads_supported",
            "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built"]

@@ -1,14 +1,17 @@
 """Compression choices for gradcomp.torch, with Horovod's ``Compression`` names.
 
 ``Compression.none``, ``fp16``, ``bf16``, ``maxmin(...)`` and ``topk(...)`` run inside the
-runtime (encoded in the fusion buffer, exchanged compressed, decoded in full precision);
-``powersgd(...)`` is a low-rank method of the framework layer, applied by
-``DistributedOptimizer`` and the DDP hook with two allreduces per step.
+runtime (encoded in the fusion buffer, exchanged compressed, decoded in full precision), and
+``auto(...)`` chooses among them per tensor from measured errors; ``powersgd(...)`` is a
+low-rank method of the framework layer, applied by ``DistributedOptimizer`` and the DDP hook
+with two allreduces per step.
 
 Like Horovod's, ``Compression.fp16`` etc. also offer ``compress(tensor) -> (tensor, ctx)`` and
 ``decompress(tensor, ctx)`` for code that calls them directly.
 """
 import torch
+
+from gradcomp import basics as _b
 
 
 class Compressor:
@@ -93,6 +96,28 @@ class TopK(Compressor):
         return f"Compression.topk(ratio={self.ratio}, momentum={self.momentum}, nesterov={self.nesterov})"
 
 
+class Auto(Compressor):
+    """Adaptive compression inside the runtime: every `interval` steps each tensor gets the
+    setting among `candidates` that sends the fewest bytes while the gradient's total error
+    stays at most the uniform `reference`'s (a ``Compression.maxmin(...)``; its bucket size,
+    rounding and error feedback apply to every candidate). Until the first choice every tensor
+    runs the reference. See ``gradcomp.torch.compression_choices()``."""
+
+    name = "auto"
+
+    def __init__(self, candidates=None, reference=None, interval=100):
+        if reference is None:
+            reference = MaxMin(4)
+        if not isinstance(reference, MaxMin):
+            raise ValueError(f"Compression.auto: reference must be a Compression.maxmin(...), got {reference!r}")
+        self.reference = reference
+        self.spec = _b.auto_spec(candidates, reference.spec, interval)
+
+    def __repr__(self):
+        return (f"Compression.auto(candidates={self.spec['candidates'].split(',')}, reference={self.reference!r}, "
+                f"interval={self.spec['interval']})")
+
+
 class PowerSGD(Compressor):
     """PowerSGD (Vogels et al.): a gradient matrix M (n x m) travels as P = M Q (n x r) and
     Q = M^T P (m x r), one allreduce each, with error feedback and Q kept across steps (warm
@@ -123,6 +148,7 @@ class Compression:
     maxmin = MaxMin
     topk = TopK
     powersgd = PowerSGD
+    auto = Auto
 
 
 def runtime_spec(compression):

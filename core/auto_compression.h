@@ -1,0 +1,99 @@
+// Adaptive compression in the runtime (GRADCOMP_COMPRESSION=auto, Compression.auto(...)):
+// which setting each tensor of an "auto" spec runs with, and when that changes.
+//
+// Negotiation sees only the auto spec (every auto tensor of a rank asks for the same spec, so
+// they fuse as before); the executor resolves each tensor's setting when it runs a response,
+// and a fused response whose tensors resolve differently runs one compressed allreduce per
+// setting. Every rank runs the same responses in the same order, so all of this keys off the
+// response stream and is identical on every rank:
+//
+//  - each tensor counts the responses it took part in (its steps); on steps that are a
+//    multiple of the spec's interval K, the executor measures every candidate's error on this
+//    rank's gradient (ops/compression/auto_select.h; on a sample for large tensors) before
+//    running it;
+//  - at the first response after that (a tensor's step K m + 1), every rank allreduces the
+//    measurements (sum over ranks of ||x||^2 and each candidate's squared error), rank 0
+//    solves the dynamic program for each auto spec and broadcasts the choices, and the new
+//    settings apply from that response on. Until a tensor's first choice it runs the reference.
+//
+// Error feedback: every candidate keeps the auto spec's error-feedback flag, so a tensor's
+// residual stays valid when its bit width or codec changes; a tensor that moves to "none"
+// sends its residual once (the "none" codec through the compressed path, exact) and drops it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "core/message.h"
+#include "core/timeline.h"
+#include "ops/comm/communicator.h"
+#include "ops/compression/auto_select.h"
+
+namespace gradcomp {
+
+/// What one tensor of an auto spec runs with and what its last measurement said.
+struct AutoTensorReport {
+  std::string setting;       ///< CompressionSpec::Describe of the current setting
+  uint64_t choice = 0;       ///< which choice set it (1 for the first one the runtime made)
+  uint64_t measured_at = 0;  ///< the step of the last measurement (0: none yet)
+  /// Relative L2 error sqrt(sum e / sum ||x||^2) over ranks, per candidate token, at the last
+  /// measurement ("reference" too).
+  std::map<std::string, double> relative_error;
+};
+
+class AutoCompression {
+ public:
+  AutoCompression(Timeline& timeline, spdlog::logger* log) : timeline_(timeline), log_(log) {}
+
+  /// Before an auto response runs (background thread): counts the step of its tensors and,
+  /// when a choice is due, makes it. Collective over `world` when it chooses (every rank
+  /// reaches the same response).
+  void BeforeResponse(const Response& r, Communicator& world);
+  /// Whether this step of `name` measures its candidates (after BeforeResponse).
+  bool Measuring(const std::string& name) const;
+  /// Stores this rank's measurement of `name` (n values of dtype `dtype` on the wire).
+  void Record(const std::string& name, const CompressionSpec& auto_spec, DataType dtype, size_t n,
+              const CandidateErrors& errors);
+  /// The setting `name` runs with now (the reference until its first choice).
+  CompressionSpec SettingFor(const std::string& name, const CompressionSpec& auto_spec) const;
+  /// True once after `name` moved from a compressed setting with error feedback to none:
+  /// this step must send its residual.
+  bool TakeFlush(const std::string& name);
+  /// The candidates measured for an auto spec, the reference last (parsed once per spec).
+  const std::vector<CompressionSpec>& Measured(const CompressionSpec& auto_spec);
+
+  /// Thread-safe snapshots. (What is known of a tensor is never dropped: ForgetCompressionState
+  /// is local to a rank, and choices must stay the same on every rank.)
+  std::map<std::string, AutoTensorReport> Report() const;
+  uint64_t choices_made() const;
+
+ private:
+  struct Tensor {
+    CompressionSpec auto_spec;
+    uint64_t steps = 0;
+    bool measured = false;  // a measurement waits for the next choice
+    uint64_t measured_at = 0;
+    DataType dtype = DataType::kFloat32;
+    size_t n = 0;
+    CandidateErrors errors;  // this rank's, candidates then the reference
+    int choice = -1;         // index into the spec's candidates; -1: the reference
+    bool flush = false;
+  };
+  /// The collective choice over every tensor with a measurement waiting.
+  void Choose(Communicator& world);
+
+  Timeline& timeline_;
+  spdlog::logger* log_;
+  std::map<std::string, Tensor> tensors_;  // ordered: every rank walks them alike
+  std::map<std::string, std::vector<CompressionSpec>> measured_;  // by auto spec Describe()
+  mutable std::mutex mu_;  // guards report_ and choices_
+  std::map<std::string, AutoTensorReport> report_;
+  uint64_t choices_ = 0;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,233 @@
+// Adaptive compression through the runtime (GRADCOMP_COMPRESSION=auto): fewer bytes than the
+// uniform reference at no more error, the same choices and bit-identical results on every
+// rank, several settings inside one fused response, and an error-feedback residual sent when
+// a tensor moves to none.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/runtime.h"
+#include "ops/common/enforce.h"
+#include "test/support/harness.h"
+#include "test/support/runtime_options.h"
+#include "test/support/sra_reference.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+
+// Gradients whose tensors need different bit widths for the same error: Gaussian, heavy
+// tailed (cubes), piecewise constant (exact at any width) and growing along the tensor.
+struct Layer {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+const std::vector<Layer> kLayers = {
+    {"gauss", {256, 256}}, {"tails", {128, 256}}, {"flat", {64, 512}}, {"ramp", {512, 256}}};
+
+std::vector<float> Values(size_t layer, size_t n, int rank, int step) {
+  std::mt19937 gen(static_cast<unsigned>(1000 * step + 10 * rank + layer));
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = d(gen);
+    switch (layer) {
+      case 0: v[i] = x; break;
+      case 1: v[i] = x * x * x; break;
+      case 2: v[i] = static_cast<float>((i / 2048) % 7) - 3.0f; break;
+      default: v[i] = x * static_cast<float>(i) / static_cast<float>(n); break;
+    }
+  }
+  return v;
+}
+
+struct Trained {
+  std::vector<std::vector<std::vector<float>>> out;  // [rank][step * layers + layer]
+  std::vector<uint64_t> wire_after_first_choice;      // per rank
+  std::vector<std::map<std::string, AutoTensorReport>> choices;
+  std::vector<uint64_t> auto_choices;
+};
+
+// `steps` grouped allreduces of the layers (one fused response each) on `world` ranks.
+Trained Train(int world, int steps, const std::map<std::string, std::string>& vars, int first_choice_step) {
+  Trained run;
+  run.out.resize(world);
+  run.wire_after_first_choice.resize(world);
+  run.choices.resize(world);
+  run.auto_choices.resize(world);
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, vars));
+    const int r = rt.rank();
+    uint64_t wire_before = 0;
+    for (int s = 0; s < steps; ++s) {
+      if (s + 1 == first_choice_step) wire_before = rt.stats().compressed_bytes_on_wire;
+      std::vector<std::string> names;
+      std::vector<std::vector<int64_t>> shapes;
+      std::vector<const void*> in;
+      std::vector<void*> out;
+      std::vector<std::vector<float>> data;
+      for (size_t l = 0; l < kLayers.size(); ++l) {
+        names.push_back(kLayers[l].name);
+        shapes.push_back(kLayers[l].shape);
+        data.push_back(Values(l, static_cast<size_t>(kLayers[l].shape[0] * kLayers[l].shape[1]), r, s));
+      }
+      for (auto& d : data) {
+        in.push_back(d.data());
+        out.push_back(d.data());
+      }
+      for (auto& h : rt.GroupedAllreduce(names, DataType::kFloat32, shapes, in, out, ReduceOp::kSum, 1, 1, nullptr)) {
+        h->Wait();
+      }
+      for (auto& d : data) run.out[r].push_back(std::move(d));
+    }
+    run.wire_after_first_choice[r] = rt.stats().compressed_bytes_on_wire - wire_before;
+    run.choices[r] = rt.CompressionChoices();
+    run.auto_choices[r] = rt.stats().auto_choices;
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
+  return run;
+}
+
+// Rank 0's squared error in `layer` at step `s` (relative: over the exact result's norm).
+double LayerError(const Trained& run, int world, int s, const std::string& layer, bool relative = false) {
+  size_t l = 0;
+  while (kLayers[l].name != layer) ++l;
+  const size_t n = static_cast<size_t>(kLayers[l].shape[0] * kLayers[l].shape[1]);
+  std::vector<std::vector<float>> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(Values(l, n, r, s));
+  const std::vector<double> exact = ExactSum(parts, 1.0);
+  const std::vector<float>& got = run.out[0][static_cast<size_t>(s) * kLayers.size() + l];
+  double e = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    e += (got[i] - exact[i]) * (got[i] - exact[i]);
+    norm += exact[i] * exact[i];
+  }
+  return relative ? e / norm : e;
+}
+
+// Sum over the steps from `from` and the layers of the squared error of rank 0's results.
+double SquaredError(const Trained& run, int world, int from, int steps) {
+  double e = 0;
+  for (int s = from; s < steps; ++s) {
+    for (const Layer& l : kLayers) e += LayerError(run, world, s, l.name);
+  }
+  return e;
+}
+
+TEST(RuntimeAuto, FewerBytesThanTheReferenceAtNoMoreErrorTheSameOnEveryRank) {
+  const int world = 3, steps = 9, interval = 2;
+  // Measured on steps 2, 4, 6, 8; chosen at the start of steps 3, 5, 7, 9.
+  const Trained ref = Train(world, steps, {{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "4"}}, 3);
+  const Trained ad = Train(world, steps,
+                       {{"GRADCOMP_COMPRESSION", "auto"},
+                        {"GRADCOMP_BITS", "4"},
+                        {"GRADCOMP_AUTO_CANDIDATES", "fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2"},
+                        {"GRADCOMP_AUTO_INTERVAL", std::to_string(interval)}},
+                       3);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(ad.auto_choices[r], 4u) << "rank " << r;
+    EXPECT_EQ(ad.out[r], ad.out[0]) << "rank " << r << "'s results differ from rank 0's";
+    ASSERT_EQ(ad.choices[r].size(), kLayers.size());
+    for (const auto& [name, rep] : ad.choices[r]) {
+      EXPECT_EQ(rep.setting, ad.choices[0].at(name).setting) << name << " on rank " << r;
+      EXPECT_EQ(rep.choice, 4u);
+      EXPECT_EQ(rep.measured_at, 8u);
+    }
+  }
+  // The piecewise-constant layer is exact at any width: it takes the fewest bits; the heavy
+  // tails carry most of the error, so they get more bits than the reference's.
+  EXPECT_EQ(ad.choices[0].at("flat").setting, "maxmin(bits=2, bucket=512)");
+  const auto bits = [&](const std::string& name) {
+    const std::string& s = ad.choices[0].at(name).setting;
+    return s == "fp16" ? 16 : std::stoi(s.substr(s.find("bits=") + 5));
+  };
+  EXPECT_GT(bits("tails"), 4) << ad.choices[0].at("tails").setting;
+  EXPECT_LT(bits("gauss"), 4) << ad.choices[0].at("gauss").setting;
+  // The relative errors measured for the last choice (step 8) predict what the reference's
+  // allreduce of the same step gave, second quantization included.
+  for (const std::string name : {"gauss", "tails", "ramp"}) {
+    const auto& measured = ad.choices[0].at(name).relative_error;
+    EXPECT_EQ(measured.at("reference"), measured.at("maxmin4"));
+    EXPECT_LT(measured.at("fp16"), 1e-3);
+    const double seen = std::sqrt(LayerError(ref, world, 7, name, true));
+    EXPECT_NEAR(measured.at("reference") / seen, 1.0, 0.2) << name << ": measured " << measured.at("reference")
+                                                          << ", the reference's allreduce " << seen;
+  }
+
+  const double e_ref = SquaredError(ref, world, 2, steps), e_auto = SquaredError(ad, world, 2, steps);
+  const double bytes_ratio = double(ad.wire_after_first_choice[0]) / double(ref.wire_after_first_choice[0]);
+  std::printf("auto after its first choice: %.3f of the reference's bytes, %.3f of its squared error\n",
+              bytes_ratio, e_auto / e_ref);
+  EXPECT_LT(bytes_ratio, 0.8);
+  EXPECT_LT(e_auto, 1.1 * e_ref);
+}
+
+TEST(RuntimeAuto, AResidualIsSentWhenATensorMovesToNone) {
+  // 2-bit error feedback until the first choice, then none: the residual left by the
+  // compressed steps travels once, so the sum of the results over the steps is the sum of the
+  // gradients, and no memory is left.
+  const int world = 2, steps = 6;
+  const size_t n = 128 * 64;
+  std::vector<double> total(n, 0.0), exact(n, 0.0);
+  std::vector<uint64_t> memories(world);
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "auto"},
+                              {"GRADCOMP_BITS", "2"},
+                              {"GRADCOMP_ERROR_FEEDBACK", "1"},
+                              {"GRADCOMP_AUTO_CANDIDATES", "none"},
+                              {"GRADCOMP_AUTO_INTERVAL", "3"}}));
+    std::vector<float> out(n);
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<float> g = Gradient(n, rt.rank(), 0.3, static_cast<unsigned>(s + 1));
+      rt.Allreduce("w", DataType::kFloat32, {128, 64}, g.data(), out.data(), ReduceOp::kSum)->Wait();
+      if (rt.rank() == 0) {
+        for (size_t i = 0; i < n; ++i) total[i] += out[i];
+      }
+    }
+    memories[static_cast<size_t>(rt.rank())] = rt.stats().compression_memories;
+    if (rt.CompressionChoices().at("w").setting != "none+ef") return "setting " + rt.CompressionChoices().at("w").setting;
+    return std::string();
+  });
+  ASSERT_EQ(Failures(results), "");
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < world; ++r) {
+      const std::vector<float> g = Gradient(n, r, 0.3, static_cast<unsigned>(s + 1));
+      for (size_t i = 0; i < n; ++i) exact[i] += g[i];
+    }
+  }
+  std::vector<float> got(total.begin(), total.end());
+  EXPECT_LT(RelativeL2(got, exact), 1e-5) << "the residual of the 2-bit steps was not sent";
+  EXPECT_EQ(memories[0], 0u);
+  EXPECT_EQ(memories[1], 0u);
+}
+
+TEST(RuntimeAuto, BadSettingsAndSpecsAreNamed) {
+  try {
+    Settings::FromMap({{"GRADCOMP_COMPRESSION", "auto"}, {"GRADCOMP_AUTO_CANDIDATES", "none,maxmin12"}});
+    ADD_FAILURE() << "maxmin12 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("GRADCOMP_AUTO_CANDIDATES"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'maxmin12' is not a candidate"), std::string::npos) << e.what();
+  }
+  RunRanks(1, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {}));
+    CompressionSpec bad;
+    bad.codec = "auto";
+    bad.auto_candidates = "maxmin4,lz4";
+    float f[4] = {1, 2, 3, 4};
+    try {
+      rt.Allreduce("layer.w", DataType::kFloat32, {2, 2}, f, f, ReduceOp::kSum, 1, 1, &bad);
+      return std::string("lz4 accepted");
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce of 'layer.w'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'lz4' is not a candidate"), std::string::npos) << e.what();
+    }
+    return std::string();
+  });
+}
+
+}  // namespace
+}  // namespace gradcomp
