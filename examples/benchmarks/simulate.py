@@ -58,13 +58,14 @@ def seconds(text):
 
 
 def build():
-    if os.path.exists(DRIVER) and os.environ.get("GRADCOMP_SIM_REBUILD") != "1":
-        return
+    # Always brought up to date (a no-op when it is): a driver older than the sources would
+    # run an older algorithm, or reject a variant, silently.
     if shutil.which("smpirun") is None:
         sys.exit("simulate: smpirun not found (apt-get install libsimgrid-dev, or scripts/install_deps.sh)")
-    subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-DGRADCOMP_SIMULATION=ON", "-DCMAKE_BUILD_TYPE=Release"],
-                   check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)], check=True)
+    if not os.path.exists(os.path.join(BUILD, "CMakeCache.txt")):
+        subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-DGRADCOMP_SIMULATION=ON", "-DCMAKE_BUILD_TYPE=Release"],
+                       check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", BUILD, "-j", str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL)
 
 
 def platform_xml(args, nodes):
@@ -129,7 +130,10 @@ def run_world(args, nodes, tmp):
            "--log=root.thres:warning", DRIVER, "--sizes-mb", args.sizes_mb, "--variants", args.variants,
            "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
-    if proc.returncode != 0:
+    # smpirun exits 0 even when the simulated program aborted ("Execution failed with code N"):
+    # a run without every result line is a failure too.
+    expected = len(args.variants.split(",")) * len(args.sizes_mb.split(","))
+    if proc.returncode != 0 or sum(line.startswith("RESULT ") for line in proc.stdout.splitlines()) < expected:
         sys.stderr.write(proc.stdout + proc.stderr)
         sys.exit(f"simulate: smpirun failed on {nodes} nodes (exit {proc.returncode}): {' '.join(cmd)}")
     rows = []
