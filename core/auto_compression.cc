@@ -1,6 +1,8 @@
 #include "core/auto_compression.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "ops/common/enforce.h"
@@ -80,9 +82,28 @@ bool AutoCompression::TakeFlush(const std::string& name) {
   return true;
 }
 
+void AutoCompression::ProbeLink() {
+  // The least of three timings at each size: the link, not the noise of one run.
+  const auto least = [&](size_t bytes) {
+    double best = probe_(bytes);
+    for (int i = 0; i < 2; ++i) best = std::min(best, probe_(bytes));
+    return best;
+  };
+  constexpr size_t kSmall = size_t{64} << 10, kLarge = size_t{4} << 20;
+  const double small = least(kSmall), large = least(kLarge);
+  std::lock_guard<std::mutex> lock(mu_);
+  link_ = LinkCost::Fit(kSmall, small, kLarge, large);
+}
+
+LinkCost AutoCompression::link() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return link_;
+}
+
 void AutoCompression::Choose(Communicator& world) {
+  if (probe_ && (choices_ % kProbeEvery == 0)) ProbeLink();
   // Every measurement waiting, in name order (the same on every rank): ||x||^2, then each
-  // candidate's error and the reference's, summed over ranks.
+  // candidate's error and the reference's, then their codec seconds, summed over ranks.
   std::vector<std::string> names;
   std::vector<double> mine;
   for (const auto& [name, t] : tensors_) {
@@ -90,9 +111,11 @@ void AutoCompression::Choose(Communicator& world) {
     names.push_back(name);
     mine.push_back(t.errors.norm2);
     mine.insert(mine.end(), t.errors.err2.begin(), t.errors.err2.end());
+    mine.insert(mine.end(), t.errors.codec_seconds.begin(), t.errors.codec_seconds.end());
   }
   std::vector<double> sums(mine.size());
   world.Allreduce(mine.data(), sums.data(), mine.size(), DataType::kFloat64, ReduceOp::kSum);
+  const double ranks = static_cast<double>(world.size());
 
   // Rank 0 solves one program per auto spec and broadcasts the choices (identical inputs
   // everywhere, but one decider keeps replicas identical whatever the floating point).
@@ -102,25 +125,47 @@ void AutoCompression::Choose(Communicator& world) {
   for (size_t i = 0, at = 0; i < names.size(); ++i) {
     offset[i] = at;
     const Tensor& t = tensors_.at(names[i]);
-    at += 1 + t.errors.err2.size();
+    at += 1 + 2 * t.errors.err2.size();
     groups[Key(t.auto_spec)].push_back(i);
   }
+  // The cost model's estimates, per tensor and measured setting (empty without it).
+  std::vector<std::vector<double>> seconds(names.size());
+  const LinkCost link = this->link();
   std::ostringstream summary;
   if (world.rank() == 0) {
     for (const auto& [key, members] : groups) {
       const auto& list = measured_.at(key);
       const size_t candidates = list.size() - 1;
+      const auto none = std::find_if(list.begin(), list.end() - 1, [](const CompressionSpec& c) { return c.codec == "none"; });
       std::vector<std::vector<double>> err2, bytes;
       std::vector<double> ref_err2, ref_bytes;
+      size_t raw = 0;  // tensors left with none alone: compressing them costs time
       for (size_t i : members) {
         const Tensor& t = tensors_.at(names[i]);
         const double* s = &sums[offset[i] + 1];
+        const double* codec = s + list.size();
         err2.emplace_back(s, s + candidates);
         std::vector<double> b;
-        for (size_t c = 0; c < candidates; ++c) b.push_back(WireBytes(list[c], t.n, t.dtype));
+        for (size_t c = 0; c < list.size(); ++c) {
+          b.push_back(WireBytes(list[c], t.n, t.dtype));
+          if (probe_) seconds[i].push_back(link.Seconds(b[c], codec[c] / ranks));
+        }
+        ref_bytes.push_back(b.back());
+        b.pop_back();
         bytes.push_back(std::move(b));
         ref_err2.push_back(s[candidates]);
-        ref_bytes.push_back(WireBytes(list.back(), t.n, t.dtype));
+        if (probe_ && none != list.end() - 1) {
+          const double raw_seconds = seconds[i][static_cast<size_t>(none - list.begin())];
+          size_t kept = 0;
+          for (size_t c = 0; c < candidates; ++c) {
+            if (list[c].codec != "none" && seconds[i][c] > raw_seconds) {
+              err2.back()[c] = std::numeric_limits<double>::infinity();  // left out
+            } else {
+              ++kept;
+            }
+          }
+          raw += kept == 1;
+        }
       }
       const AutoChoice chosen = ChooseCandidates(err2, bytes, ref_err2, ref_bytes);
       std::map<std::string, int> counts;
@@ -134,7 +179,9 @@ void AutoCompression::Choose(Communicator& world) {
       for (auto c = counts.begin(); c != counts.end(); ++c) {
         summary << (c == counts.begin() ? "" : ", ") << c->first << " x" << c->second;
       }
-      summary << ");";
+      summary << ")";
+      if (probe_) summary << ", " << raw << " left uncompressed by the cost model";
+      summary << ";";
     }
   }
   world.Broadcast(choice.data(), choice.size() * sizeof(int32_t), 0);
@@ -159,6 +206,7 @@ void AutoCompression::Choose(Communicator& world) {
     for (size_t c = 0; c < list.size(); ++c) {
       const std::string token = c + 1 == list.size() ? "reference" : CandidateToken(list[c]);
       rep.relative_error[token] = Relative(sums[offset[i] + 1 + c], norm2);
+      if (c < seconds[i].size()) rep.estimated_seconds[token] = seconds[i][c];
     }
     if (timeline_.active()) {
       timeline_.Instant(names[i], "AUTO_CHOICE",
@@ -168,8 +216,12 @@ void AutoCompression::Choose(Communicator& world) {
     }
   }
   if (log_ != nullptr && world.rank() == 0) {
-    log_->info("auto compression chose settings for {} tensors at their step {}:{}", names.size(),
-               tensors_.at(names[0]).steps, summary.str());
+    std::string cost;
+    if (probe_) {
+      cost = " (link: " + std::to_string(link.latency * 1e6) + " us + " +
+             std::to_string(link.per_byte > 0 ? 1e-9 / link.per_byte : 0.0) + " GB/s)";
+    }
+    log_->info("auto compression choice {} for {} tensors{}:{}", choices_, names.size(), cost, summary.str());
   }
 }
 

@@ -1,6 +1,7 @@
 #include "core/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
@@ -441,6 +442,22 @@ void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
       RunAllreduce(sub, part);
     }
   }
+}
+
+double Executor::TimeUncompressed(size_t bytes) {
+  Response r;
+  r.names = {"gradcomp.auto.probe"};
+  r.shapes = {{static_cast<int64_t>(bytes / sizeof(float))}};
+  std::vector<float> values(bytes / sizeof(float), 1.0f);
+  EntryList entries;
+  entries.push_back(std::make_unique<TensorEntry>());
+  entries[0]->input = entries[0]->output = values.data();
+  entries[0]->handle = std::make_shared<Handle>();
+  Prepare(r, entries);
+  topo_.world->Barrier();
+  const auto start = std::chrono::steady_clock::now();
+  RunAllreduce(r, entries);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 const float* Executor::HostFloats(const TensorEntry& e, DataType dtype, size_t n, std::vector<float>* keep) {

@@ -39,7 +39,11 @@ class Executor {
   /// responses whose tensors are in device memory on every rank (Response::on_device).
   Executor(const Topology& topo, const Settings& settings, Timeline& timeline,
            DeviceCommunicatorFactory device_comms = {})
-      : topo_(topo), settings_(settings), timeline_(timeline), device_comms_(std::move(device_comms)) {}
+      : topo_(topo), settings_(settings), timeline_(timeline), device_comms_(std::move(device_comms)) {
+    if (settings.auto_cost_model) {
+      auto_ = std::make_unique<AutoCompression>(timeline_, [this](size_t bytes) { return TimeUncompressed(bytes); });
+    }
+  }
 
   /// Local preparation that may fail (allocations); runs before the ranks agree to go on.
   void Prepare(const Response& response, EntryList& entries);
@@ -48,7 +52,7 @@ class Executor {
   /// Drops the error-feedback residuals and DGC momentum kept for `name`.
   void ForgetCompressionState(const std::string& name) { memory_.Forget(name); }
   /// Where the choices of auto compression are logged (rank 0).
-  void SetLogger(spdlog::logger* log) { auto_ = std::make_unique<AutoCompression>(timeline_, log); }
+  void SetLogger(spdlog::logger* log) { auto_->SetLogger(log); }
   /// Adaptive compression's choices (thread-safe).
   const AutoCompression& auto_compression() const { return *auto_; }
 
@@ -58,6 +62,9 @@ class Executor {
   /// An allreduce of an auto spec: measures the candidates on the steps that do, then runs one
   /// allreduce per setting its tensors resolve to (core/auto_compression.h).
   void RunAutoAllreduce(const Response& r, EntryList& entries);
+  /// Collective: the seconds an uncompressed float32 sum of `bytes` on the host takes this rank
+  /// (after a barrier), through the path a tensor's would take (auto compression's probe).
+  double TimeUncompressed(size_t bytes);
   /// n values of `dtype` of an entry's input as float32 on the host (a view when they are).
   const float* HostFloats(const TensorEntry& e, DataType dtype, size_t n, std::vector<float>* keep);
   /// What the executor keeps on each device it has met: the compressed path's workspace
@@ -139,7 +146,7 @@ class Executor {
   std::vector<char> fusion_;   // fusion buffer of host allreduces, grown as needed
   std::vector<char> scratch_;  // zeros / receive space of joined ranks
   CompressionMemory memory_;         // kept per tensor name across steps
-  std::unique_ptr<AutoCompression> auto_ = std::make_unique<AutoCompression>(timeline_, nullptr);
+  std::unique_ptr<AutoCompression> auto_ = std::make_unique<AutoCompression>(timeline_);
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   std::map<Device*, std::unique_ptr<OnDevice>> devices_;
   std::map<const Communicator*, std::unique_ptr<Grid>> grids_;

@@ -150,6 +150,9 @@ class Runtime {
   /// Auto compression: each tensor's current setting and the errors measured for its last
   /// choice (empty until a choice was made).
   std::map<std::string, AutoTensorReport> CompressionChoices() const { return executor_.auto_compression().Report(); }
+  /// Auto compression's cost model: the link as last probed (unknown before the first choice
+  /// or with GRADCOMP_AUTO_COST_MODEL=0).
+  LinkCost AutoLink() const { return executor_.auto_compression().link(); }
   /// Local, not collective: the compression state kept for these tensor names (error-feedback
   /// residuals, DGC momentum and velocity) is dropped before the next operation runs, so a new
   /// model or optimizer reusing the names starts fresh. Call it with no operation on those

@@ -103,6 +103,10 @@ const std::vector<Entry>& Registry() {
        "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2",
        "with GRADCOMP_COMPRESSION=auto, the settings chosen from per tensor: none, fp16, bf16, maxminB (B in 1..8), "
        "topkR (R in (0, 1]), comma-separated"},
+      {"GRADCOMP_AUTO_COST_MODEL", nullptr, Kind::kBool, Of(&Settings::auto_cost_model), "1",
+       "with GRADCOMP_COMPRESSION=auto, a tensor is compressed only where that is estimated to save time: timed "
+       "uncompressed allreduces of two sizes give the link's latency and cost per byte, the candidates' encoding and "
+       "decoding are timed on the gradients"},
       {"GRADCOMP_AUTO_INTERVAL", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_interval), "100",
        "with GRADCOMP_COMPRESSION=auto, steps between two choices (each choice measures every candidate on the "
        "step before it)",

@@ -35,6 +35,7 @@ struct Settings {
   std::string uncompressed_algorithm;
   std::string compressed_algorithm;
   int64_t grid_min_ranks = 0;
+  bool auto_cost_model = true;
   std::string timeline;
   bool timeline_mark_cycles = false;
   double stall_check_time_seconds = 0;

@@ -1,6 +1,7 @@
 #include "ops/compression/auto_select.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -101,6 +102,7 @@ CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<Co
                                   int ranks, size_t sample_values) {
   CandidateErrors out;
   out.err2.assign(candidates.size(), 0.0);
+  out.codec_seconds.assign(candidates.size(), 0.0);
   if (n == 0 || candidates.empty()) return out;
   // The sample: whole buckets (every candidate's buckets start where the tensor's do).
   const size_t bucket = static_cast<size_t>(std::max<int64_t>(1, candidates[0].bucket_size));
@@ -127,10 +129,13 @@ CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<Co
   const size_t shift = m / copies / bucket * bucket;
   std::vector<char> wire;
   std::vector<float> decoded(m), rotated(m), sum(m);
-  const auto squared_error = [&](const Codec& codec, const CodecParams& p, const float* in) {
+  // Encodes and decodes `in` (adding the seconds that took to *seconds), returns the error.
+  const auto squared_error = [&](const Codec& codec, const CodecParams& p, const float* in, double* seconds) {
     wire.resize(codec.MaxWireSize(m, p));
+    const auto start = std::chrono::steady_clock::now();
     const size_t bytes = codec.Encode(in, DataType::kFloat32, m, p, 0, wire.data());
     codec.Decode(wire.data(), bytes, m, p, DataType::kFloat32, decoded.data());
+    if (seconds != nullptr) *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double e = 0;
     for (size_t i = 0; i < m; ++i) {
       const double d = static_cast<double>(decoded[i]) - in[i];
@@ -142,19 +147,28 @@ CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<Co
     if (candidates[c].codec == "none") continue;  // exact
     const Codec& codec = FindCodec(candidates[c].codec);
     const CodecParams p = ParamsOf(candidates[c]);
-    double e = squared_error(codec, p, values);
+    double seconds = 0;
+    double e = squared_error(codec, p, values, &seconds);
+    out.codec_seconds[c] = seconds * scale;
     if (copies > 1 && shift > 0 && !codec.sparse()) {
       std::copy(decoded.begin(), decoded.end(), sum.begin());
       for (size_t k = 1; k < copies; ++k) {
         std::rotate_copy(values, values + k * shift, values + m, rotated.begin());
-        squared_error(codec, p, rotated.data());
+        squared_error(codec, p, rotated.data(), nullptr);
         for (size_t i = 0; i < m; ++i) sum[i] += decoded[i];
       }
-      e += squared_error(codec, p, sum.data()) / static_cast<double>(copies);
+      e += squared_error(codec, p, sum.data(), nullptr) / static_cast<double>(copies);
     }
     out.err2[c] = e * scale;
   }
   return out;
+}
+
+LinkCost LinkCost::Fit(double small_bytes, double small_seconds, double large_bytes, double large_seconds) {
+  LinkCost c;
+  if (large_bytes > small_bytes) c.per_byte = std::max(0.0, (large_seconds - small_seconds) / (large_bytes - small_bytes));
+  c.latency = std::max(0.0, small_seconds - small_bytes * c.per_byte);
+  return c;
 }
 
 double WireBytes(const CompressionSpec& spec, size_t n, DataType dtype) {

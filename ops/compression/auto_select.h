@@ -47,6 +47,9 @@ std::string CandidateToken(const CompressionSpec& spec);
 struct CandidateErrors {
   double norm2 = 0;
   std::vector<double> err2;
+  /// Seconds one encode and one decode of the whole tensor take with each candidate on this
+  /// rank (timed on the sample, scaled; 0 for none).
+  std::vector<double> codec_seconds;
 };
 /// Measures every candidate on x (n float32 values), as this rank's share of the error of an
 /// allreduce over `ranks` ranks. Dense codecs quantize twice in SRA: each rank's contribution,
@@ -58,6 +61,23 @@ struct CandidateErrors {
 /// at least 1024 values a block) adding up to about `sample_values`, scaled by n / sampled.
 CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<CompressionSpec>& candidates,
                                   int ranks = 1, size_t sample_values = size_t{1} << 16);
+
+/// What sending a tensor costs on a communicator: seconds = latency + bytes x per_byte, fitted
+/// from timed uncompressed allreduces of two sizes (the executor's probe).
+struct LinkCost {
+  double latency = 0;
+  double per_byte = 0;
+  bool known() const { return per_byte > 0 || latency > 0; }
+  /// An allreduce of `wire_bytes` payload whose codec work (encode and decode of the tensor)
+  /// takes `codec_seconds`: SRA encodes and decodes about twice (its contribution and then
+  /// its reduced chunk; the allgather's chunks), not overlapped (a bound: the pipeline hides
+  /// part of it across nodes).
+  double Seconds(double wire_bytes, double codec_seconds) const {
+    return latency + wire_bytes * per_byte + 2 * codec_seconds;
+  }
+  /// The line through two timed sizes (bytes, seconds), never negative.
+  static LinkCost Fit(double small_bytes, double small_seconds, double large_bytes, double large_seconds);
+};
 
 /// Bytes n values of `dtype` take on the wire under `spec` (for topk: the most).
 double WireBytes(const CompressionSpec& spec, size_t n, DataType dtype);

@@ -204,6 +204,64 @@ TEST(RuntimeAuto, AResidualIsSentWhenATensorMovesToNone) {
   EXPECT_EQ(memories[1], 0u);
 }
 
+TEST(RuntimeAuto, TheCostModelLeavesOutWhatIsSlowerThanNone) {
+  // Thread ranks exchange at memory speed: the probe measures that link, and every choice is
+  // one the model estimates no slower than sending the tensor raw.
+  const int world = 2;
+  std::map<std::string, AutoTensorReport> report;
+  LinkCost link;
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "auto"}, {"GRADCOMP_AUTO_INTERVAL", "2"}}));
+    std::vector<float> g(512 * 256), out(g.size());
+    for (int s = 0; s < 3; ++s) {
+      g = Values(0, g.size(), rt.rank(), s);
+      rt.Allreduce("w", DataType::kFloat32, {512, 256}, g.data(), out.data(), ReduceOp::kSum)->Wait();
+    }
+    if (rt.rank() == 0) {
+      report = rt.CompressionChoices();
+      link = rt.AutoLink();
+    }
+    return std::string();
+  });
+  ASSERT_EQ(Failures(results), "");
+  EXPECT_GT(link.per_byte, 0.0);
+  EXPECT_GT(link.latency, 0.0);
+  const AutoTensorReport& w = report.at("w");
+  ASSERT_EQ(w.estimated_seconds.size(), 9u) << "8 candidates and the reference";
+  const double none = w.estimated_seconds.at("none");
+  EXPECT_DOUBLE_EQ(none, link.Seconds(512 * 256 * 4, 0));
+  std::string token = w.setting.substr(0, w.setting.find('('));
+  if (token == "maxmin") token += w.setting.substr(w.setting.find("bits=") + 5, 1);
+  EXPECT_LE(w.estimated_seconds.at(token), none) << w.setting;
+  for (const auto& [candidate, seconds] : w.estimated_seconds) {
+    if (candidate != "none") {
+      EXPECT_GT(seconds, link.latency) << candidate << ": codec time counts";
+    }
+  }
+}
+
+TEST(RuntimeAuto, WithoutTheCostModelNothingIsProbed) {
+  LinkCost link;
+  std::map<std::string, AutoTensorReport> report;
+  RunRanks(2, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "auto"},
+                              {"GRADCOMP_AUTO_INTERVAL", "1"},
+                              {"GRADCOMP_AUTO_COST_MODEL", "0"}}));
+    std::vector<float> g = Values(1, 128 * 128, rt.rank(), 0);
+    for (int s = 0; s < 2; ++s) {
+      rt.Allreduce("w", DataType::kFloat32, {128, 128}, g.data(), g.data(), ReduceOp::kSum)->Wait();
+    }
+    if (rt.rank() == 0) {
+      link = rt.AutoLink();
+      report = rt.CompressionChoices();
+    }
+    return std::string();
+  });
+  EXPECT_FALSE(link.known());
+  EXPECT_TRUE(report.at("w").estimated_seconds.empty());
+  EXPECT_EQ(report.at("w").choice, 1u);
+}
+
 TEST(RuntimeAuto, BadSettingsAndSpecsAreNamed) {
   try {
     Settings::FromMap({{"GRADCOMP_COMPRESSION", "auto"}, {"GRADCOMP_AUTO_CANDIDATES", "none,maxmin12"}});

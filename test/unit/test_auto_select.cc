@@ -173,6 +173,19 @@ TEST(AutoSelect, ExactTensorsTakeTheSmallestExactSetting) {
   EXPECT_EQ(tight.index[1], 2u);
 }
 
+TEST(AutoSelect, TheLinkIsTheLineThroughTwoTimings) {
+  const LinkCost c = LinkCost::Fit(1 << 16, 0.001, 4 << 20, 0.033);
+  EXPECT_NEAR(c.per_byte, 0.032 / ((4 << 20) - (1 << 16)), 1e-15);
+  EXPECT_NEAR(c.latency, 0.001 - (1 << 16) * c.per_byte, 1e-12);
+  EXPECT_NEAR(c.Seconds(4 << 20, 0), 0.033, 1e-12);
+  EXPECT_NEAR(c.Seconds(1 << 20, 0.01), c.latency + (1 << 20) * c.per_byte + 0.02, 1e-12) << "codec twice";
+  // Timings that do not grow with size (noise): no cost per byte, never a negative latency.
+  const LinkCost flat = LinkCost::Fit(1 << 16, 0.002, 4 << 20, 0.001);
+  EXPECT_EQ(flat.per_byte, 0.0);
+  EXPECT_EQ(flat.latency, 0.002);
+  EXPECT_FALSE(LinkCost{}.known());
+}
+
 TEST(AutoSelect, MismatchedInputsAreRejected) {
   EXPECT_THROW(ChooseCandidates({{0, 1}}, {{1}}, {0}, {1}), Error);
   EXPECT_THROW(ChooseCandidates({{0, 1}}, {{1, 2}}, {0, 1}, {1}), Error);
