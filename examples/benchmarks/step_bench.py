@@ -17,8 +17,9 @@ Variants (--variants, comma-separated; default all):
   ddp_fp16             + torch's fp16_compress_hook
   ddp_powersgd         + torch's PowerSGD hook (rank 1, error feedback, warm start; one bucket,
                        since with several it hangs on gloo: see build())
-  gc_none, gc_fp16, gc_maxmin8, gc_maxmin4, gc_maxmin4_ef, gc_topk1, gc_topk01, gc_powersgd
-                       gradcomp.torch.DistributedOptimizer with that compression
+  gc_none, gc_fp16, gc_maxmin8, gc_maxmin4, gc_maxmin4_ef, gc_topk1, gc_topk01, gc_powersgd,
+  gc_auto              gradcomp.torch.DistributedOptimizer with that compression (gc_auto:
+                       Compression.auto, per tensor against 4 bits, cost model on)
   backend4             DDP on torch.distributed backend "gradcomp" (maxmin 4 bits from the settings)
   hook4                DDP on gloo with gradcomp's ddp_hook (maxmin 4 bits)
 
@@ -102,6 +103,9 @@ COMPRESSIONS = {
     "gc_topk1": lambda: hvd.Compression.topk(0.01),
     "gc_topk01": lambda: hvd.Compression.topk(0.001),
     "gc_powersgd": lambda: hvd.Compression.powersgd(rank=1, start_iter=0),
+    # Chooses every 3 steps (first at step 4: the warm-up's end with --warmup 3), so the timed
+    # steps include measurement steps as a real run's every 100th would.
+    "gc_auto": lambda: hvd.Compression.auto(interval=3),
 }
 VARIANTS = ["compute", "ddp", "ddp_fp16", "ddp_powersgd", *COMPRESSIONS, "backend4", "hook4"]
 
