@@ -43,7 +43,14 @@ Controller::Controller(Communicator& world, const Settings& settings, spdlog::lo
       cache_stall_seconds_(settings.stall_check_time_seconds > 0 ? std::min(5.0, settings.stall_check_time_seconds / 2)
                                                                   : 5.0),
       pending_(cache_.capacity()),
-      stall_(settings.stall_check_time_seconds, settings.stall_shutdown_time_seconds, world.size()) {}
+      stall_(settings.stall_check_time_seconds, settings.stall_shutdown_time_seconds, world.size()) {
+  if (settings.autotune) {
+    // Only rank 0 searches (and writes the log); the others apply its word.
+    Settings mine = settings;
+    if (rank_ != 0) mine.autotune_log.clear();
+    tuner_ = std::make_unique<Autotuner>(mine, log);
+  }
+}
 
 void Controller::SendPendingToCoordinator(size_t pos) {
   Pending& p = pending_[pos];
@@ -56,6 +63,7 @@ void Controller::SendPendingToCoordinator(size_t pos) {
 Controller::CycleOutput Controller::RunCycle(CycleInput input) {
   const size_t nw = Words(cache_.capacity());
   std::vector<uint64_t> words = CycleWords(input, Clock::now());
+  if (tuner_) words.push_back(rank_ == 0 ? tuner_->Advance(Clock::now()) : ~uint64_t{0});  // rank 0's, after the AND
   // (Over MPI a small allreduce is polled with naps: while this rank waits for a slower one,
   // every cycle of a backward pass, it leaves the core to the training thread.)
   world_.Allreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
@@ -64,6 +72,7 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
                to_coordinator_.size(), outstanding_.size(), words[0]);
   }
 
+  if (tuner_) tuner_->Apply(words.back());
   CycleOutput out;
   out.busy = !(words[0] & kIdle);
   if (!(words[0] & kNoShutdown)) {
@@ -138,7 +147,7 @@ std::vector<uint64_t> Controller::CycleWords(CycleInput& input, Clock::time_poin
 
 std::vector<Response> Controller::TakeReadyFromCache(const std::vector<uint64_t>& words) {
   const size_t cap = cache_.capacity(), nw = Words(cap);
-  FusionPlanner from_cache(static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024));
+  FusionPlanner from_cache(static_cast<int64_t>(fusion_threshold_mb() * 1024 * 1024));
   for (size_t w = 0; w < nw; ++w) {
     // Positions ready everywhere and kept everywhere, a word at a time.
     for (uint64_t bits = words[1 + w] & words[1 + nw + w]; bits != 0; bits &= bits - 1) {
@@ -158,6 +167,7 @@ std::vector<Response> Controller::TakeReadyFromCache(const std::vector<uint64_t>
 }
 
 void Controller::Executed(const Response& single, bool from_cache) {
+  if (tuner_ && rank_ == 0 && single.error.empty()) tuner_->Executed(single.PayloadBytes());
   outstanding_.erase(single.names[0]);
   if (single.type == RequestType::kJoin) joined_ = false;
   if (from_cache) {
@@ -201,7 +211,7 @@ std::vector<Response> Controller::Coordinate(const std::vector<Request>& mine, s
     StallInspector::Report report = stall_.Check(now, joined);
     last_stall_check_ = now;
     for (const std::string& w : report.warnings) log_.warn("{}", w);
-    const int64_t threshold = static_cast<int64_t>(settings_.fusion_threshold_mb * 1024 * 1024);
+    const int64_t threshold = static_cast<int64_t>(fusion_threshold_mb() * 1024 * 1024);
     reply = SerializeResponses(FuseResponses(std::move(ready), threshold));
     header[0] = reply.size();
     header[1] = report.shutdown.size();

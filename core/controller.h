@@ -46,6 +46,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/autotune.h"
 #include "core/message.h"
 #include "core/response_cache.h"
 #include "core/settings.h"
@@ -93,6 +94,11 @@ class Controller {
   uint64_t cache_hits() const { return cache_hits_; }
   uint64_t coordinator_responses() const { return coordinator_responses_; }
   const ResponseCache& cache() const { return cache_; }
+  /// The fusion threshold and cycle time in force (GRADCOMP_AUTOTUNE changes them; thread-safe).
+  double fusion_threshold_mb() const { return tuner_ ? tuner_->fusion_threshold_mb() : settings_.fusion_threshold_mb; }
+  double cycle_time_ms() const { return tuner_ ? tuner_->cycle_time_ms() : settings_.cycle_time_ms; }
+  /// The autotuner, when GRADCOMP_AUTOTUNE is on (its search runs on rank 0).
+  const Autotuner* autotuner() const { return tuner_.get(); }
   /// Tensors this rank knows of that are not answered yet: pending cache hits, requests
   /// waiting for the coordinator and (rank 0) the coordinator's table.
   size_t open_tensors() const { return pending_count_ + to_coordinator_.size() + outstanding_.size() + table_.size(); }
@@ -142,6 +148,7 @@ class Controller {
   std::vector<int> join_order_;
   StallInspector stall_;
   Clock::time_point last_stall_check_;
+  std::unique_ptr<Autotuner> tuner_;  // GRADCOMP_AUTOTUNE: one more agreement word, rank 0's
   uint64_t cache_hits_ = 0;
   uint64_t coordinator_responses_ = 0;
 };

@@ -364,6 +364,9 @@ RuntimeStats Runtime::stats() const {
   s.uncompressed_sra_bytes_on_wire = executor_.uncompressed_sra_bytes_on_wire();
   s.nonfinite_memory_skips = executor_.nonfinite_memory_skips();
   s.auto_choices = executor_.auto_compression().choices_made();
+  s.fusion_threshold_mb = controller_.fusion_threshold_mb();
+  s.cycle_time_ms = controller_.cycle_time_ms();
+  s.autotune_done = controller_.autotuner() != nullptr && controller_.autotuner()->done();
   s.coordinator_responses = controller_.coordinator_responses();
   s.queued_operations = queue_->size();
   timeline_.Sizes(&s.timeline_rows, &s.timeline_queued);
@@ -438,12 +441,12 @@ void Runtime::Shutdown() {
 
 void Runtime::BackgroundLoop() {
   using namespace std::chrono;
-  const duration<double> cycle(settings_.cycle_time_ms / 1000.0);
   int idle_cycles = 0;
   std::string reason;
   try {
     while (true) {
       const auto start = steady_clock::now();
+      const duration<double> cycle(controller_.cycle_time_ms() / 1000.0);  // autotune may change it
       Controller::CycleInput in;
       in.fresh = queue_->TakeNewRequests();
       in.shutdown = stop_requested_.load();

@@ -64,6 +64,9 @@ struct RuntimeStats {
   uint64_t uncompressed_sra_bytes_on_wire = 0;  ///< their SRA's bytes sent (across nodes when hierarchical)
   uint64_t nonfinite_memory_skips = 0;    ///< memories kept unchanged over a non-finite step
   uint64_t auto_choices = 0;  ///< times auto compression chose settings (core/auto_compression.h)
+  double fusion_threshold_mb = 0;  ///< in force now (GRADCOMP_AUTOTUNE changes it)
+  double cycle_time_ms = 0;        ///< in force now
+  bool autotune_done = false;      ///< GRADCOMP_AUTOTUNE's search ended (rank 0's view)
   // Gauges (what is held now), for soak tests: in steady state none of them grows.
   uint64_t queued_operations = 0;    ///< enqueued on this rank and not completed
   uint64_t negotiating_tensors = 0;  ///< known to the negotiation and not answered yet

@@ -149,6 +149,14 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_GRID_MIN_RANKS", nullptr, Kind::kInt, Of(&Settings::grid_min_ranks), "32",
        "with GRADCOMP_COMPRESSED_ALGORITHM=auto, the number of ranks the SRA spans from which it runs on a grid",
        4, 1 << 20},
+      {"GRADCOMP_AUTOTUNE", "HOROVOD_AUTOTUNE", Kind::kBool, Of(&Settings::autotune), "0",
+       "tune the fusion threshold and the cycle time while training: rank 0 scores each by the bytes reduced per "
+       "second over a window, every threshold then every cycle time, keeps the best and logs each score"},
+      {"GRADCOMP_AUTOTUNE_WINDOW_SECONDS", nullptr, Kind::kFloat, Of(&Settings::autotune_window_seconds), "2",
+       "with GRADCOMP_AUTOTUNE, seconds of training each candidate setting is scored over (after as long to settle)",
+       0, 3600, true},
+      {"GRADCOMP_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", Kind::kString, Of(&Settings::autotune_log), "",
+       "with GRADCOMP_AUTOTUNE, rank 0 writes each scored setting to this CSV file"},
       {"GRADCOMP_TIMELINE", nullptr, Kind::kString, Of(&Settings::timeline), "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},
       {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, Of(&Settings::timeline_mark_cycles), "0",
@@ -384,7 +392,7 @@ std::string AgreedSettingsText(const Settings& settings) {
   static const std::set<std::string> kPerProcess = {
       "GRADCOMP_CYCLE_TIME_MS", "GRADCOMP_TIMELINE", "GRADCOMP_TIMELINE_MARK_CYCLES", "GRADCOMP_LOG_LEVEL",
       "GRADCOMP_STALL_CHECK_TIME_SECONDS", "GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS",
-      "GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS"};
+      "GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", "GRADCOMP_AUTOTUNE_LOG"};
   std::string out;
   for (const Entry& e : Registry()) {
     if (kPerProcess.count(e.name)) continue;

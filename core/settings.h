@@ -36,6 +36,9 @@ struct Settings {
   std::string compressed_algorithm;
   int64_t grid_min_ranks = 0;
   bool auto_cost_model = true;
+  bool autotune = false;
+  double autotune_window_seconds = 2.0;
+  std::string autotune_log;
   std::string timeline;
   bool timeline_mark_cycles = false;
   double stall_check_time_seconds = 0;

@@ -41,6 +41,8 @@ FLAGS = {
     "--fusion-threshold-mb": ("GRADCOMP_FUSION_THRESHOLD_MB", "float", "fusion buffer size in MB"),
     "--cycle-time-ms": ("GRADCOMP_CYCLE_TIME_MS", "float", "coordinator cycle time in ms"),
     "--hierarchical": ("GRADCOMP_HIERARCHICAL", "bool", "node-local reduce + cross-node allreduce"),
+    "--autotune": ("GRADCOMP_AUTOTUNE", "bool", "tune the fusion threshold and cycle time while training"),
+    "--autotune-log-file": ("GRADCOMP_AUTOTUNE_LOG", "str", "CSV of every setting autotune scored"),
     "--timeline-filename": ("GRADCOMP_TIMELINE", "str", "write a Chrome-trace timeline here"),
     "--stall-check-warning-time-seconds": ("GRADCOMP_STALL_CHECK_TIME_SECONDS", "float",
                                            "warn about tensors some ranks have not submitted after this"),

@@ -203,6 +203,9 @@ py::dict StatsDict(const Runtime& rt) {
   d["uncompressed_sra_bytes_on_wire"] = s.uncompressed_sra_bytes_on_wire;
   d["nonfinite_memory_skips"] = s.nonfinite_memory_skips;
   d["auto_choices"] = s.auto_choices;
+  d["fusion_threshold_mb"] = s.fusion_threshold_mb;
+  d["cycle_time_ms"] = s.cycle_time_ms;
+  d["autotune_done"] = s.autotune_done;
   d["queued_operations"] = s.queued_operations;
   d["negotiating_tensors"] = s.negotiating_tensors;
   d["cache_entries"] = s.cache_entries;

@@ -1,10 +1,13 @@
 // Adaptive compression through the runtime (GRADCOMP_COMPRESSION=auto): fewer bytes than the
 // uniform reference at no more error, the same choices and bit-identical results on every
-// rank, several settings inside one fused response, and an error-feedback residual sent when
-// a tensor moves to none.
+// rank, several settings inside one fused response, an error-feedback residual sent when a
+// tensor moves to none, the cost model; and the autotune of fusion threshold and cycle time.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <random>
 
 #include "core/runtime.h"
@@ -260,6 +263,88 @@ TEST(RuntimeAuto, WithoutTheCostModelNothingIsProbed) {
   EXPECT_FALSE(link.known());
   EXPECT_TRUE(report.at("w").estimated_seconds.empty());
   EXPECT_EQ(report.at("w").choice, 1u);
+}
+
+TEST(RuntimeAutotune, EveryRankEndsOnRankZerosBestSettingAndResultsStayExact) {
+  const int world = 3;
+  const std::string log = ::testing::TempDir() + "gradcomp_autotune.csv";
+  std::vector<double> fusion(world), cycle(world);
+  std::vector<int> steps(world);
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_AUTOTUNE", "1"},
+                              {"GRADCOMP_AUTOTUNE_WINDOW_SECONDS", "0.02"},
+                              {"GRADCOMP_AUTOTUNE_LOG", log}}));
+    const int r = rt.rank();
+    const size_t n = 1 << 14;  // 8 tensors of 64 KB a step
+    for (int step = 0;; ++step) {
+      std::vector<std::vector<float>> data(8, std::vector<float>(n));
+      std::vector<std::string> names;
+      std::vector<std::vector<int64_t>> shapes(8, {static_cast<int64_t>(n)});
+      std::vector<const void*> in;
+      std::vector<void*> out;
+      for (int t = 0; t < 8; ++t) {
+        for (size_t i = 0; i < n; ++i) data[t][i] = static_cast<float>(r + t + (i % 7));
+        names.push_back("t" + std::to_string(t));
+        in.push_back(data[t].data());
+        out.push_back(data[t].data());
+      }
+      for (auto& h : rt.GroupedAllreduce(names, DataType::kFloat32, shapes, in, out, ReduceOp::kSum, 1, 1, nullptr)) {
+        h->Wait();
+      }
+      for (int t = 0; t < 8; ++t) {
+        for (size_t i = 0; i < n; i += 97) {
+          const float want = static_cast<float>(0 + 1 + 2 + 3 * (t + static_cast<int>(i % 7)));
+          if (data[t][i] != want) return "step " + std::to_string(step) + ": wrong sum";
+        }
+      }
+      // Stop together, once rank 0's search has ended (and one more step applied its word).
+      int32_t done = rt.stats().autotune_done ? 1 : 0, all = 0;
+      comm.Allreduce(&done, &all, 1, DataType::kInt32, ReduceOp::kMax);
+      if (all == 1 || step > 20000) {
+        steps[static_cast<size_t>(r)] = step;
+        break;
+      }
+    }
+    int32_t token = 0, sink = 0;
+    rt.Allreduce("last", DataType::kInt32, {1}, &token, &sink, ReduceOp::kSum)->Wait();
+    fusion[static_cast<size_t>(r)] = rt.stats().fusion_threshold_mb;
+    cycle[static_cast<size_t>(r)] = rt.stats().cycle_time_ms;
+    return std::string();
+  });
+  ASSERT_EQ(Failures(results), "");
+  EXPECT_LT(steps[0], 20000) << "the search never ended";
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(fusion[r], fusion[0]) << "rank " << r;
+    EXPECT_EQ(cycle[r], cycle[0]) << "rank " << r;
+  }
+  // Rank 0's log: 6 thresholds at the settings' cycle time, then 4 more cycle times at the
+  // best threshold; the choice is the best score.
+  std::ifstream f(log);
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(line, "fusion_threshold_mb,cycle_time_ms,bytes_per_second");
+  double best = -1, best_fusion = 0, best_cycle = 0;
+  int rows = 0;
+  while (std::getline(f, line)) {
+    std::stringstream ss(line);
+    double fu = 0, cy = 0, score = 0;
+    char comma = 0;
+    ss >> fu >> comma >> cy >> comma >> score;
+    EXPECT_GT(score, 0) << line;
+    if (rows < 6) {
+      EXPECT_EQ(cy, 1.0) << line;
+    }
+    if (score > best) {
+      best = score;
+      best_fusion = fu;
+      best_cycle = cy;
+    }
+    ++rows;
+  }
+  EXPECT_EQ(rows, 10);
+  EXPECT_EQ(fusion[0], best_fusion);
+  EXPECT_EQ(cycle[0], best_cycle);
+  std::remove(log.c_str());
 }
 
 TEST(RuntimeAuto, BadSettingsAndSpecsAreNamed) {
