@@ -33,6 +33,14 @@ const std::vector<CompressionSpec>& AutoCompression::Measured(const CompressionS
 }
 
 void AutoCompression::BeforeResponse(const Response& r, Communicator& world) {
+  if (++responses_ % (kForgetAfter / 4) == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = tensors_.begin(); it != tensors_.end();) {
+      const bool stale = it->second.last_seen + kForgetAfter < responses_ && !it->second.measured;
+      if (stale) report_.erase(it->first);
+      it = stale ? tensors_.erase(it) : std::next(it);
+    }
+  }
   bool due = false;
   for (const std::string& name : r.names) {
     Tensor& t = tensors_[name];
@@ -42,6 +50,7 @@ void AutoCompression::BeforeResponse(const Response& r, Communicator& world) {
     }
     Measured(r.compression);  // parsed (and validated) once per spec
     ++t.steps;
+    t.last_seen = responses_;
     const uint64_t k = Interval(t.auto_spec);
     due = due || (t.steps > 1 && (t.steps - 1) % k == 0);
   }
@@ -59,8 +68,10 @@ bool AutoCompression::Measuring(const std::string& name) const {
 void AutoCompression::Record(const std::string& name, const CompressionSpec& auto_spec, DataType dtype, size_t n,
                              const CandidateErrors& errors) {
   Tensor& t = tensors_.at(name);
-  GC_ENFORCE(errors.err2.size() == Measured(auto_spec).size(), "auto compression of '", name, "': ",
-             errors.err2.size(), " errors measured for ", Measured(auto_spec).size(), " settings");
+  // Every rank's statistics must have the same layout: they are allreduced side by side.
+  GC_ENFORCE(errors.err2.size() == Measured(auto_spec).size() && errors.codec_seconds.size() == errors.err2.size(),
+             "auto compression of '", name, "': ", errors.err2.size(), " errors and ", errors.codec_seconds.size(),
+             " codec times measured for ", Measured(auto_spec).size(), " settings");
   t.measured = true;
   t.measured_at = t.steps;
   t.dtype = dtype;

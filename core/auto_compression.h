@@ -90,6 +90,8 @@ class AutoCompression {
   /// is local to a rank, and choices must stay the same on every rank.)
   std::map<std::string, AutoTensorReport> Report() const;
   uint64_t choices_made() const;
+  /// Tensor names it keeps counts for (background thread only).
+  size_t tracked() const { return tensors_.size(); }
   /// The link as last probed (rank 0 decides with its own).
   LinkCost link() const;
 
@@ -97,6 +99,7 @@ class AutoCompression {
   struct Tensor {
     CompressionSpec auto_spec;
     uint64_t steps = 0;
+    uint64_t last_seen = 0;  // responses_ when it last ran
     bool measured = false;  // a measurement waits for the next choice
     uint64_t measured_at = 0;
     DataType dtype = DataType::kFloat32;
@@ -116,6 +119,11 @@ class AutoCompression {
   spdlog::logger* log_ = nullptr;
   ProbeUncompressed probe_;
   std::map<std::string, Tensor> tensors_;  // ordered: every rank walks them alike
+  // Auto responses run so far. Names that stop coming (unnamed allreduces get a new name every
+  // call) are forgotten once kForgetAfter of them passed without the name, checked every
+  // kForgetAfter / 4: the same on every rank, since it counts the response stream.
+  uint64_t responses_ = 0;
+  static constexpr uint64_t kForgetAfter = 4096;
   std::map<std::string, std::vector<CompressionSpec>> measured_;  // by auto spec Describe()
   mutable std::mutex mu_;  // guards report_ and choices_
   std::map<std::string, AutoTensorReport> report_;

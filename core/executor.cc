@@ -392,6 +392,7 @@ void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
     const auto n = static_cast<size_t>(NumElements(r.shapes[i]));
     CandidateErrors errors;  // a rank that joined contributes zeros, and so no error
     errors.err2.assign(measured.size(), 0.0);
+    errors.codec_seconds.assign(measured.size(), 0.0);
     if (entries[i]) {
       std::vector<float> keep;
       errors = MeasureCandidates(HostFloats(*entries[i], r.dtype, n, &keep), n, measured, topo_.size());

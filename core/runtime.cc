@@ -477,6 +477,7 @@ void Runtime::BackgroundLoop() {
         std::lock_guard<std::mutex> lock(state_mu_);
         stats_.cache_entries = controller_.cache().size();
         stats_.compression_memories = executor_.compression_memories();
+        stats_.auto_tensors = executor_.auto_compression().tracked();
       }
       if (out.busy || !out.responses.empty()) {
         // Some rank has work: cycle again at once if tensors are already waiting, else as

@@ -72,6 +72,7 @@ struct RuntimeStats {
   uint64_t negotiating_tensors = 0;  ///< known to the negotiation and not answered yet
   uint64_t cache_entries = 0;        ///< response cache entries
   uint64_t compression_memories = 0; ///< tensors with error-feedback or DGC state
+  uint64_t auto_tensors = 0;         ///< tensor names auto compression keeps counts for
   uint64_t timeline_rows = 0;        ///< tensors the timeline has a row for (while recording)
   uint64_t timeline_queued = 0;      ///< events waiting for the timeline's writer
 };

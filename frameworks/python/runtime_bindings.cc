@@ -210,6 +210,7 @@ py::dict StatsDict(const Runtime& rt) {
   d["negotiating_tensors"] = s.negotiating_tensors;
   d["cache_entries"] = s.cache_entries;
   d["compression_memories"] = s.compression_memories;
+  d["auto_tensors"] = s.auto_tensors;
   d["timeline_rows"] = s.timeline_rows;
   d["timeline_queued"] = s.timeline_queued;
   d["background_cpu_seconds"] = rt.BackgroundCpuSeconds();
@@ -329,6 +330,7 @@ void BindRuntime(py::module& m) {
           d["choice"] = rep.choice;
           d["measured_at"] = rep.measured_at;
           d["relative_error"] = rep.relative_error;
+          d["estimated_seconds"] = rep.estimated_seconds;
           out[py::str(name)] = d;
         }
         return out;

@@ -265,6 +265,51 @@ TEST(RuntimeAuto, WithoutTheCostModelNothingIsProbed) {
   EXPECT_EQ(report.at("w").choice, 1u);
 }
 
+TEST(RuntimeAuto, ARankThatJoinedMeasuresZerosAndTheChoiceGoesOn) {
+  // Rank 1 runs out of batches after 2 steps and joins; rank 0 goes on through measurements
+  // (step 2, 4) and choices (3, 5), with rank 1 contributing zeros (and no statistics).
+  std::vector<float> last(64 * 64);
+  uint64_t choices = 0;
+  const auto results = RunRanks(2, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "auto"}, {"GRADCOMP_AUTO_INTERVAL", "2"}}));
+    const int steps = rt.rank() == 0 ? 6 : 2;
+    std::vector<float> g(64 * 64);
+    for (int s = 0; s < steps; ++s) {
+      g = Values(0, g.size(), rt.rank(), s);
+      rt.Allreduce("w", DataType::kFloat32, {64, 64}, g.data(), g.data(), ReduceOp::kSum)->Wait();
+    }
+    rt.Join()->Wait();
+    if (rt.rank() == 0) {
+      last = g;
+      choices = rt.stats().auto_choices;
+    }
+    return std::string();
+  });
+  ASSERT_EQ(Failures(results), "");
+  EXPECT_EQ(choices, 2u);
+  // The last step is rank 0's gradient alone, within the chosen setting's error.
+  const std::vector<float> mine = Values(0, last.size(), 0, 5);
+  EXPECT_LT(RelativeL2(last, std::vector<double>(mine.begin(), mine.end())), 0.2);
+}
+
+TEST(RuntimeAuto, NamesThatStopComingAreForgotten) {
+  // Unnamed allreduces get a new name every call: what auto keeps for them stays bounded.
+  uint64_t tracked = 0;
+  const auto results = RunRanks(2, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "auto"}, {"GRADCOMP_AUTO_COST_MODEL", "0"}}));
+    std::vector<float> g(64 * 64, 1.0f);
+    for (int i = 0; i < 6000; ++i) {
+      rt.Allreduce("noname." + std::to_string(i), DataType::kFloat32, {64, 64}, g.data(), g.data(), ReduceOp::kAverage)
+          ->Wait();
+    }
+    if (rt.rank() == 0) tracked = rt.stats().auto_tensors;
+    return std::string();
+  });
+  ASSERT_EQ(Failures(results), "");
+  EXPECT_GT(tracked, 0u);
+  EXPECT_LE(tracked, 4096u + 1024u);
+}
+
 TEST(RuntimeAutotune, EveryRankEndsOnRankZerosBestSettingAndResultsStayExact) {
   const int world = 3;
   const std::string log = ::testing::TempDir() + "gradcomp_autotune.csv";

@@ -94,6 +94,11 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         self._seq = 0
         self._seq_lock = threading.Lock()  # hooks may issue collectives from callback threads
         spec, self._min_size = _b.runtime().default_compression()
+        if spec["codec"] == "auto":
+            warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=auto chooses per tensor from measurements across "
+                          "steps, which c10d's unnamed collectives cannot key; the backend's all_reduce uses its "
+                          "reference, maxmin with GRADCOMP_BITS (DistributedOptimizer applies auto)")
+            spec["codec"] = "maxmin"
         if _b.codec_info()[spec["codec"]]["sparse"]:
             warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=topk needs a per-tensor accumulator across steps, "
                           "which c10d's unnamed collectives cannot key; the backend's all_reduce stays exact (use "

@@ -1,0 +1,64 @@
+"""gradcomp.torch under GRADCOMP_COMPRESSION=auto (mpirun -np 2, GRADCOMP_AUTO_INTERVAL=2): the
+default compression of DistributedOptimizer chooses per tensor, and on one machine its cost
+model keeps every tensor uncompressed; the torch.distributed backend, which cannot key tensors
+across steps, falls back to the reference (4-bit maxmin) with a warning."""
+import hashlib
+import os
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradcomp.torch as hvd
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime():
+    assert os.environ.get("GRADCOMP_COMPRESSION") == "auto"
+    hvd.init()
+    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1(job.encode()).hexdigest(), 16) % 20000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("gradcomp", rank=hvd.rank(), world_size=hvd.size())
+    assert any("GRADCOMP_COMPRESSION=auto" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    yield
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def test_the_backend_uses_the_reference():
+    g = torch.Generator().manual_seed(hvd.rank())
+    x = torch.randn(64, 1024, generator=g)
+    exact = hvd.allreduce(x, op=hvd.Sum, name="exact", compression=hvd.Compression.none)
+    before = hvd.stats()["compressed_bytes_on_wire"]
+    dist.all_reduce(x)
+    assert hvd.stats()["compressed_bytes_on_wire"] > before
+    rel = float((x - exact).norm() / exact.norm())
+    assert 0.02 < rel < 0.2, rel  # 4 bits
+
+
+def test_on_one_machine_the_cost_model_keeps_every_layer_raw():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=[(f"raw.{n}", p) for n, p in model.named_parameters()])
+    before = hvd.stats()
+    for step in range(6):
+        x = torch.randn(16, 256, generator=torch.Generator().manual_seed(step * 10 + hvd.rank()))
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    after = hvd.stats()
+    assert after["auto_choices"] - before["auto_choices"] == 2  # at steps 3 and 5
+    choices = {n: c for n, c in hvd.compression_choices().items() if n.startswith("allreduce.raw.")}
+    assert set(choices) == {"allreduce.raw.0.weight", "allreduce.raw.2.weight"}, choices
+    for name, c in choices.items():
+        assert c["setting"] == "none", (name, c)
+        seconds = c["estimated_seconds"]  # the cost model's estimates, made on rank 0
+        if hvd.rank() == 0:
+            assert seconds and all(seconds["none"] <= s for s in seconds.values()), (name, seconds)
+    digests = hvd.allgather_object(hashlib.sha256(model[0].weight.detach().numpy().tobytes()).hexdigest())
+    assert digests[0] == digests[1]
