@@ -43,6 +43,8 @@ def configs(interval):
         "maxmin2": lambda: hvd.Compression.maxmin(2),
         "maxmin2_ef": lambda: hvd.Compression.maxmin(2, error_feedback=True),
         "auto": lambda: hvd.Compression.auto(BITS, interval=interval),
+        "auto_ref3": lambda: hvd.Compression.auto(BITS, interval=interval,
+                                                  reference=hvd.Compression.maxmin(3)),
         "auto_ef": lambda: hvd.Compression.auto(BITS, interval=interval,
                                                 reference=hvd.Compression.maxmin(4, error_feedback=True)),
     }
