@@ -54,6 +54,15 @@ FLAGS = {
     "--mpi-args": ("mpi_args", "str", "extra arguments for mpirun, quoted: --mpi-args='--mca btl tcp,self'"),
     "--mpirun": ("mpirun", "str", "the mpirun to use (default: the one on PATH)"),
     "--dry-run": ("dry_run", "bool", "print the mpirun command and exit"),
+    "--elastic": ("elastic", "bool", "relaunch on the hosts available when ranks fail or hosts change"),
+    "--min-np": ("min_np", "int", "with --elastic: fewest ranks to run with (default -np)"),
+    "--max-np": ("max_np", "int", "with --elastic: most ranks to run with (default -np)"),
+    "--host-discovery-script": ("host_discovery_script", "str", "with --elastic: prints the hosts available, host:slots per line"),
+    "--reset-limit": ("reset_limit", "int", "with --elastic: most relaunches before giving up (default: no limit)"),
+    "--elastic-timeout": ("elastic_timeout", "float", "with --elastic: seconds to wait for --min-np slots (600)"),
+    "--blacklist-after": ("blacklist_after", "int", "with --elastic: failures after which a host is not used again (2)"),
+    "--failure-cooldown": ("failure_cooldown", "float", "with --elastic: seconds a host sits out after a failure (60)"),
+    "--elastic-dir": ("elastic_dir", "str", "with --elastic: where ranks keep their last commit (default: a temporary directory)"),
 }
 _ALIASES = {"--num-proc": "-np", "-n": "-np", "--np": "-np"}
 FORWARDED_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
@@ -253,6 +262,15 @@ def run(argv):
     if opts.get("help"):
         print(help_text())
         return 0
+    if opts.get("elastic"):
+        if opts.get("dry_run"):
+            raise LaunchError("--dry-run does not apply to --elastic (every launch is printed as it happens)")
+        import elastic  # the sibling module: launcher/elastic.py
+        return elastic.Elastic(opts, command, build_command, LaunchError).run()
+    for flag in ("min_np", "max_np", "host_discovery_script", "reset_limit", "elastic_timeout", "blacklist_after",
+                 "failure_cooldown", "elastic_dir"):
+        if opts.get(flag) is not None:
+            raise LaunchError(f"--{flag.replace('_', '-')} needs --elastic")
     args, env, assigned = build_command(opts, command)
     if opts.get("dry_run") or opts.get("verbose"):
         # A shell line that runs the same job: the variables gcrun sets, then mpirun.

@@ -34,6 +34,8 @@ from gradcomp.torch.optimizer import DistributedOptimizer
 from gradcomp.torch.sync_batch_norm import SyncBatchNorm
 from gradcomp.torch.ddp_hook import DDPHookState, ddp_hook
 from gradcomp.torch import backend as _backend
+from gradcomp.torch import elastic  # hvd.elastic.TorchState, hvd.elastic.run
+from gradcomp.elastic import HostsUpdatedInterrupt
 
 # Horovod raises HorovodInternalError when a collective fails for a reason outside the
 # caller's arguments (a peer lost, a stall shut down); gradcomp raises GradcompError then.
@@ -90,7 +92,7 @@ def ccl_built():
     return False
 
 
-__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
+__all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
            "cross_size", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
            "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
            "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",

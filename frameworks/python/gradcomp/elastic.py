@@ -1,0 +1,244 @@
+"""Elastic training, framework-neutral part (Horovod's elastic API over relaunches).
+
+An MPI world cannot gain or lose members, so gradcomp does what torchrun does: when hosts fail,
+leave or join, `gcrun --elastic` relaunches every rank on the hosts available, and the training
+state comes back from the last commit. The script is a Horovod elastic script:
+
+    state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            ...
+            state.commit()   # saves the state; raises HostsUpdatedInterrupt when hosts changed
+
+    train(state)
+
+- commit() keeps a copy of the state in memory and, under `gcrun --elastic`, writes it to
+  GRADCOMP_ELASTIC_DIR on each host (by the host's first rank; a file per host name), then
+  checks with every rank whether gcrun has announced a change of hosts (SIGUSR1, forwarded by
+  mpirun): if any rank heard it, every rank raises HostsUpdatedInterrupt at this commit.
+- run(): on HostsUpdatedInterrupt under gcrun --elastic the ranks exit with RESTART_EXIT and
+  gcrun relaunches them on the new hosts; without gcrun nothing can change the world and the
+  function is called again from the commit. A failed peer (GradcompError) ends the rank:
+  gcrun relaunches the job without the failed host.
+- sync() at the start of a relaunched job: the ranks agree on the newest commit found on any
+  host (the hosts that survived hold it), load it from the lowest rank that has it and
+  broadcast it, so every replica starts bit-identical; on a first start, rank 0's state is
+  broadcast as in Horovod. Reset callbacks run after a relaunch (the world may have changed
+  size: rescale the learning rate there).
+"""
+import copy
+import functools
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+
+from gradcomp import basics as _b
+
+RESTART_EXIT = 75  # launcher/elastic.py: the ranks stopped at a commit for a change of hosts
+
+_notified = threading.Event()
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by State.commit()/check_host_updates() on every rank when hosts were added or removed."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the hosts of the job changed")
+        self.skip_sync = skip_sync
+
+
+def under_gcrun():
+    """Whether this rank runs under gcrun --elastic."""
+    return os.environ.get("GRADCOMP_ELASTIC") == "1"
+
+
+def notify_hosts_updated():
+    """Marks a change of hosts, as gcrun's SIGUSR1 does: the next commit raises HostsUpdatedInterrupt."""
+    _notified.set()
+
+
+def _listen():
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, lambda signum, frame: _notified.set())
+
+
+def _say(message):
+    # Rank 0 says what happens to the job; every rank says what concerns it alone.
+    print(f"gradcomp elastic (rank {_b.rank()}): {message}", file=sys.stderr, flush=True)
+
+
+def commit_path(directory):
+    return os.path.join(directory, f"commit-{socket.gethostname()}.pkl")
+
+
+class State:
+    """The state that survives a change of hosts. Subclasses keep the committed copy
+    (save/restore), broadcast it (sync_from_root) and turn it into something picklable
+    (snapshot/load_snapshot)."""
+
+    def __init__(self, bcast_object, get_rank, allgather_object):
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._allgather_object = allgather_object
+        self._reset_callbacks = []
+        self._commits = 0          # commits so far, over relaunches
+        self._started = False      # sync() ran once in this process
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions called after a reset (a relaunch on other hosts, or a change of hosts)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        for callback in self._reset_callbacks:
+            callback()
+
+    @property
+    def commits(self):
+        return self._commits
+
+    def commit(self):
+        """Saves the state (in memory, and under gcrun --elastic on disk on every host), then
+        raises HostsUpdatedInterrupt on every rank if gcrun announced a change of hosts."""
+        self.save()
+        self._commits += 1
+        self._persist()
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        heard = self._allgather_object(_notified.is_set(), name=f"elastic.hosts_updated.{self._commits}")
+        if any(heard):
+            _notified.clear()
+            raise HostsUpdatedInterrupt()
+
+    # -- what subclasses provide ---------------------------------------------------------------
+    def save(self):
+        raise NotImplementedError
+
+    def restore(self):
+        raise NotImplementedError
+
+    def sync_from_root(self):
+        raise NotImplementedError
+
+    def snapshot(self):
+        raise NotImplementedError
+
+    def load_snapshot(self, snap):
+        raise NotImplementedError
+
+    def dump(self, obj, f):
+        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def load(self, f):
+        return pickle.load(f)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def _persist(self):
+        directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
+        if not directory or _b.local_rank() != 0:
+            return
+        os.makedirs(directory, exist_ok=True)
+        path = commit_path(directory)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            self.dump({"commit": self._commits, "world": _b.size(), "state": self.snapshot()}, f)
+        os.replace(tmp, path)  # a rank killed while writing leaves the previous commit whole
+
+    def _restore_persisted(self):
+        """Loads the newest commit any host holds; False when there is none."""
+        directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
+        blob, mine = None, -1
+        if directory and os.path.exists(commit_path(directory)):
+            try:
+                with open(commit_path(directory), "rb") as f:
+                    blob = self.load(f)
+                mine = int(blob["commit"])
+            except Exception as e:  # a damaged file: the other hosts' copies may do
+                _say(f"cannot read the commit in {commit_path(directory)} ({e!r}); not using it")
+                blob, mine = None, -1
+        views = self._allgather_object((mine, _b.rank()), name="elastic.commits")
+        best = max(c for c, _ in views)
+        if best < 0:
+            return False
+        owner = min(r for c, r in views if c == best)
+        blob = self._bcast_object(blob if _b.rank() == owner else None, root_rank=owner, name="elastic.commit")
+        self.load_snapshot(blob["state"])
+        self._commits = best
+        self.restore()
+        if _b.rank() == 0:
+            _say(f"restored commit {best} (made by {blob['world']} ranks) from rank {owner}'s host; "
+                 f"{_b.size()} ranks now. Error-feedback and DGC memories (per rank, in the runtime) start "
+                 f"from zero after a relaunch: they are not part of a commit")
+        return True
+
+    def sync(self):
+        """Makes every rank's state identical: on the first call of a relaunched job, from the
+        newest commit; otherwise from rank 0."""
+        first, self._started = not self._started, True
+        if first and self._restore_persisted():
+            return
+        self.sync_from_root()
+        self.save()
+
+
+class ObjectState(State):
+    """Plain Python attributes (picklable), given as keyword arguments."""
+
+    def __init__(self, bcast_object, get_rank, allgather_object, **kwargs):
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object, get_rank, allgather_object)
+
+    def save(self):
+        self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
+
+    def restore(self):
+        self._set_attrs()
+
+    def sync_from_root(self):
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state, root_rank=0, name="elastic.objects")
+            self._set_attrs()
+
+    def snapshot(self):
+        return {"objects": dict(self._saved_state)}
+
+    def load_snapshot(self, snap):
+        self._saved_state = dict(snap["objects"])
+
+    def _set_attrs(self):
+        for k, v in self._saved_state.items():
+            setattr(self, k, v)
+
+
+def run_fn(func):
+    """The body of hvd.elastic.run (see the module's docstring)."""
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        if under_gcrun():
+            _listen()
+        relaunched = int(os.environ.get("GRADCOMP_ELASTIC_RESETS", "0")) > 0
+        skip_sync = False
+        while True:
+            if not skip_sync:
+                state.sync()
+            if relaunched:
+                state.on_reset()
+            try:
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt as e:
+                if under_gcrun():
+                    if _b.rank() == 0:
+                        _say(f"hosts changed: stopping at commit {state.commits} for gcrun to relaunch")
+                    _b.shutdown()
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(RESTART_EXIT)
+                # Nothing else can change an MPI world: go on from the commit.
+                skip_sync, relaunched = e.skip_sync, True
+    return wrapper

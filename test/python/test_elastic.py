@@ -1,0 +1,232 @@
+"""Elastic training (gcrun --elastic, gradcomp.torch.elastic): the launcher's decisions on their
+own, then whole jobs of examples/torch_elastic_digits.py: a host added by the discovery script
+joins at the next commit; on an emulated cluster (root, network namespaces) a SIGKILLed rank's
+host is left out and the job goes on from the last commit on the other two, reaching the
+accuracy of an undisturbed run; a node whose link is cut and that discovery drops is left
+behind. Run by ctest with plain pytest (gcrun starts mpirun itself)."""
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GCRUN = os.path.join(ROOT, "gcrun")
+EXAMPLE = os.path.join(ROOT, "examples", "torch_elastic_digits.py")
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+PY = "/usr/bin/python3"
+sys.path.insert(0, os.path.join(ROOT, "launcher"))
+import elastic  # noqa: E402
+import gcrun  # noqa: E402
+
+
+# -- the launcher on its own ------------------------------------------------------------------
+
+
+def make(argv):
+    opts, command = gcrun.parse_args(argv)
+    return elastic.Elastic(opts, command, gcrun.build_command, gcrun.LaunchError)
+
+
+def test_discovery_output_is_parsed_and_bad_lines_are_named():
+    assert elastic.parse_discovered("a:2\n\n# comment\nb\na:1\n", "s") == {"a": 3, "b": 1}
+    with pytest.raises(ValueError, match=r"s line 2: bad slots in 'b:x'"):
+        elastic.parse_discovered("a:2\nb:x\n", "s")
+    with pytest.raises(ValueError, match="bad host 'c:0'"):
+        elastic.parse_discovered("c:0", "s")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min-np", "2", "-np", "2", "x"], "--min-np needs --elastic"),
+    (["--elastic", "-np", "2", "x"], "--elastic needs --host-discovery-script or a host list"),
+    (["--elastic", "--min-np", "3", "--max-np", "2", "-H", "a:3", "x"], "--max-np 2 is below --min-np 3"),
+    (["--elastic", "--host-discovery-script", "s", "-H", "a:2", "-np", "2", "x"], "not both"),
+    (["--elastic", "--blacklist-after", "0", "-H", "a:2", "-np", "2", "x"], "--blacklist-after must be at least 1"),
+])
+def test_bad_elastic_invocations_are_named(argv, message):
+    result = subprocess.run([GCRUN] + argv, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_a_failed_host_cools_down_then_is_blacklisted_and_min_np_wins():
+    e = make(["--elastic", "--min-np", "2", "--max-np", "3", "-H", "a:1,b:1,c:1", "--failure-cooldown", "30", "x"])
+    hosts = {"a": 1, "b": 1, "c": 1}
+    assert e.plan(e.usable(hosts, 0)) == hosts
+    e.cooling["c"] = 30
+    assert e.usable(hosts, 10) == {"a": 1, "b": 1}      # c sits out its cooldown
+    assert e.usable(hosts, 31) == hosts                 # and comes back after it
+    e.cooling["b"] = 30
+    assert e.usable(hosts, 10) == hosts                 # alone, a is below --min-np: use them all
+    e.blacklist.add("c")
+    assert e.usable(hosts, 10) == {"a": 1, "b": 1}      # blacklisted is never used
+    # The rank mpirun names, mapped to the host it ran on (ranks fill hosts in order).
+    used = {"a": 2, "b": 1}
+    assert e.blame(["mpirun noticed that process rank 2 with PID 7 on node zz exited on signal 9 (Killed).\n"],
+                   used) == "b"
+    assert e.blame(["  Process name: [[4011,1],1]\n  Exit code: 1\n"], used) == "a"
+    assert e.blame(["nothing useful\n"], used) is None
+
+
+# -- whole jobs --------------------------------------------------------------------------------
+
+
+class Job:
+    """gcrun running in the background; its output collected line by line."""
+
+    def __init__(self, argv, prefix=(), env=None):
+        self.lines = []
+        self.proc = subprocess.Popen(list(prefix) + [PY, GCRUN] + argv, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                     env=dict(os.environ, **(env or {})))
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self):
+        return "".join(self.lines)
+
+    def wait_for(self, pattern, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if re.search(pattern, self.output):
+                return
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} in the job's output:\n{self.output[-6000:]}")
+
+    def finish(self, timeout=300):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+            raise AssertionError(f"gcrun still running after {timeout} s:\n{self.output[-6000:]}")
+        self.reader.join(timeout=10)
+        return self.proc.returncode
+
+    def result(self):
+        found = re.findall(r"^RESULT (.*)$", self.output, re.M)
+        assert len(found) == 1, self.output[-6000:]
+        return json.loads(found[0])
+
+
+EPOCHS = 14
+
+
+def undisturbed(tmp_path_factory, cache={}):
+    """The same training on 3 ranks without any fault (once per session)."""
+    if "result" not in cache:
+        job = Job(["--elastic", "-np", "3", "-H", "localhost:3", PY, EXAMPLE, "--epochs", str(EPOCHS)])
+        assert job.finish() == 0, job.output[-6000:]
+        cache["result"] = job.result()
+    return cache["result"]
+
+
+def assert_same_band(result, reference):
+    assert result["epochs"] == EPOCHS, result
+    assert result["accuracy"] >= 0.9 and abs(result["accuracy"] - reference["accuracy"]) <= 0.03, (result, reference)
+
+
+def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, tmp_path_factory):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    job = Job(["--elastic", "--min-np", "2", "--max-np", "3", "--host-discovery-script", f"cat {hosts}",
+               PY, EXAMPLE, "--epochs", str(EPOCHS)])
+    job.wait_for(r"epoch 2/\d+: 2 ranks")
+    hosts.write_text("localhost:3\n")
+    assert job.finish() == 0, job.output[-6000:]
+    out = job.output
+    assert "gcrun: elastic: more slots available: localhost:3; asking the ranks to stop at their next commit" in out
+    assert "gcrun: elastic: the ranks stopped at a commit for the change of hosts" in out, out[-6000:]
+    assert "launch 1: 3 ranks on localhost:3" in out, out[-6000:]
+    restored = re.search(r"restored commit (\d+) \(made by 2 ranks\)", out)
+    assert restored and int(restored.group(1)) > 0, out[-6000:]
+    assert "reset: 3 ranks, learning rate 0.03" in out, out[-6000:]
+    result = job.result()
+    assert result["ranks"] == 3 and result["resets"] == 1, result
+    assert_same_band(result, undisturbed(tmp_path_factory))
+
+
+# -- on an emulated cluster (one node per rank) ------------------------------------------------
+
+
+@pytest.fixture
+def cluster():
+    tag = "ge" + uuid.uuid4().hex[:6]
+    up = subprocess.run(["bash", CLUSTER, "up", tag, "3", "1gbit"], capture_output=True, text=True)
+    assert up.returncode == 0, f"the emulated cluster did not come up (needs root, ip, tc):\n{up.stderr}"
+    words = up.stdout.split("\n")[:-1]
+    prefix = words[:words.index("mpirun")]                        # ip netns exec TAG-head
+    mca = words[words.index("--mca"):words.index("-x")]            # the launch agent, TCP on eth0
+    nodes = words[-1].split(",")                                  # -H's value: one address per node
+    yield tag, prefix, " ".join(mca), nodes
+    subprocess.run(["bash", CLUSTER, "down", tag], check=True)
+
+
+def rank_pid(rank):
+    """The pid of the example's process of that rank (the ranks share this machine's pid space)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"torch_elastic_digits" in cmd and b"python" in cmd and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_a_killed_rank_leaves_its_host_out_and_training_goes_on(cluster, tmp_path_factory):
+    tag, prefix, mca, nodes = cluster
+    job = Job(["--elastic", "-np", "3", "--min-np", "2", "-H", ",".join(nodes), "--failure-cooldown", "600",
+               "--mpi-args", mca, PY, EXAMPLE, "--epochs", str(EPOCHS)], prefix=prefix)
+    job.wait_for(r"epoch 3/\d+: 3 ranks")
+    time.sleep(0.2)  # into epoch 4
+    pid = rank_pid(2)
+    assert pid, job.output[-6000:]
+    os.kill(pid, 9)
+    assert job.finish() == 0, job.output[-6000:]
+    out = job.output
+    assert re.search(rf"a rank on {re.escape(nodes[2])} failed \(status \d+\), failure 1 of that host: "
+                     r"left out for --failure-cooldown 600 s", out), out[-6000:]
+    assert f"launch 1: 2 ranks on {nodes[0]}:1,{nodes[1]}:1" in out, out[-6000:]
+    restored = re.search(r"restored commit (\d+) \(made by 3 ranks\)", out)
+    assert restored and int(restored.group(1)) >= 3, out[-6000:]
+    result = job.result()
+    assert result["ranks"] == 2 and result["resets"] == 1, result
+    assert_same_band(result, undisturbed(tmp_path_factory))
+
+
+def test_a_node_whose_link_is_cut_is_dropped(cluster, tmp_path):
+    tag, prefix, mca, nodes = cluster
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"{n}:1\n" for n in nodes))
+    job = Job(["--elastic", "--min-np", "2", "--max-np", "3", "--host-discovery-script", f"cat {hosts}",
+               "--elastic-timeout", "15", "--mpi-args", mca, PY, EXAMPLE, "--epochs", str(EPOCHS)],
+              prefix=prefix, env={"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS": "8"})
+    try:
+        job.wait_for(r"epoch 3/\d+: 3 ranks")
+        subprocess.run(["bash", CLUSTER, "cut", tag, "3"], check=True)
+        hosts.write_text("".join(f"{n}:1\n" for n in nodes[:2]))  # what a cluster manager would report
+        job.wait_for(r"launch 1: 2 ranks", timeout=120)
+    finally:
+        subprocess.run(["bash", CLUSTER, "heal", tag, "3"], check=True)
+    assert job.finish() == 0, job.output[-6000:]
+    out = job.output
+    assert f"hosts gone or shrunk: ['{nodes[2]}']; asking the ranks to stop at their next commit" in out, out[-6000:]
+    result = job.result()
+    assert result["ranks"] == 2 and result["epochs"] == EPOCHS and result["accuracy"] >= 0.9, result
