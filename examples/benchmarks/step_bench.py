@@ -31,6 +31,7 @@ Rank 0 prints one line per variant as it finishes and a Markdown table at the en
 appends one record per variant (model, variant, seconds per step, efficiency, ranks, link).
 """
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -94,6 +95,7 @@ MODELS = {
     "gpt2": (GPT2, lambda b, g: torch.randint(0, 50257, (b, 129), generator=g), language, 4),
 }
 
+AUTO_INTERVAL = [3]  # --auto-interval
 COMPRESSIONS = {
     "gc_none": lambda: hvd.Compression.none,
     "gc_fp16": lambda: hvd.Compression.fp16,
@@ -103,9 +105,10 @@ COMPRESSIONS = {
     "gc_topk1": lambda: hvd.Compression.topk(0.01),
     "gc_topk01": lambda: hvd.Compression.topk(0.001),
     "gc_powersgd": lambda: hvd.Compression.powersgd(rank=1, start_iter=0),
-    # Chooses every 3 steps (first at step 4: the warm-up's end with --warmup 3), so the timed
-    # steps include measurement steps as a real run's every 100th would.
-    "gc_auto": lambda: hvd.Compression.auto(interval=3),
+    # Chooses every --auto-interval steps (default 3: first at step 4, the warm-up's end with
+    # --warmup 3), so the timed steps include measurement steps, far more of them than a real
+    # run's every 100th: a pessimistic figure.
+    "gc_auto": lambda: hvd.Compression.auto(interval=AUTO_INTERVAL[0]),
 }
 VARIANTS = ["compute", "ddp", "ddp_fp16", "ddp_powersgd", *COMPRESSIONS, "backend4", "hook4"]
 
@@ -168,6 +171,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--auto-interval", type=int, default=3, help="gc_auto: steps between two choices")
     p.add_argument("--batch-size", type=int, default=0, help="per rank (default: the model's)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
@@ -176,6 +180,7 @@ def main():
     p.add_argument("--json", default="", help="append one JSON record per variant to this file")
     p.add_argument("--list-variants", action="store_true", help="print every variant and exit")
     args = p.parse_args()
+    AUTO_INTERVAL[0] = args.auto_interval
     if args.list_variants:
         print(",".join(VARIANTS))
         return
@@ -207,6 +212,9 @@ def main():
         if hvd.rank() == 0:
             print(f"  {variant:14s} {seconds:8.3f} s/step  {100 * reference / seconds:5.1f}%  CPU s/step: training "
                   f"thread {train_cpu:.3f}, other threads {other_cpu:.3f}", flush=True)
+            if variant == "gc_auto":  # what the cost model and the error budget chose, per tensor
+                chosen = collections.Counter(c["setting"] for c in hvd.compression_choices().values())
+                print("    auto chose: " + ", ".join(f"{n} x {k}" for k, n in chosen.most_common()), flush=True)
             if args.json:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"model": args.model, "variant": variant, "seconds": seconds,

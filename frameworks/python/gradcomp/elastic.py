@@ -81,7 +81,7 @@ class State:
     (save/restore), broadcast it (sync_from_root) and turn it into something picklable
     (snapshot/load_snapshot)."""
 
-    def __init__(self, bcast_object, get_rank, allgather_object):
+    def __init__(self, bcast_object, get_rank, allgather_object=None):
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._allgather_object = allgather_object
@@ -110,10 +110,16 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self):
-        heard = self._allgather_object(_notified.is_set(), name=f"elastic.hosts_updated.{self._commits}")
+        heard = self._gather(_notified.is_set(), f"elastic.hosts_updated.{self._commits}")
         if any(heard):
             _notified.clear()
             raise HostsUpdatedInterrupt()
+
+    def _gather(self, obj, name):
+        """Every rank's obj in rank order (Horovod's State has only a broadcast: one per rank then)."""
+        if self._allgather_object is not None:
+            return self._allgather_object(obj, name=name)
+        return [self._bcast_object(obj, root_rank=r, name=f"{name}.{r}") for r in range(_b.size())]
 
     # -- what subclasses provide ---------------------------------------------------------------
     def save(self):
@@ -161,7 +167,7 @@ class State:
             except Exception as e:  # a damaged file: the other hosts' copies may do
                 _say(f"cannot read the commit in {commit_path(directory)} ({e!r}); not using it")
                 blob, mine = None, -1
-        views = self._allgather_object((mine, _b.rank()), name="elastic.commits")
+        views = self._gather((mine, _b.rank()), "elastic.commits")
         best = max(c for c, _ in views)
         if best < 0:
             return False
@@ -189,7 +195,9 @@ class State:
 class ObjectState(State):
     """Plain Python attributes (picklable), given as keyword arguments."""
 
-    def __init__(self, bcast_object, get_rank, allgather_object, **kwargs):
+    def __init__(self, bcast_object, get_rank, allgather_object=None, **kwargs):
+        """As Horovod's ObjectState(bcast_object, get_rank, **kwargs); allgather_object, when
+        given, saves the broadcasts that stand in for it."""
         self._saved_state = dict(kwargs)
         self._set_attrs()
         super().__init__(bcast_object, get_rank, allgather_object)

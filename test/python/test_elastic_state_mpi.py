@@ -1,0 +1,130 @@
+"""gradcomp.torch.elastic's state in one job (mpirun -np 2 and 3): commit/restore, sync from rank
+0, a change of hosts heard by one rank interrupting every rank at the same commit, run()
+going on from the commit without gcrun, Horovod's ObjectState signature, the commit written
+to GRADCOMP_ELASTIC_DIR and brought back by a fresh state (what a relaunch does), and
+ElasticSampler splitting what is left of an epoch over the ranks. test_elastic.py runs whole
+jobs under gcrun --elastic."""
+import os
+import random
+import shutil
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gradcomp.torch as hvd
+from gradcomp import elastic as common
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime():
+    hvd.init()
+    yield
+    hvd.shutdown()
+
+
+@pytest.fixture
+def commit_dir():
+    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
+    path = f"/tmp/gradcomp-elastic-test-{job}"
+    os.environ["GRADCOMP_ELASTIC_DIR"] = path
+    yield path
+    hvd.barrier()
+    del os.environ["GRADCOMP_ELASTIC_DIR"]
+    if hvd.rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def model_and_optimizer(seed):
+    """A 1.3M-parameter MLP, different on every rank when seeds differ, with Adam state."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 768), nn.ReLU(), nn.Linear(768, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 512)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def test_sync_makes_every_rank_rank0s_and_restore_undoes_uncommitted_work():
+    model, opt = model_and_optimizer(seed=100 + hvd.rank())
+    state = hvd.elastic.TorchState(model, opt, epoch=hvd.rank(), batch=0)
+    state.sync()
+    everyone = hvd.allgather_object((flat(model), state.epoch, opt.state_dict()["state"][0]["exp_avg"]))
+    for w, epoch, exp_avg in everyone:
+        assert torch.equal(w, everyone[0][0]) and epoch == 0 and torch.equal(exp_avg, everyone[0][2])
+    committed = flat(model).clone()
+    state.batch = 7
+    state.commit()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    state.batch = 99
+    state.restore()
+    assert torch.equal(flat(model), committed) and state.batch == 7
+
+
+def test_a_notice_on_one_rank_interrupts_every_rank_at_the_same_commit():
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)  # Horovod's signature
+    state.commit()  # nothing heard: no interrupt
+    if hvd.rank() == hvd.size() - 1:
+        common.notify_hosts_updated()
+    with pytest.raises(hvd.HostsUpdatedInterrupt):
+        state.commit()
+    state.commit()  # heard once, acted on once
+
+
+def test_run_without_gcrun_goes_on_from_the_commit_after_a_change_of_hosts():
+    model, opt = model_and_optimizer(seed=7)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    calls, resets = [], []
+    state.register_reset_callbacks([lambda: resets.append(state.step)])
+
+    @hvd.elastic.run
+    def train(state, last):
+        calls.append(state.step)
+        while state.step < last:
+            state.step += 1
+            if state.step == 3 and len(calls) == 1 and hvd.rank() == 0:
+                common.notify_hosts_updated()
+            state.commit()
+        return state.step
+
+    assert train(state, 6) == 6
+    assert calls == [0, 3] and resets == [3], (calls, resets)
+
+
+def test_a_commit_on_disk_comes_back_in_a_fresh_state(commit_dir):
+    model, opt = model_and_optimizer(seed=11)
+    dataset = torch.utils.data.TensorDataset(torch.arange(1000))
+    sampler = hvd.elastic.ElasticSampler(dataset, seed=3)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=2, batches=0)
+    state.sync()
+    for i in range(5):
+        sampler.record_batch(i, 10)
+    state.batches = 5
+    state.commit()
+    assert os.path.exists(common.commit_path(commit_dir))
+    committed, adam = flat(model).clone(), opt.state_dict()["state"][0]["exp_avg"].clone()
+
+    # A relaunched process: other weights, nothing processed; its first sync() finds the commit.
+    model2, opt2 = model_and_optimizer(seed=500 + hvd.rank())
+    sampler2 = hvd.elastic.ElasticSampler(dataset, seed=3)
+    fresh = hvd.elastic.TorchState(model2, opt2, sampler=sampler2, epoch=0, batches=0)
+    fresh.sync()
+    assert torch.equal(flat(model2), committed)
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], adam)
+    assert (fresh.epoch, fresh.batches, fresh.commits) == (2, 5, state.commits)
+    # The sampler resumes the epoch: what is left, split over the ranks, none seen twice.
+    done = 5 * 10 * hvd.size()
+    assert sampler2.processed_num == done
+    mine = list(iter(sampler2))
+    everyone = hvd.allgather_object(mine)
+    left = sorted(set(i for part in everyone for i in part))
+    order = list(range(1000))
+    random.Random(3 + sampler2.epoch).shuffle(order)  # the sampler's seed plus its epoch (0)
+    assert left == sorted(order[done:])
+    assert all(len(part) == len(mine) for part in everyone)
