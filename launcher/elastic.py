@@ -31,8 +31,13 @@ import time
 
 RESTART_EXIT = 75  # the ranks' status when they stop at a commit for a change of hosts (EX_TEMPFAIL)
 
-# Open MPI's words for a rank that died or failed (the first that did).
+# Who failed, most reliable first: Open MPI's report of a rank killed by a signal; a rank's own
+# report of an exception in the training function (gradcomp/elastic.py: ranks that stop
+# because a collective failed say something else, they are not to blame); Open MPI's report of
+# the first rank with a non-zero status (printed only in some cases, e.g. not when every rank
+# fails before MPI starts: then no host is blamed, and the reset limit bounds the retries).
 _KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_RAISED = re.compile(r"gradcomp elastic: rank (\d+) failed: ")
 _FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
 
 
@@ -224,7 +229,7 @@ class Elastic:
     def blame(self, lines, used):
         """The host of the rank mpirun reports as failed first, or None."""
         text = "".join(lines)
-        m = _KILLED.search(text) or _FAILED.search(text)
+        m = _KILLED.search(text) or _RAISED.search(text) or _FAILED.search(text)
         if m:
             rank = int(m.group(1))
             for h, n in used.items():

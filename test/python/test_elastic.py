@@ -72,6 +72,39 @@ def test_a_failed_host_cools_down_then_is_blacklisted_and_min_np_wins():
     assert e.blame(["nothing useful\n"], used) is None
 
 
+def test_the_reset_limit_ends_a_job_that_keeps_failing():
+    result = subprocess.run([GCRUN, "--elastic", "-np", "2", "-H", "localhost:2", "--reset-limit", "1",
+                             "--failure-cooldown", "0", "--blacklist-after", "5", "/bin/sh", "-c", "exit 3"],
+                            capture_output=True, text=True, timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 3, out
+    assert "launch 0: 2 ranks on localhost:2" in out and "launch 1: 2 ranks on localhost:2" in out, out
+    # Every rank failed before starting MPI: nobody is to blame, the reset limit ends it.
+    assert "the job failed (status 3) and mpirun did not say which rank; no host is blamed" in out, out
+    assert "--reset-limit 1 reached: giving up" in out and "launch 2" not in out, out
+
+
+def test_a_blacklisted_host_leaves_too_few_slots_and_gcrun_says_so():
+    # Rank 1 raises in the training function; rank 0 then fails in a collective (not its fault).
+    script = ("import torch\nimport gradcomp.torch as hvd\nhvd.init()\n"
+              "state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)\n"
+              "@hvd.elastic.run\ndef train(state):\n"
+              "    if hvd.rank() == 1:\n        raise ValueError('bad batch')\n"
+              "    hvd.allreduce(torch.zeros(1), name='never')\n"
+              "train(state)\n")
+    result = subprocess.run([GCRUN, "--elastic", "-np", "2", "-H", "localhost:2", "--blacklist-after", "1",
+                             "--elastic-timeout", "1", PY, "-c", script],
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS="5"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert "gradcomp elastic: rank 1 failed: ValueError: bad batch" in out, out
+    assert "a rank on localhost failed (status 1), failure 1 of that host: blacklisted for the rest of the job " \
+           "(--blacklist-after 1)" in out, out
+    assert "gcrun: error: --elastic-timeout 1 s: only 0 slots available ((none); blacklisted: ['localhost']), " \
+           "--min-np is 2" in out, out
+
+
 # -- whole jobs --------------------------------------------------------------------------------
 
 

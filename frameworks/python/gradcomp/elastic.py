@@ -38,6 +38,7 @@ import sys
 import threading
 
 from gradcomp import basics as _b
+from gradcomp._core import GradcompError
 
 RESTART_EXIT = 75  # launcher/elastic.py: the ranks stopped at a commit for a change of hosts
 
@@ -249,4 +250,13 @@ def run_fn(func):
                     os._exit(RESTART_EXIT)
                 # Nothing else can change an MPI world: go on from the commit.
                 skip_sync, relaunched = e.skip_sync, True
+            except GradcompError as e:  # a collective failed: usually a peer's fault, not ours
+                if under_gcrun():
+                    _say(f"stopping: a collective failed ({str(e).splitlines()[0][:200]})")
+                raise
+            except Exception as e:
+                if under_gcrun():  # gcrun blames this rank's host (launcher/elastic.py)
+                    print(f"gradcomp elastic: rank {_b.rank()} failed: {type(e).__name__}: {e}"[:500],
+                          file=sys.stderr, flush=True)
+                raise
     return wrapper
