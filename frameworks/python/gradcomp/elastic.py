@@ -73,6 +73,15 @@ def _say(message):
     print(f"gradcomp elastic (rank {_b.rank()}): {message}", file=sys.stderr, flush=True)
 
 
+_writer = None  # the thread writing the last commit to disk, if any
+
+
+def wait_for_writes():
+    """Returns once the last commit is on disk."""
+    if _writer is not None:
+        _writer.join()
+
+
 def commit_path(directory):
     return os.path.join(directory, f"commit-{socket.gethostname()}.pkl")
 
@@ -146,19 +155,34 @@ class State:
 
     # -- persistence -----------------------------------------------------------------------------
     def _persist(self):
+        """Writes the commit just saved in the background: training goes on while it is
+        serialized (save() made new copies, which no later save() changes). One write at a time;
+        the next commit, a relaunch's exit and the interpreter's exit wait for it."""
         directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
         if not directory or _b.local_rank() != 0:
             return
-        os.makedirs(directory, exist_ok=True)
-        path = commit_path(directory)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            self.dump({"commit": self._commits, "world": _b.size(), "state": self.snapshot()}, f)
-        os.replace(tmp, path)  # a rank killed while writing leaves the previous commit whole
+        blob = {"commit": self._commits, "world": _b.size(), "state": self.snapshot()}
+
+        def write():
+            path = commit_path(directory)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            try:
+                os.makedirs(directory, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    self.dump(blob, f)
+                os.replace(tmp, path)  # a rank killed while writing leaves the previous commit whole
+            except Exception as e:  # the job goes on; a relaunch would start from an older commit
+                _say(f"could not write commit {blob['commit']} to {path}: {e!r}")
+
+        global _writer
+        wait_for_writes()
+        _writer = threading.Thread(target=write, name="gradcomp-elastic-commit")  # not a daemon
+        _writer.start()
 
     def _restore_persisted(self):
         """Loads the newest commit any host holds; False when there is none."""
         directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
+        wait_for_writes()
         blob, mine = None, -1
         if directory and os.path.exists(commit_path(directory)):
             try:
@@ -244,6 +268,7 @@ def run_fn(func):
                 if under_gcrun():
                     if _b.rank() == 0:
                         _say(f"hosts changed: stopping at commit {state.commits} for gcrun to relaunch")
+                    wait_for_writes()
                     _b.shutdown()
                     sys.stdout.flush()
                     sys.stderr.flush()
