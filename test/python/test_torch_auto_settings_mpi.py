@@ -1,9 +1,10 @@
 """gradcomp.torch under GRADCOMP_COMPRESSION=auto (mpirun -np 2, GRADCOMP_AUTO_INTERVAL=2): the
-default compression of DistributedOptimizer chooses per tensor, and on one machine its cost
-model keeps every tensor uncompressed; the torch.distributed backend, which cannot key tensors
+default compression of DistributedOptimizer chooses per tensor, compressing only what its cost
+model estimates faster than raw, the same on every rank; the torch.distributed backend, which cannot key tensors
 across steps, falls back to the reference (4-bit maxmin) with a warning."""
 import hashlib
 import os
+import re
 import warnings
 
 import pytest
@@ -40,7 +41,16 @@ def test_the_backend_uses_the_reference():
     assert 0.02 < rel < 0.2, rel  # 4 bits
 
 
-def test_on_one_machine_the_cost_model_keeps_every_layer_raw():
+def token(setting):
+    """compression_choices()' setting as its candidate name: 'maxmin(bits=4, ...)' -> 'maxmin4'."""
+    m = re.match(r"maxmin\(bits=(\d+)", setting)
+    return f"maxmin{m.group(1)}" if m else setting
+
+
+def test_the_cost_model_compresses_only_what_it_estimates_faster_than_raw():
+    # Which way it goes on one machine is timing (shared memory is faster than the codecs, so
+    # raw: the one-node rows of docs/benchmarks.md; on a loaded 2-core machine a probe can say
+    # otherwise); what must hold is that the choice follows the estimates, on every rank alike.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -55,10 +65,17 @@ def test_on_one_machine_the_cost_model_keeps_every_layer_raw():
     assert after["auto_choices"] - before["auto_choices"] == 2  # at steps 3 and 5
     choices = {n: c for n, c in hvd.compression_choices().items() if n.startswith("allreduce.raw.")}
     assert set(choices) == {"allreduce.raw.0.weight", "allreduce.raw.2.weight"}, choices
+    everyone = hvd.allgather_object({n: c["setting"] for n, c in choices.items()})
+    assert all(e == everyone[0] for e in everyone), everyone
     for name, c in choices.items():
-        assert c["setting"] == "none", (name, c)
         seconds = c["estimated_seconds"]  # the cost model's estimates, made on rank 0
-        if hvd.rank() == 0:
-            assert seconds and all(seconds["none"] <= s for s in seconds.values()), (name, seconds)
+        if hvd.rank() != 0:
+            continue
+        assert seconds and set(seconds) >= {"none", "fp16", "maxmin4"}, (name, seconds)
+        chosen = token(c["setting"])
+        if chosen == "none":  # every compressed candidate was estimated slower, so left out
+            assert all(seconds["none"] < s for k, s in seconds.items() if k != "none"), (name, seconds)
+        else:
+            assert seconds[chosen] <= seconds["none"], (name, chosen, seconds)
     digests = hvd.allgather_object(hashlib.sha256(model[0].weight.detach().numpy().tobytes()).hexdigest())
     assert digests[0] == digests[1]
