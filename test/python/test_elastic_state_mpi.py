@@ -107,7 +107,8 @@ def test_a_commit_on_disk_comes_back_in_a_fresh_state(commit_dir):
         sampler.record_batch(i, 10)
     state.batches = 5
     state.commit()
-    common.wait_for_writes()  # written in the background
+    common.wait_for_writes()  # written in the background by the host's first rank
+    hvd.barrier()
     assert os.path.exists(common.commit_path(commit_dir))
     committed, adam = flat(model).clone(), opt.state_dict()["state"][0]["exp_avg"].clone()
 
