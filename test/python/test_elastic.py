@@ -79,8 +79,11 @@ def test_the_reset_limit_ends_a_job_that_keeps_failing():
     out = result.stdout + result.stderr
     assert result.returncode == 3, out
     assert "launch 0: 2 ranks on localhost:2" in out and "launch 1: 2 ranks on localhost:2" in out, out
-    # Every rank failed before starting MPI: nobody is to blame, the reset limit ends it.
-    assert "the job failed (status 3) and mpirun did not say which rank; no host is blamed" in out, out
+    # Every rank failed before starting MPI: mpirun names the first (then localhost is blamed)
+    # or, in some runs, nobody; either way each failure is reported and the reset limit ends it.
+    said = (out.count("the job failed (status 3) and mpirun did not say which rank; no host is blamed")
+            + len(re.findall(r"a rank on localhost failed \(status 3\), failure \d of that host", out)))
+    assert said == 2, out
     assert "--reset-limit 1 reached: giving up" in out and "launch 2" not in out, out
 
 
