@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 
+DISCOVERY_INTERVAL = 1.0  # seconds between two looks at the hosts (as Horovod's driver)
 RESTART_EXIT = 75  # the ranks' status when they stop at a commit for a change of hosts (EX_TEMPFAIL)
 
 # Who failed, most reliable first: Open MPI's report of a rank killed by a signal; a rank's own
@@ -108,7 +109,7 @@ class Elastic:
         if self.blacklist_after < 1:
             raise launch_error(f"--blacklist-after must be at least 1, got {self.blacklist_after}")
         self.cooldown = opts.get("failure_cooldown", 60.0)
-        self.interval = opts.get("discovery_interval", 1.0)
+        self.interval = DISCOVERY_INTERVAL
         script = opts.get("host_discovery_script")
         fixed = None
         if script is None:
@@ -206,13 +207,13 @@ class Elastic:
             now = time.time()
             available = self.usable(self.discovery.hosts(), now)
             gone = sorted(h for h in used if available.get(h, 0) < used[h])
-            grown = self.plan(available) != used and sum(self.plan(available).values()) > sum(used.values())
+            wanted = self.plan(available)
+            grown = sum(wanted.values()) > sum(used.values())
             if not gone and not grown:
                 notice_sent, gone_since = None, None
                 continue
             if notice_sent is None:
-                what = (f"hosts gone or shrunk: {gone}" if gone else
-                        f"more slots available: {fmt(self.plan(available))}")
+                what = f"hosts gone or shrunk: {gone}" if gone else f"more slots available: {fmt(wanted)}"
                 say(f"{what}; asking the ranks to stop at their next commit")
             if notice_sent is None or now - notice_sent >= 5:
                 try:

@@ -159,13 +159,12 @@ class Job:
 EPOCHS = 14
 
 
-def undisturbed(tmp_path_factory, cache={}):
+@pytest.fixture(scope="session")
+def undisturbed():
     """The same training on 3 ranks without any fault (once per session)."""
-    if "result" not in cache:
-        job = Job(["--elastic", "-np", "3", "-H", "localhost:3", PY, EXAMPLE, "--epochs", str(EPOCHS)])
-        assert job.finish() == 0, job.output[-6000:]
-        cache["result"] = job.result()
-    return cache["result"]
+    job = Job(["--elastic", "-np", "3", "-H", "localhost:3", PY, EXAMPLE, "--epochs", str(EPOCHS)])
+    assert job.finish() == 0, job.output[-6000:]
+    return job.result()
 
 
 def assert_same_band(result, reference):
@@ -173,7 +172,7 @@ def assert_same_band(result, reference):
     assert result["accuracy"] >= 0.9 and abs(result["accuracy"] - reference["accuracy"]) <= 0.03, (result, reference)
 
 
-def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, tmp_path_factory):
+def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, undisturbed):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
     job = Job(["--elastic", "--min-np", "2", "--max-np", "3", "--host-discovery-script", f"cat {hosts}",
@@ -190,7 +189,7 @@ def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, tmp_path_f
     assert "reset: 3 ranks, learning rate 0.03" in out, out[-6000:]
     result = job.result()
     assert result["ranks"] == 3 and result["resets"] == 1, result
-    assert_same_band(result, undisturbed(tmp_path_factory))
+    assert_same_band(result, undisturbed)
 
 
 # -- on an emulated cluster (one node per rank) ------------------------------------------------
@@ -226,7 +225,7 @@ def rank_pid(rank):
     return None
 
 
-def test_a_killed_rank_leaves_its_host_out_and_training_goes_on(cluster, tmp_path_factory):
+def test_a_killed_rank_leaves_its_host_out_and_training_goes_on(cluster, undisturbed):
     tag, prefix, mca, nodes = cluster
     job = Job(["--elastic", "-np", "3", "--min-np", "2", "-H", ",".join(nodes), "--failure-cooldown", "600",
                "--mpi-args", mca, PY, EXAMPLE, "--epochs", str(EPOCHS)], prefix=prefix)
@@ -244,7 +243,7 @@ def test_a_killed_rank_leaves_its_host_out_and_training_goes_on(cluster, tmp_pat
     assert restored and int(restored.group(1)) >= 3, out[-6000:]
     result = job.result()
     assert result["ranks"] == 2 and result["resets"] == 1, result
-    assert_same_band(result, undisturbed(tmp_path_factory))
+    assert_same_band(result, undisturbed)
 
 
 def test_a_node_whose_link_is_cut_is_dropped(cluster, tmp_path):

@@ -184,13 +184,14 @@ class State:
         directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
         wait_for_writes()
         blob, mine = None, -1
-        if directory and os.path.exists(commit_path(directory)):
+        path = commit_path(directory) if directory else None
+        if path and os.path.exists(path):
             try:
-                with open(commit_path(directory), "rb") as f:
+                with open(path, "rb") as f:
                     blob = self.load(f)
                 mine = int(blob["commit"])
             except Exception as e:  # a damaged file: the other hosts' copies may do
-                _say(f"cannot read the commit in {commit_path(directory)} ({e!r}); not using it")
+                _say(f"cannot read the commit in {path} ({e!r}); not using it")
                 blob, mine = None, -1
         views = self._gather((mine, _b.rank()), "elastic.commits")
         best = max(c for c, _ in views)

@@ -98,16 +98,11 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class _SamplerHandler(_Handler):
-    def sync(self):
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
-
-
 _HANDLERS = [
     (torch.nn.Module, _ModelHandler),
     (torch.optim.Optimizer, _OptimizerHandler),
     (torch.optim.lr_scheduler._LRScheduler, _Handler),
-    (ElasticSampler, _SamplerHandler),
+    (ElasticSampler, _Handler),
 ]
 
 
