@@ -542,8 +542,17 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
   }
   if (any_collective) {
     std::vector<std::string> failures;
-    for (const Work& w : work) failures.push_back(w.failure);
-    Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors));
+    // Their entries have left the queue: if the agreement times out, the watchdog fails these
+    // handles, so the callers waiting for them hear it (queue_->FailAll no longer reaches them).
+    std::vector<std::shared_ptr<Handle>> handles;
+    for (const Work& w : work) {
+      failures.push_back(w.failure);
+      for (const auto& e : w.entries) {
+        if (e) handles.push_back(e->handle);
+      }
+    }
+    Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors),
+                        std::move(handles));
     controller_.AgreeOnFailures(&failures);
     for (size_t i = 0; i < work.size(); ++i) work[i].failure = std::move(failures[i]);
   }

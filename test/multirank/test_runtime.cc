@@ -503,6 +503,38 @@ TEST(RuntimeErrors, AnExceptionOnOneRankReachesEveryRank) {
   EXPECT_EQ(Failures(results), "");
 }
 
+// A rank stuck between taking its tensors from the queue and the agreement to run them (here
+// the fault injector stalls in its local preparation): the others' agreement times out, and
+// their callers waiting for those tensors must hear it (a Python exception they can act on)
+// before the watchdog ends the process. The handles had left the queue, so only the watchdog
+// step can fail them. The process exits, so this runs as a death test.
+TEST(RuntimeErrorsDeathTest, ATimedOutAgreementFailsTheWaitingCallers) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto body = [] {
+    Settings s = Settings::FromMap({{"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", "1"}});
+    RunRanks(2, [&](Communicator& comm) -> std::string {
+      RuntimeOptions o = Options(comm, s);
+      if (comm.rank() == 1) {
+        o.fault_injector = [](const std::string&) { std::this_thread::sleep_for(std::chrono::seconds(60)); };
+      }
+      Runtime rt(std::move(o));
+      float x = 1;
+      auto h = rt.Allreduce("stuck", DataType::kFloat32, {1}, &x, &x, ReduceOp::kSum);
+      if (comm.rank() == 0) {
+        const std::string err = ErrorOf(h);
+        std::fprintf(stderr, "caller heard: %s\n", err.c_str());
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return "";
+    });
+  };
+  EXPECT_EXIT(body(), ::testing::ExitedWithCode(3),
+              "caller heard: rank 0: the agreement that every rank is ready to run the allreduce of 'stuck' has not "
+              "completed after 1 s");
+}
+
 TEST(Runtime, IdleBackgroundThreadUsesAlmostNoCpu) {
   const auto results = WithRuntimes(2, [&](Runtime& rt) -> std::string {
     float x = 1;
