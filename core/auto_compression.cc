@@ -69,9 +69,11 @@ void AutoCompression::Record(const std::string& name, const CompressionSpec& aut
                              const CandidateErrors& errors) {
   Tensor& t = tensors_.at(name);
   // Every rank's statistics must have the same layout: they are allreduced side by side.
-  GC_ENFORCE(errors.err2.size() == Measured(auto_spec).size() && errors.codec_seconds.size() == errors.err2.size(),
-             "auto compression of '", name, "': ", errors.err2.size(), " errors and ", errors.codec_seconds.size(),
-             " codec times measured for ", Measured(auto_spec).size(), " settings");
+  GC_ENFORCE(errors.err2.size() == Measured(auto_spec).size() && errors.codec_seconds.size() == errors.err2.size() &&
+                 errors.err2_ef.size() == (auto_spec.error_feedback ? errors.err2.size() : 0),
+             "auto compression of '", name, "': ", errors.err2.size(), " errors, ", errors.err2_ef.size(),
+             " with error feedback and ", errors.codec_seconds.size(), " codec times measured for ",
+             Measured(auto_spec).size(), " settings");
   t.measured = true;
   t.measured_at = t.steps;
   t.dtype = dtype;
@@ -114,7 +116,10 @@ LinkCost AutoCompression::link() const {
 void AutoCompression::Choose(Communicator& world) {
   if (probe_ && (choices_ % kProbeEvery == 0)) ProbeLink();
   // Every measurement waiting, in name order (the same on every rank): ||x||^2, then each
-  // candidate's error and the reference's, then their codec seconds, summed over ranks.
+  // candidate's error and the reference's, then their codec seconds, then (with error
+  // feedback) their errors on the compensated gradient, summed over ranks. The choice uses the
+  // errors without the residual: a tensor's residual is its current setting's, and would
+  // carry that setting's history into the comparison.
   std::vector<std::string> names;
   std::vector<double> mine;
   for (const auto& [name, t] : tensors_) {
@@ -123,6 +128,7 @@ void AutoCompression::Choose(Communicator& world) {
     mine.push_back(t.errors.norm2);
     mine.insert(mine.end(), t.errors.err2.begin(), t.errors.err2.end());
     mine.insert(mine.end(), t.errors.codec_seconds.begin(), t.errors.codec_seconds.end());
+    mine.insert(mine.end(), t.errors.err2_ef.begin(), t.errors.err2_ef.end());
   }
   std::vector<double> sums(mine.size());
   world.Allreduce(mine.data(), sums.data(), mine.size(), DataType::kFloat64, ReduceOp::kSum);
@@ -136,7 +142,7 @@ void AutoCompression::Choose(Communicator& world) {
   for (size_t i = 0, at = 0; i < names.size(); ++i) {
     offset[i] = at;
     const Tensor& t = tensors_.at(names[i]);
-    at += 1 + 2 * t.errors.err2.size();
+    at += 1 + 2 * t.errors.err2.size() + t.errors.err2_ef.size();
     groups[Key(t.auto_spec)].push_back(i);
   }
   // The cost model's estimates, per tensor and measured setting (empty without it).
@@ -214,16 +220,21 @@ void AutoCompression::Choose(Communicator& world) {
     rep.choice = choices_;
     rep.measured_at = t.measured_at;
     const double norm2 = sums[offset[i]];
+    const double* ef = t.errors.err2_ef.empty() ? nullptr : &sums[offset[i] + 1 + 2 * list.size()];
     for (size_t c = 0; c < list.size(); ++c) {
       const std::string token = c + 1 == list.size() ? "reference" : CandidateToken(list[c]);
       rep.relative_error[token] = Relative(sums[offset[i] + 1 + c], norm2);
+      if (ef != nullptr) rep.relative_error_ef[token] = Relative(ef[c], norm2);
       if (c < seconds[i].size()) rep.estimated_seconds[token] = seconds[i][c];
     }
     if (timeline_.active()) {
       timeline_.Instant(names[i], "AUTO_CHOICE",
                         "\"setting\": \"" + JsonEscape(rep.setting) + "\", \"relative_error\": " +
                             std::to_string(rep.relative_error[CandidateToken(after)]) +
-                            ", \"reference_error\": " + std::to_string(rep.relative_error["reference"]));
+                            ", \"reference_error\": " + std::to_string(rep.relative_error["reference"]) +
+                            (ef != nullptr ? ", \"relative_error_ef\": " +
+                                                 std::to_string(rep.relative_error_ef[CandidateToken(after)])
+                                           : std::string()));
     }
   }
   if (log_ != nullptr && world.rank() == 0) {

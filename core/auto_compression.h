@@ -53,6 +53,9 @@ struct AutoTensorReport {
   /// Relative L2 error sqrt(sum e / sum ||x||^2) over ranks, per candidate token, at the last
   /// measurement ("reference" too).
   std::map<std::string, double> relative_error;
+  /// The same with error feedback (an auto spec with it; empty otherwise): measured on the
+  /// gradient plus the residual the tensor carries, what that step compresses.
+  std::map<std::string, double> relative_error_ef;
   /// The cost model's estimate of each candidate's allreduce of this tensor, in seconds
   /// (empty without GRADCOMP_AUTO_COST_MODEL); candidates slower than none were left out.
   std::map<std::string, double> estimated_seconds;

@@ -37,6 +37,10 @@ class CompressionMemory {
   /// except the tensors with skip[i].
   void MaskSent(Device& device, Stream& stream, const std::vector<std::string>& names,
                 const std::vector<size_t>& segments, const std::vector<uint32_t>& sent, const std::vector<bool>& skip);
+  /// A host copy of the residual of this rank's own compression of `name` (empty if none).
+  std::vector<float> OwnResidual(Device& device, Stream& stream, const std::string& name) {
+    return On(device, stream).own.Residual(name);
+  }
   /// Drops every memory of `name`, on every device.
   void Forget(const std::string& name);
   /// Tensors with error-feedback or DGC state (per device).

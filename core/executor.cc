@@ -393,9 +393,22 @@ void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
     CandidateErrors errors;  // a rank that joined contributes zeros, and so no error
     errors.err2.assign(measured.size(), 0.0);
     errors.codec_seconds.assign(measured.size(), 0.0);
+    if (r.compression.error_feedback) errors.err2_ef.assign(measured.size(), 0.0);
     if (entries[i]) {
       std::vector<float> keep;
-      errors = MeasureCandidates(HostFloats(*entries[i], r.dtype, n, &keep), n, measured, topo_.size());
+      const float* x = HostFloats(*entries[i], r.dtype, n, &keep);
+      errors = MeasureCandidates(x, n, measured, topo_.size());
+      if (r.compression.error_feedback) {
+        // With error feedback the step compresses the gradient plus the tensor's residual.
+        OnDevice& on = On(EntryDevice(*entries[i]));
+        std::vector<float> compensated = memory_.OwnResidual(on.device(), on.stream(), r.names[i]);
+        if (compensated.size() == n) {
+          for (size_t k = 0; k < n; ++k) compensated[k] += x[k];
+          errors.err2_ef = MeasureCandidates(compensated.data(), n, measured, topo_.size()).err2;
+        } else {
+          errors.err2_ef = errors.err2;  // no residual yet: the same input
+        }
+      }
     }
     policy.Record(r.names[i], r.compression, r.dtype, n, errors);
   }

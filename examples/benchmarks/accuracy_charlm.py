@@ -174,10 +174,17 @@ def main():
             print(f"  {name}: validation loss {statistics.mean(losses):.4f} ({time.time() - t0:.0f} s)",
                   file=sys.stderr, flush=True)
             if name.startswith("auto"):
-                mine = {k: v["setting"] for k, v in hvd.compression_choices().items()
+                last = {k: v for k, v in hvd.compression_choices().items()
                         if k.startswith(f"allreduce.{name}.{args.seeds - 1}.")}
-                print("    last choices: " + ", ".join(f"{k.split('.', 3)[3]}={v}" for k, v in sorted(mine.items())),
-                      file=sys.stderr, flush=True)
+                print("    last choices: " + ", ".join(f"{k.split('.', 3)[3]}={v['setting']}"
+                                                       for k, v in sorted(last.items())), file=sys.stderr, flush=True)
+                # The last measurement's relative errors, median over the layers (with error
+                # feedback also on the gradient plus its residual).
+                for key, label in (("relative_error", "without EF"), ("relative_error_ef", "with EF")):
+                    if all(v[key] for v in last.values()):
+                        print(f"    relative error {label} (median over layers): " + ", ".join(
+                            f"{c} {statistics.median(v[key][c] for v in last.values()):.3f}" for c in BITS),
+                            file=sys.stderr, flush=True)
     if hvd.rank() == 0:
         params = sum(q.numel() for q in CharGPT(args.layers, args.width, args.heads, args.context).parameters())
         ref = {r[0]: r for r in rows}.get("maxmin4")

@@ -330,6 +330,7 @@ void BindRuntime(py::module& m) {
           d["choice"] = rep.choice;
           d["measured_at"] = rep.measured_at;
           d["relative_error"] = rep.relative_error;
+          d["relative_error_ef"] = rep.relative_error_ef;
           d["estimated_seconds"] = rep.estimated_seconds;
           out[py::str(name)] = d;
         }

@@ -47,6 +47,10 @@ std::string CandidateToken(const CompressionSpec& spec);
 struct CandidateErrors {
   double norm2 = 0;
   std::vector<double> err2;
+  /// With error feedback (an auto spec with it): e(x + r, c), each candidate's error on what
+  /// this step compresses, the gradient plus the residual r the tensor carries (the runtime
+  /// fills it; empty otherwise).
+  std::vector<double> err2_ef;
   /// Seconds one encode and one decode of the whole tensor take with each candidate on this
   /// rank (timed on the sample, scaled; 0 for none).
   std::vector<double> codec_seconds;

@@ -168,6 +168,58 @@ TEST(RuntimeAuto, FewerBytesThanTheReferenceAtNoMoreErrorTheSameOnEveryRank) {
   EXPECT_LT(e_auto, 1.1 * e_ref);
 }
 
+// With error feedback each candidate is measured twice: on the gradient, and on the gradient
+// plus the residual the tensor carries (what the step compresses). The first measurement
+// (step 1) has no residual yet, so both agree exactly; later ones differ. Without error
+// feedback there is nothing to add, and no such errors.
+TEST(RuntimeAuto, WithErrorFeedbackErrorsAreAlsoMeasuredOnTheCompensatedGradient) {
+  const int world = 2;
+  const size_t n = 256 * 64;
+  for (const bool ef : {true, false}) {
+    std::vector<std::vector<std::map<std::string, AutoTensorReport>>> reports(world);
+    const auto results = RunRanks(world, [&](Communicator& comm) {
+      Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "auto"},
+                                {"GRADCOMP_BITS", "4"},
+                                {"GRADCOMP_ERROR_FEEDBACK", ef ? "1" : "0"},
+                                {"GRADCOMP_AUTO_CANDIDATES", "maxmin8,maxmin4,maxmin2"},
+                                {"GRADCOMP_AUTO_INTERVAL", "1"}}));
+      std::vector<float> out(n);
+      for (int s = 0; s < 5; ++s) {
+        const std::vector<float> g = Gradient(n, rt.rank(), 0.3, static_cast<unsigned>(s + 1));
+        rt.Allreduce("w", DataType::kFloat32, {256, 64}, g.data(), out.data(), ReduceOp::kSum)->Wait();
+        reports[static_cast<size_t>(rt.rank())].push_back(rt.CompressionChoices());
+      }
+      return std::string();
+    });
+    ASSERT_EQ(Failures(results), "");
+    for (int r = 0; r < world; ++r) {
+      const auto& steps = reports[static_cast<size_t>(r)];
+      EXPECT_TRUE(steps[0].empty()) << "a choice before the second step";
+      for (size_t s = 1; s < steps.size(); ++s) {
+        const AutoTensorReport& rep = steps[s].at("w");
+        EXPECT_EQ(rep.choice, s);
+        EXPECT_EQ(rep.measured_at, s);
+        if (!ef) {
+          EXPECT_TRUE(rep.relative_error_ef.empty());
+          continue;
+        }
+        ASSERT_EQ(rep.relative_error_ef.size(), rep.relative_error.size());
+        const auto& e = rep.relative_error_ef;
+        EXPECT_LT(e.at("maxmin8"), e.at("maxmin4"));
+        EXPECT_LT(e.at("maxmin4"), e.at("maxmin2"));
+        EXPECT_EQ(e.at("reference"), e.at("maxmin4"));
+        for (const auto& [token, plain] : rep.relative_error) {
+          if (s == 1) {
+            EXPECT_EQ(e.at(token), plain) << token << ": the first measurement has no residual to add";
+          } else {
+            EXPECT_NE(e.at(token), plain) << token << " at step " << s << ": the residual was not added";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(RuntimeAuto, AResidualIsSentWhenATensorMovesToNone) {
   // 2-bit error feedback until the first choice, then none: the residual left by the
   // compressed steps travels once, so the sum of the results over the steps is the sum of the

@@ -246,6 +246,10 @@ def test_auto_compression_chooses_per_array_records_its_choices_and_names_bad_ca
         assert set(c["relative_error"]) == {"none", "fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3",
                                             "maxmin2", "reference"}
         assert c["relative_error"]["none"] == 0 < c["relative_error"]["maxmin8"] < c["relative_error"]["maxmin2"]
+        # error feedback: also measured on the gradient plus the residual (none here: on one node
+        # the cost model moves both to none at the first choice, which sends and drops it)
+        ef = c["relative_error_ef"]
+        assert set(ef) == set(c["relative_error"]) and ef["none"] == 0 < ef["maxmin8"] < ef["maxmin2"], c
     gc.barrier()
     if gc.rank() == 0:
         with open(path) as f:
@@ -254,7 +258,8 @@ def test_auto_compression_chooses_per_array_records_its_choices_and_names_bad_ca
         rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
         marks = [e for e in events if e["ph"] == "i" and e["name"] == "AUTO_CHOICE"]
         assert {rows[e["tid"]] for e in marks} == {"np.auto.gauss", "np.auto.tails"}
-        assert all({"setting", "relative_error", "reference_error"} <= set(e["args"]) for e in marks), marks
+        assert all({"setting", "relative_error", "reference_error", "relative_error_ef"} <= set(e["args"])
+                   for e in marks), marks
     g = np.ones((64, 64), np.float32)
     with pytest.raises(ValueError, match="'maxmin9' is not a candidate"):
         gc.allreduce(g, name="np.auto.bad", compression=gc.Compression.auto(["maxmin4", "maxmin9"]))

@@ -168,7 +168,9 @@ def compression_choices():
     """Auto compression on this rank: {tensor name: {"setting": its current setting, "choice":
     which choice set it (counting from 1, as stats()["auto_choices"]), "measured_at": the step
     of the tensor its errors were measured on, "relative_error": {candidate: error over all
-    ranks, "reference": error}}} (empty before the first choice)."""
+    ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
+    gradient plus the residual the tensor carries (empty for a spec without error feedback)}}
+    (empty before the first choice)."""
     return dict(_rt().compression_choices())
 
 
