@@ -397,18 +397,15 @@ void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
     if (entries[i]) {
       std::vector<float> keep;
       const float* x = HostFloats(*entries[i], r.dtype, n, &keep);
-      errors = MeasureCandidates(x, n, measured, topo_.size());
+      // With error feedback the step compresses the gradient plus the tensor's residual.
+      std::vector<float> residual;
       if (r.compression.error_feedback) {
-        // With error feedback the step compresses the gradient plus the tensor's residual.
         OnDevice& on = On(EntryDevice(*entries[i]));
-        std::vector<float> compensated = memory_.OwnResidual(on.device(), on.stream(), r.names[i]);
-        if (compensated.size() == n) {
-          for (size_t k = 0; k < n; ++k) compensated[k] += x[k];
-          errors.err2_ef = MeasureCandidates(compensated.data(), n, measured, topo_.size()).err2;
-        } else {
-          errors.err2_ef = errors.err2;  // no residual yet: the same input
-        }
+        residual = memory_.OwnResidual(on.device(), on.stream(), r.names[i]);
       }
+      errors = MeasureCandidates(x, n, measured, topo_.size(), kAutoSampleValues,
+                                 residual.size() == n ? residual.data() : nullptr);
+      if (r.compression.error_feedback && errors.err2_ef.empty()) errors.err2_ef = errors.err2;  // no residual yet
     }
     policy.Record(r.names[i], r.compression, r.dtype, n, errors);
   }

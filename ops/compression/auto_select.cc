@@ -99,27 +99,34 @@ std::string CandidateToken(const CompressionSpec& spec) {
 }
 
 CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<CompressionSpec>& candidates,
-                                  int ranks, size_t sample_values) {
+                                  int ranks, size_t sample_values, const float* residual) {
   CandidateErrors out;
   out.err2.assign(candidates.size(), 0.0);
   out.codec_seconds.assign(candidates.size(), 0.0);
+  if (residual != nullptr) out.err2_ef.assign(candidates.size(), 0.0);
   if (n == 0 || candidates.empty()) return out;
   // The sample: whole buckets (every candidate's buckets start where the tensor's do).
   const size_t bucket = static_cast<size_t>(std::max<int64_t>(1, candidates[0].bucket_size));
   const size_t block = (1024 + bucket - 1) / bucket * bucket;
-  std::vector<float> sample;
-  const float* values = x;
-  size_t m = n;
   const size_t blocks = std::max<size_t>(2, sample_values / block);
+  size_t stride = 0;  // 0: the whole tensor
   if (blocks * block < n) {
-    const size_t stride = (n - block) / (blocks - 1) / bucket * bucket;
-    if (stride >= block) {
-      sample.reserve(blocks * block);
-      for (size_t b = 0; b < blocks; ++b) sample.insert(sample.end(), x + b * stride, x + b * stride + block);
-      values = sample.data();
-      m = sample.size();
-    }
+    const size_t s = (n - block) / (blocks - 1) / bucket * bucket;
+    if (s >= block) stride = s;
   }
+  const size_t m = stride > 0 ? blocks * block : n;
+  // The sampled values of x (plus the residual's, with `add`).
+  const auto draw = [&](const float* add, std::vector<float>* into) -> const float* {
+    if (stride == 0 && add == nullptr) return x;
+    into->resize(m);
+    for (size_t b = 0, at = 0; at < m; ++b, at += block) {
+      const size_t from = stride > 0 ? b * stride : at, len = std::min(block, m - at);
+      for (size_t i = 0; i < len; ++i) (*into)[at + i] = x[from + i] + (add != nullptr ? add[from + i] : 0.0f);
+    }
+    return into->data();
+  };
+  std::vector<float> sample, compensated;
+  const float* values = draw(nullptr, &sample);
   const double scale = static_cast<double>(n) / static_cast<double>(m);
   double norm2 = 0;
   for (size_t i = 0; i < m; ++i) norm2 += static_cast<double>(values[i]) * values[i];
@@ -143,24 +150,29 @@ CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<Co
     }
     return e;
   };
-  for (size_t c = 0; c < candidates.size(); ++c) {
-    if (candidates[c].codec == "none") continue;  // exact
-    const Codec& codec = FindCodec(candidates[c].codec);
-    const CodecParams p = ParamsOf(candidates[c]);
-    double seconds = 0;
-    double e = squared_error(codec, p, values, &seconds);
-    out.codec_seconds[c] = seconds * scale;
-    if (copies > 1 && shift > 0 && !codec.sparse()) {
-      std::copy(decoded.begin(), decoded.end(), sum.begin());
-      for (size_t k = 1; k < copies; ++k) {
-        std::rotate_copy(values, values + k * shift, values + m, rotated.begin());
-        squared_error(codec, p, rotated.data(), nullptr);
-        for (size_t i = 0; i < m; ++i) sum[i] += decoded[i];
+  // Every candidate's error on `in` (m values) into err2, timed into codec_seconds if given.
+  const auto measure = [&](const float* in, std::vector<double>& err2, std::vector<double>* codec_seconds) {
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      if (candidates[c].codec == "none") continue;  // exact
+      const Codec& codec = FindCodec(candidates[c].codec);
+      const CodecParams p = ParamsOf(candidates[c]);
+      double seconds = 0;
+      double e = squared_error(codec, p, in, &seconds);
+      if (codec_seconds != nullptr) (*codec_seconds)[c] = seconds * scale;
+      if (copies > 1 && shift > 0 && !codec.sparse()) {
+        std::copy(decoded.begin(), decoded.end(), sum.begin());
+        for (size_t k = 1; k < copies; ++k) {
+          std::rotate_copy(in, in + k * shift, in + m, rotated.begin());
+          squared_error(codec, p, rotated.data(), nullptr);
+          for (size_t i = 0; i < m; ++i) sum[i] += decoded[i];
+        }
+        e += squared_error(codec, p, sum.data(), nullptr) / static_cast<double>(copies);
       }
-      e += squared_error(codec, p, sum.data(), nullptr) / static_cast<double>(copies);
+      err2[c] = e * scale;
     }
-    out.err2[c] = e * scale;
-  }
+  };
+  measure(values, out.err2, &out.codec_seconds);
+  if (residual != nullptr) measure(draw(residual, &compensated), out.err2_ef, nullptr);
   return out;
 }
 

@@ -42,14 +42,17 @@ CompressionSpec AutoReference(const CompressionSpec& auto_spec);
 /// The short name of a candidate ("maxmin4", "topk0.01", "none"), as in auto_candidates.
 std::string CandidateToken(const CompressionSpec& spec);
 
+/// Values a tensor's candidates are measured on (evenly spaced whole buckets, see below).
+constexpr size_t kAutoSampleValues = size_t{1} << 16;
+
 /// One tensor's statistics: ||x||^2 and e(x, c) for each candidate (the same order), scaled
 /// to the whole tensor when measured on a sample.
 struct CandidateErrors {
   double norm2 = 0;
   std::vector<double> err2;
   /// With error feedback (an auto spec with it): e(x + r, c), each candidate's error on what
-  /// this step compresses, the gradient plus the residual r the tensor carries (the runtime
-  /// fills it; empty otherwise).
+  /// this step compresses, the gradient plus the residual r the tensor carries (empty
+  /// without a residual).
   std::vector<double> err2_ef;
   /// Seconds one encode and one decode of the whole tensor take with each candidate on this
   /// rank (timed on the sample, scaled; 0 for none).
@@ -63,8 +66,11 @@ struct CandidateErrors {
 /// e(sum, c) / m. Sparse codecs (topk) add the first only. Tensors above `sample_values`
 /// values are measured on evenly spaced whole buckets (of the first candidate's bucket size,
 /// at least 1024 values a block) adding up to about `sample_values`, scaled by n / sampled.
+/// With `residual` (n values, error feedback), err2_ef too: the same errors on x + residual, on
+/// the same sample.
 CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<CompressionSpec>& candidates,
-                                  int ranks = 1, size_t sample_values = size_t{1} << 16);
+                                  int ranks = 1, size_t sample_values = kAutoSampleValues,
+                                  const float* residual = nullptr);
 
 /// What sending a tensor costs on a communicator: seconds = latency + bytes x per_byte, fitted
 /// from timed uncompressed allreduces of two sizes (the executor's probe).
