@@ -596,23 +596,35 @@ CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, co
   // hierarchical, torch DDP on gloo 2.67 s).
   const bool raw_auto = std::strcmp(codec.name(), "none") == 0 && settings_.uncompressed_algorithm == "auto";
   if (UseHierarchy(true, raw_auto)) {
-    return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast, GridFor(*topo.cross));
+    return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast, GridFor(topo, *topo.cross));
   }
-  if (const Grid* grid = GridFor(*topo.world)) return CompressedAllreduce2d(*grid, o);
+  if (const Grid* grid = GridFor(topo, *topo.world)) return CompressedAllreduce2d(*grid, o);
   return CompressedAllreduce(*topo.world, o);
 }
 
-const Grid* Executor::GridFor(Communicator& across) {
+const Grid* Executor::GridFor(const Topology& topo, Communicator& across) {
   // Flat SRA sends 2 (n - 1) messages a rank of size/n^2 encoded bytes each; past a few dozen
   // ranks their count, not their bytes, sets the time (simulated 25 Gbit/s clusters,
   // docs/benchmarks.md "Beyond one machine").
-  const std::string& choice = settings_.compressed_algorithm;
-  const bool wanted = choice == "sra2d" || (choice == "auto" && across.size() >= settings_.grid_min_ranks);
-  if (!wanted || across.size() < 4) return nullptr;
+  if (!WantsGrid(across.size())) return nullptr;
   std::unique_ptr<Grid>& grid = grids_[&across];
-  if (!grid) grid = std::make_unique<Grid>(MakeGrid(across));
+  if (!grid) {
+    // On nodes of several ranks the rows are the nodes, so that only the columns cross nodes
+    // (the most square grid's rows span several nodes once the world has more than local_size^2
+    // ranks, and then every rank's whole encoded buffer crosses the node's link), and the
+    // columns run a grid of their own when they are long enough.
+    const bool node_rows = &across == topo.world.get() && topo.homogeneous && topo.local_size() > 1 &&
+                           topo.cross_size() > 1;
+    grid = std::make_unique<Grid>(node_rows ? MakeNodeGrid(topo, WantsGrid(topo.cross_size()) ? 0 : -1)
+                                            : MakeGrid(across));
+  }
   // A prime number of ranks makes one row: flat SRA.
   return grid->rows() > 1 ? grid.get() : nullptr;
+}
+
+bool Executor::WantsGrid(int ranks) const {
+  const std::string& choice = settings_.compressed_algorithm;
+  return ranks >= 4 && (choice == "sra2d" || (choice == "auto" && ranks >= settings_.grid_min_ranks));
 }
 
 void Executor::RunAllgather(const Response& r, EntryList& entries) {

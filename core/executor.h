@@ -133,7 +133,10 @@ class Executor {
   bool UseHierarchy(bool compressed, bool raw_auto = false) const;
   /// The grid of `across` when the SRA over it runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM),
   /// made the first time (collectively: every rank runs the same responses) and kept; else null.
-  const Grid* GridFor(Communicator& across);
+  /// On topo.world, with nodes of several ranks, the rows are the nodes (MakeNodeGrid).
+  const Grid* GridFor(const Topology& topo, Communicator& across);
+  /// Whether an SRA over `ranks` ranks runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM, GRADCOMP_GRID_MIN_RANKS).
+  bool WantsGrid(int ranks) const;
   void RunAllgather(const Response& r, EntryList& entries);
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);

@@ -39,6 +39,29 @@
 // sqrt(b) for independent noise): three quantizations on a value's path instead of two, never
 // one per level of a tree, so the error does not grow with the world (test_compressed_allreduce).
 //
+// Nested grids (MakeNodeGrid), for nodes of several ranks: the rows are the nodes (the row
+// steps cross only the node's loopback) and each column, the ranks of one local rank across the
+// nodes, runs the 2-D SRA on a grid of its own instead of flat SRA. What the node row
+// allgathers is then that grid's result encodings, each of its row chunks' column encodings
+// in turn (a layout every rank can make from the shapes alone, as every column's grid has
+// the same shape), still one final encoding per value: results stay bit-identical. A rank sends
+// 2 (N-1)/N of its chunk's encoded size across nodes (N nodes; its chunk is 1/L of the buffer
+// with L ranks a node: together the node sends flat SRA's bytes among the nodes) in
+// 2 (a' + b' - 2) messages (the cross grid's a' rows of b'), and 2 (L-1)/L of the encoded size
+// over the loopback in 2 (L - 1) messages. The most square grid of all ranks has rows that span
+// several nodes once the world outgrows L^2 ranks, and then every rank's whole encoded buffer
+// crosses the node's link.
+//
+// Error bound of any nesting, level by level (NestedSraBound in test/support computes it).
+// At a level, a participant holds a partial sum P (its own value at the first level; its row's
+// sum below) that already lost e(P) (unscaled). The row scatter quantizes P for the owner of
+// each other row chunk with half the unit of its bucket, whose range is at most
+// R(P) + 2 max e(P); the owner's row sum carries the sum of its row's e and those halves. At the
+// last level, flat SRA's owner o of a sub-chunk adds s * (sum_r e_r + sum_{r != o} u_r / 2),
+// and the final encoding of the scaled sum's bucket B adds (R(B) + 2 max_B E) / (2 (2^bits - 1)).
+// A value is quantized once per level and once at the end: flat SRA 2, the 2-D SRA 3, a nested
+// grid 4, a fixed number (the grid's depth), never one per level of a tree.
+//
 // Sparse (topk): each rank encodes its whole buffer (values and indices), the variable-size
 // encodings are allgathered and every rank scatter-adds all of them in rank order.
 #pragma once
@@ -69,9 +92,8 @@ struct CompressionWorkspace {
   explicit CompressionWorkspace(Device& dev = HostDevice()) : device(dev), stream(dev.NewStream()) {}
   Device& device;
   std::unique_ptr<Stream> stream;
-  /// float32 values: the working copy, the result, a node's shard and its result, the 2-D
-  /// SRA's row sum.
-  StagedBuffer x, out, shard, shard_out, partial;
+  /// float32 values: the working copy, the result, a node's shard and its result.
+  StagedBuffer x, out, shard, shard_out;
   /// The reduction's block (device only).
   Scratch acc;
   /// Encoded bytes: peers' chunks sent, peers' encodings received, this rank's reduced chunk,

@@ -1,6 +1,9 @@
 // 2-D SRA (compressed_allreduce.h gives the algorithm and its error bound): SRA's scatter in
 // each row, a full SRA of the row sums in each column, the column's encodings allgathered in
 // each row as they are, in the column SRA's plan's layout, which every rank of the row can make.
+// A column may run on a grid of its own (Grid::column_grid: rows are nodes, 2-D across them):
+// then its allreduce is this algorithm again, and the encodings the row allgathers are that
+// grid's, each of its row chunks' column result in turn (ResultBytes, DecodeResult).
 // The row steps post every message at once (an MPI allgather's ring would pay a latency per
 // peer, one after the other); the column SRA stripes as the options say.
 #include <algorithm>
@@ -16,7 +19,8 @@ namespace gradcomp {
 
 namespace {
 
-// The column SRA's rounding streams differ from the row scatter's (both are keyed by rank).
+// The column's rounding streams differ from the row scatter's (both are keyed by rank), and
+// each level of a nested grid's from the others'.
 constexpr uint64_t kColumnSeed = 0x2D5A2D5A2D5A2D5Aull;
 // Tags of the row steps' messages.
 constexpr int kRowScatterTag = 0x5400, kRowGatherTag = 0x5401;
@@ -49,34 +53,114 @@ CompressedAllreduceOptions ColumnOptions(const CompressedAllreduceOptions& o, co
   for (const Piece& pc : PiecesIn(c0, len, SegmentBounds(o))) sub.segments.push_back(pc.len);
   sub.residual = o.residual ? o.residual + c0 : nullptr;
   sub.reduced_residual = o.reduced_residual ? o.reduced_residual + c0 : nullptr;
-  sub.params.seed = o.params.seed ^ kColumnSeed;
+  sub.params.seed = o.params.seed + kColumnSeed;
   sub.sent_indices = nullptr;
   return sub;
+}
+
+// The row scatter's plan of `o` over a row of `b` ranks, seen from rank j: one stripe (the row
+// steps post every message at once).
+SraPlan RowPlan(const CompressedAllreduceOptions& o, size_t b, size_t j) {
+  CompressedAllreduceOptions one_stripe = o;
+  one_stripe.pipeline_stripes = 1;
+  return SraPlan::Make(one_stripe, b, j);
+}
+
+// Bytes of the encodings a column of `ranks` ranks (on `grid`, or flat) leaves in ws.all after
+// its allreduce of `o`, every rank's result decoded from them: flat SRA's every reduced chunk in
+// its plan's `all` layout; a grid's, the column result of each of its row chunks in turn.
+size_t ResultBytes(size_t ranks, const Grid* grid, const CompressedAllreduceOptions& o) {
+  if (grid == nullptr) return SraPlan::Make(o, ranks, 0).all_total;
+  const SraPlan rp = RowPlan(o, static_cast<size_t>(grid->columns()), 0);
+  size_t total = 0;
+  for (size_t k = 0; k < rp.ranks; ++k) {
+    total += ResultBytes(static_cast<size_t>(grid->rows()), grid->column_grid.get(), ColumnOptions(o, rp, k));
+  }
+  return total;
+}
+
+// out[0, o.count) = the result decoded from those encodings.
+void DecodeResult(size_t ranks, const Grid* grid, const CompressedAllreduceOptions& o, const uint8_t* encodings,
+                  float* out, CompressionWorkspace& ws) {
+  if (grid == nullptr) {
+    const SraPlan cp = SraPlan::Make(o, ranks, 0);
+    for (size_t s = 0; s < cp.stripes; ++s) {
+      const std::vector<size_t> aoff = Offsets(cp.bytes[s]);
+      for (size_t c = 0; c < cp.ranks; ++c) {
+        DecodePieces(ws, *o.codec, SraGatherParams(o.params, static_cast<int>(c)), encodings + cp.all_at[s] + aoff[c],
+                     cp.pieces[s][c], 0, DataType::kFloat32, out);
+      }
+    }
+    return;
+  }
+  const SraPlan rp = RowPlan(o, static_cast<size_t>(grid->columns()), 0);
+  for (size_t k = 0; k < rp.ranks; ++k) {
+    const CompressedAllreduceOptions sub = ColumnOptions(o, rp, k);
+    const size_t rows = static_cast<size_t>(grid->rows());
+    DecodeResult(rows, grid->column_grid.get(), sub, encodings, out + rp.chunk_offsets[k], ws);
+    encodings += ResultBytes(rows, grid->column_grid.get(), sub);
+  }
+}
+
+void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+             CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings);
+
+// The column's allreduce of this rank's row sum v (in place), leaving in ws.all the encodings
+// of its result (ResultBytes' layout).
+void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, float* v, double scale,
+                     CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+  if (grid.column_grid) {
+    Sra2dOn(*grid.column_grid, mine, v, scale, v, ws, st, true);
+    return;
+  }
+  Sra(*grid.column, mine, v, scale, v, ws, st);
+  // ws.all holds every other column rank's encodings; this rank's own are in ws.own.
+  Device& d = ws.device;
+  Stream& stream = *ws.stream;
+  const SraPlan cp = SraPlan::Make(mine, static_cast<size_t>(grid.rows()), static_cast<size_t>(grid.column->rank()));
+  for (size_t s = 0; s < cp.stripes; ++s) {
+    const size_t at = cp.all_at[s] + Offsets(cp.bytes[s])[cp.mine], bytes = cp.bytes[s][cp.mine];
+    d.Copy(ws.all.device() + at, ws.own.device() + cp.own_at[s], bytes, stream);
+    ws.all.ToWire(at, bytes, stream);
+  }
+  stream.Synchronize();
 }
 
 }  // namespace
 
 void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
            CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+  Sra2dOn(grid, o, x, scale, out, ws, st, false);
+}
+
+namespace {
+
+// Sra2d; with keep_encodings, ws.all ends holding the encodings of the whole result
+// (ResultBytes' layout), for the row above when this grid runs a column.
+void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+             CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings) {
   Communicator& row = *grid.row;
   Communicator& column = *grid.column;
   if (row.size() == 1 || column.size() == 1) {
-    Sra(row.size() == 1 ? column : row, o, x, scale, out, ws, st);
+    // Only a grid the caller made: the nested ones have two dimensions (MakeNodeGrid).
+    GC_ENFORCE(!keep_encodings, "a nested grid of one row or column");
+    if (row.size() == 1 && grid.column_grid) {
+      Sra2dOn(*grid.column_grid, o, x, scale, out, ws, st, false);
+    } else {
+      Sra(row.size() == 1 ? column : row, o, x, scale, out, ws, st);
+    }
     return;
   }
   const Codec& codec = *o.codec;
   Device& d = ws.device;
   Stream& stream = *ws.stream;
-  CompressedAllreduceOptions one_stripe = o;
-  one_stripe.pipeline_stripes = 1;
   const size_t b = static_cast<size_t>(row.size()), j = static_cast<size_t>(row.rank());
-  const SraPlan rp = SraPlan::Make(one_stripe, b, j);
+  const SraPlan rp = RowPlan(o, b, j);
   const CodecParams p1 = SraScatterParams(o.params, grid.rank);
   const bool wire_on_device = WireOnDevice(row, ws);
   // Encoding and decoding run on this thread, through an inline pipeline so that a simulation
   // (ops/common/simulation.h) counts them as codec work.
   Pipeline codec_work(true);
-
   // 1. The row's scatter: every other chunk of the row, encoded for its owner.
   ws.send.Reserve(d, rp.send_total, wire_on_device);
   ws.recv.Reserve(d, rp.recv_total, wire_on_device);
@@ -110,18 +194,18 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
   }
   st->bytes_sent += rp.send_total;
 
-  // 2. The row sum of chunk j in float32: this rank's values, then the peers' in row order.
-  const size_t c0 = rp.chunk_offsets[j], len = rp.chunks[j];
-  ws.partial.Reserve(d, len * sizeof(float));
-  float* sum = ws.partial.device_as<float>();
+  // 2. The row sum of chunk j in float32, where chunk j's result goes (x may be out): this
+  // rank's values, then the peers' in row order.
+  const size_t c0 = rp.chunk_offsets[j];
+  float* sum = out + c0;
   codec_work.Submit([&] {
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     ws.recv.FromWire(0, rp.recv_total, stream);
     const std::vector<size_t> off = Offsets(recv_bytes);
     size_t wire_at = 0;  // of this block in every peer's message
     for (const Piece& pc : rp.pieces[0][j]) {
-      float* a = sum + (pc.start - c0);
-      d.Copy(a, x + pc.start, pc.len * sizeof(float), stream);
+      float* a = out + pc.start;
+      if (a != x + pc.start) d.Copy(a, x + pc.start, pc.len * sizeof(float), stream);
       const size_t block_bytes = codec.MaxWireSize(pc.len, p1);
       for (size_t p = 0; p < b; ++p) {
         if (p == j) continue;
@@ -133,29 +217,18 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
     stream.Synchronize();
   });
 
-  // 3. The column's SRA of the row sums: chunk j reduced over the world, into the output, and
-  // its encodings (what every rank decodes chunk j from) in ws.all.
+  // 3. The column's allreduce of the row sums: chunk j reduced over the world, in place, and the
+  // encodings every rank decodes chunk j from in ws.all.
+  const size_t column_ranks = static_cast<size_t>(column.size());
   const CompressedAllreduceOptions mine = ColumnOptions(o, rp, j);
-  Sra(column, mine, sum, scale, out + c0, ws, st);
-  {
-    // ws.all holds every other column rank's encodings; this rank's own are in ws.own.
-    const SraPlan cp = SraPlan::Make(mine, static_cast<size_t>(column.size()), static_cast<size_t>(column.rank()));
-    for (size_t s = 0; s < cp.stripes; ++s) {
-      const size_t at = cp.all_at[s] + Offsets(cp.bytes[s])[cp.mine], bytes = cp.bytes[s][cp.mine];
-      d.Copy(ws.all.device() + at, ws.own.device() + cp.own_at[s], bytes, stream);
-      ws.all.ToWire(at, bytes, stream);
-    }
-    stream.Synchronize();
-  }
+  ColumnAllreduce(grid, mine, sum, scale, ws, st);
 
   // 4. The row's allgather of those encodings; every other chunk decoded from them.
   std::vector<CompressedAllreduceOptions> chunk_options;
-  std::vector<SraPlan> chunk_plans;
   std::vector<size_t> blob_bytes(b);
   for (size_t k = 0; k < b; ++k) {
     chunk_options.push_back(ColumnOptions(o, rp, k));
-    chunk_plans.push_back(SraPlan::Make(chunk_options[k], static_cast<size_t>(column.size()), 0));
-    blob_bytes[k] = chunk_plans[k].all_total;
+    blob_bytes[k] = ResultBytes(column_ranks, grid.column_grid.get(), chunk_options[k]);
   }
   const std::vector<size_t> blob_at = Offsets(blob_bytes);
   ws.recv.Reserve(d, blob_at.back() + blob_bytes.back(), wire_on_device);
@@ -171,20 +244,22 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     for (size_t k = 0; k < b; ++k) {
       if (k == j) continue;
-      const SraPlan& cp = chunk_plans[k];
       ws.recv.FromWire(blob_at[k], blob_bytes[k], stream);
-      for (size_t s = 0; s < cp.stripes; ++s) {
-        const std::vector<size_t> aoff = Offsets(cp.bytes[s]);
-        for (size_t c = 0; c < cp.ranks; ++c) {
-          DecodePieces(ws, codec, SraGatherParams(chunk_options[k].params, static_cast<int>(c)),
-                       ws.recv.device() + blob_at[k] + cp.all_at[s] + aoff[c], cp.pieces[s][c], 0, DataType::kFloat32,
-                       out + rp.chunk_offsets[k]);
-        }
-      }
+      DecodeResult(column_ranks, grid.column_grid.get(), chunk_options[k], ws.recv.device() + blob_at[k],
+                   out + rp.chunk_offsets[k], ws);
     }
     stream.Synchronize();
   });
+  if (keep_encodings) {
+    // This rank's encodings into their place among the peers' (ws.recv), and the buffers swapped.
+    d.Copy(ws.recv.device() + blob_at[j], ws.all.device(), blob_bytes[j], stream);
+    ws.recv.ToWire(blob_at[j], blob_bytes[j], stream);
+    stream.Synchronize();
+    ws.all.Swap(ws.recv);
+  }
 }
+
+}  // namespace
 
 CompressedAllreduceStats CompressedAllreduce2d(const Grid& grid, const CompressedAllreduceOptions& o) {
   return RunDenseAllreduce("2-D compressed allreduce", o, grid.row->size() * grid.column->size(),

@@ -1,5 +1,7 @@
 #include "ops/comm/topology.h"
 
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "ops/comm/mpi_communicator.h"
@@ -58,6 +60,21 @@ Grid MakeGrid(Communicator& comm, int columns) {
   g.rank = comm.rank();
   g.row = comm.Split(comm.rank() / columns, comm.rank());
   g.column = comm.Split(comm.rank() % columns, comm.rank());
+  return g;
+}
+
+Grid MakeNodeGrid(const Topology& topo, int cross_columns) {
+  GC_ENFORCE(topo.homogeneous, "a grid whose rows are the nodes needs the same number of ranks on every node");
+  // Copies of the node's and the cross-node communicator (their own tags' space; a shared-memory
+  // node's copy is its point-to-point communicator, which the row steps use).
+  Grid g;
+  g.rank = topo.rank();
+  g.row = topo.local->Split(0, topo.local_rank());
+  g.column = topo.cross->Split(0, topo.cross_rank());
+  if (cross_columns >= 0) {
+    auto inner = std::make_unique<Grid>(MakeGrid(*g.column, cross_columns));
+    if (inner->rows() > 1 && inner->columns() > 1) g.column_grid = std::move(inner);
+  }
   return g;
 }
 

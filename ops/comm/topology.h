@@ -28,10 +28,15 @@ struct Topology {
 
 /// The ranks of a communicator as a grid for two-level algorithms (the 2-D SRA): rows of
 /// `columns` consecutive ranks; a column holds the ranks at the same place in their rows.
+/// A column may itself be a grid (three levels: rows are nodes, the columns across nodes are
+/// 2-D), as MakeNodeGrid makes it.
 struct Grid {
   std::unique_ptr<Communicator> row;
   std::unique_ptr<Communicator> column;
-  int rank = 0;  ///< in the communicator the grid was made of: column->rank() * columns + row->rank()
+  /// The grid of `column` its allreduces run on, or null (flat). Every column's grid has the
+  /// same shape.
+  std::unique_ptr<Grid> column_grid;
+  int rank = 0;  ///< unique in the communicator the grid was made of (its rounding streams)
 
   int columns() const { return row->size(); }
   int rows() const { return column->size(); }
@@ -40,6 +45,11 @@ struct Grid {
 /// Collective over `comm`: its grid of rows of `columns` ranks (which must divide its size);
 /// 0 picks the most square grid with rows at least as long as columns (for a prime size, one row).
 Grid MakeGrid(Communicator& comm, int columns = 0);
+
+/// Collective over topo.world (homogeneous): the grid whose rows are the nodes and whose columns
+/// are the ranks of one local rank across nodes. With `cross_columns` >= 0 each column runs on
+/// its own grid, MakeGrid(column, cross_columns), unless that grid has one row.
+Grid MakeNodeGrid(const Topology& topo, int cross_columns = -1);
 
 /// Collective over `world`: builds the node and cross communicators. forced_local_size > 0
 /// forces nodes of that many consecutive ranks (GRADCOMP_LOCAL_SIZE; it must divide the

@@ -1,6 +1,7 @@
 #include "ops/device/staging.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace gradcomp {
 
@@ -27,6 +28,22 @@ void Scratch::Release() {
   }
   data_ = nullptr;
   capacity_ = 0;
+}
+
+void Scratch::Swap(Scratch& other) noexcept {
+  std::swap(device_, other.device_);
+  std::swap(host_, other.host_);
+  std::swap(data_, other.data_);
+  std::swap(capacity_, other.capacity_);
+}
+
+void StagedBuffer::Swap(StagedBuffer& other) noexcept {
+  std::swap(dev_, other.dev_);
+  std::swap(aliased_, other.aliased_);
+  std::swap(wire_on_device_, other.wire_on_device_);
+  std::swap(bytes_, other.bytes_);
+  device_.Swap(other.device_);
+  host_.Swap(other.host_);
 }
 
 void StagedBuffer::Reserve(Device& device, size_t bytes, bool wire_on_device) {

@@ -26,6 +26,8 @@ class Scratch {
   void* data() const { return data_; }
   size_t capacity() const { return capacity_; }
   void Release();
+  /// Exchanges the two buffers' memory (no copy).
+  void Swap(Scratch& other) noexcept;
 
  private:
   Device* device_ = nullptr;
@@ -62,6 +64,8 @@ class StagedBuffer {
   void FromWire(size_t at, size_t bytes, Stream& stream) {
     if (!wire_on_device_) ToDevice(at, bytes, stream);
   }
+  /// Exchanges the two buffers, contents and both sides (no copy).
+  void Swap(StagedBuffer& other) noexcept;
 
  private:
   Device* dev_ = nullptr;

@@ -44,20 +44,28 @@ void SraBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
     CompressedAllreduce(device_comm ? *DeviceMemoryCommunicator(comm, TestDevice()) : comm, q);
   });
 }
-// The 2-D SRA over the grid of `comm` (MakeGrid; `columns` 0: the most square).
-void Sra2dBoth(Communicator& comm, const CompressedAllreduceOptions& o, int columns = 0) {
-  const Grid grid = MakeGrid(comm, columns);
+// `grid` with communicators that take device memory, its column's grid too.
+Grid OnDevice(const Grid& grid) {
+  Grid g;
+  g.row = DeviceMemoryCommunicator(*grid.row, TestDevice());
+  g.column = DeviceMemoryCommunicator(*grid.column, TestDevice());
+  if (grid.column_grid) g.column_grid = std::make_unique<Grid>(OnDevice(*grid.column_grid));
+  g.rank = grid.rank;
+  return g;
+}
+// The 2-D SRA over `grid`.
+void GridBoth(const Grid& grid, const CompressedAllreduceOptions& o) {
   OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
     if (!device_comm) {
       CompressedAllreduce2d(grid, q);
       return;
     }
-    Grid on_device;
-    on_device.row = DeviceMemoryCommunicator(*grid.row, TestDevice());
-    on_device.column = DeviceMemoryCommunicator(*grid.column, TestDevice());
-    on_device.rank = grid.rank;
-    CompressedAllreduce2d(on_device, q);
+    CompressedAllreduce2d(OnDevice(grid), q);
   });
+}
+// The 2-D SRA over the grid of `comm` (MakeGrid; `columns` 0: the most square).
+void Sra2dBoth(Communicator& comm, const CompressedAllreduceOptions& o, int columns = 0) {
+  GridBoth(MakeGrid(comm, columns), o);
 }
 void SparseBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
   OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
@@ -73,12 +81,7 @@ void HierarchicalBoth(const Topology& topo, const CompressedAllreduceOptions& o,
       HierarchicalCompressedAllreduce(topo, q, leader_only, grid ? &cross_grid : nullptr);
       return;
     }
-    Grid cross_grid_on_device;
-    if (grid) {
-      cross_grid_on_device.row = DeviceMemoryCommunicator(*cross_grid.row, TestDevice());
-      cross_grid_on_device.column = DeviceMemoryCommunicator(*cross_grid.column, TestDevice());
-      cross_grid_on_device.rank = cross_grid.rank;
-    }
+    const Grid cross_grid_on_device = grid ? OnDevice(cross_grid) : Grid{};
     Topology on_device;
     on_device.world = DeviceMemoryCommunicator(*topo.world, TestDevice());
     on_device.local = DeviceMemoryCommunicator(*topo.local, TestDevice());
@@ -335,6 +338,56 @@ INSTANTIATE_TEST_SUITE_P(Grids, Sra2dSweep,
                                   std::to_string(s.param.columns);
                          });
 
+struct NodeGridShape {
+  int world, local, cross_columns;  // cross_columns -1: flat SRA across nodes
+};
+
+class NodeGridSweep : public ::testing::TestWithParam<NodeGridShape> {};
+
+TEST_P(NodeGridSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
+  // Rows are the nodes; the columns across nodes run flat SRA or a grid of their own (three
+  // levels), every level's bound composed (NestedSraBound).
+  const auto [world, local, cross_columns] = GetParam();
+  std::vector<int> columns = {local};
+  if (cross_columns > 0) columns.push_back(cross_columns);
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{50001}}) {
+    const auto parts = Inputs(world, count, 1e4);
+    const std::vector<double> exact = ExactSum(parts, 1.0 / world);
+    for (int bits : {2, 4, 8}) {
+      for (size_t bucket : {size_t{64}, size_t{512}}) {
+        std::vector<std::vector<float>> outs(static_cast<size_t>(world));
+        const auto errors = RunTopology(world, local, [&](Topology& topo) {
+          const Grid grid = MakeNodeGrid(topo, cross_columns);
+          if ((grid.column_grid != nullptr) != (cross_columns > 0)) return std::string("unexpected column grid");
+          const std::vector<float> in = Gradient(count, topo.rank(), 1e4);
+          std::vector<float> out(count, -1.0f);
+          GridBoth(grid, Maxmin(in, out, bits, bucket));
+          outs[static_cast<size_t>(topo.rank())] = out;
+          return std::string();
+        });
+        const std::string where = " world " + std::to_string(world) + " local " + std::to_string(local) +
+                                  " cross columns " + std::to_string(cross_columns) + " count " +
+                                  std::to_string(count) + " bits " + std::to_string(bits) + " bucket " +
+                                  std::to_string(bucket);
+        ASSERT_EQ(Failures(errors), "") << where;
+        ASSERT_EQ(BitIdentical(outs), "") << where;
+        ASSERT_EQ(WithinBound(outs[0], exact, NestedSraBound(parts, 1.0 / world, bits, bucket, false, columns)), "")
+            << where;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grids, NodeGridSweep,
+                         ::testing::Values(NodeGridShape{12, 3, -1}, NodeGridShape{8, 2, 2}, NodeGridShape{16, 2, 2},
+                                           NodeGridShape{16, 4, 2}, NodeGridShape{18, 2, 3},
+                                           NodeGridShape{24, 2, 3}, NodeGridShape{32, 2, 4}),
+                         [](const ::testing::TestParamInfo<NodeGridShape>& s) {
+                           return "world" + std::to_string(s.param.world) + "_local" + std::to_string(s.param.local) +
+                                  (s.param.cross_columns > 0 ? "_cross_columns" + std::to_string(s.param.cross_columns)
+                                                             : std::string("_flat_across"));
+                         });
+
 TEST(Sra2d, StochasticRoundingAndErrorFeedbackAndTensorBoundaries) {
   // Stochastic rounding stays within twice the nearest bound; tensors restart buckets inside
   // chunks; error feedback makes the average over steps converge to the exact average.
@@ -397,7 +450,7 @@ TEST(Sra2d, StripedColumnsGiveTheSameBytes) {
 TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
   // The largest worlds this machine runs as thread ranks: the 2-D SRA re-quantizes once more
   // than flat SRA (the row sums), never once per level, so its error stays within the issue's
-  // 0.3 and near flat SRA's at every size.
+  // 0.3 and near flat SRA's at every size; nested grids (nodes of 8) once more again.
   const size_t count = size_t{1} << 16;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   const std::vector<int> worlds = {16, 64, 256};  // 1024 threads under a sanitizer's shadow stacks: too slow
@@ -413,12 +466,26 @@ TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
       const auto grid = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
         CompressedAllreduce2d(MakeGrid(comm), Maxmin(in, out, 4, 512));
       });
-      const double e_flat = RelativeL2(flat[0], exact), e_grid = RelativeL2(grid[0], exact);
-      std::printf("4-bit, world %d, %s inputs: relative L2 error flat SRA %.4f, 2-D SRA %.4f\n", world,
-                  noise > 1 ? "independent" : "correlated", e_flat, e_grid);
+      // Nodes of 8 ranks: the node rows, the columns across nodes on a grid of their own.
+      std::vector<std::vector<float>> nested(static_cast<size_t>(world));
+      RunTopology(world, 8, [&](Topology& topo) {
+        const std::vector<float> in = Gradient(count, topo.rank(), noise);
+        std::vector<float> out(count);
+        CompressedAllreduce2d(MakeNodeGrid(topo, 0), Maxmin(in, out, 4, 512));
+        nested[static_cast<size_t>(topo.rank())] = std::move(out);
+        return std::string();
+      });
+      const double e_flat = RelativeL2(flat[0], exact), e_grid = RelativeL2(grid[0], exact),
+                   e_nested = RelativeL2(nested[0], exact);
+      std::printf("4-bit, world %d, %s inputs: relative L2 error flat SRA %.4f, 2-D SRA %.4f, nodes of 8 with a "
+                  "2-D grid across %.4f\n",
+                  world, noise > 1 ? "independent" : "correlated", e_flat, e_grid, e_nested);
       EXPECT_EQ(BitIdentical(grid), "") << "world " << world;
+      EXPECT_EQ(BitIdentical(nested), "") << "world " << world;
       EXPECT_LE(e_grid, 0.3) << "world " << world;
       EXPECT_LE(e_grid, 1.5 * e_flat) << "world " << world;
+      EXPECT_LE(e_nested, 0.3) << "world " << world;
+      EXPECT_LE(e_nested, 1.7 * e_flat) << "world " << world;  // one quantization more than the 2-D SRA
     }
   }
 }

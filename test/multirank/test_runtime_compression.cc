@@ -207,6 +207,49 @@ TEST(RuntimeCompression, CompressedAlgorithmPicksTheGridFromItsSizeOn) {
   EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}, {"GRADCOMP_GRID_MIN_RANKS", "4"}}), flat);
 }
 
+// On nodes of several ranks the runtime's grid has the nodes as rows, and its columns across
+// the nodes run a grid of their own once they reach GRADCOMP_GRID_MIN_RANKS: 8 nodes of 2 ranks.
+TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
+  const int world = 16, local = 2;
+  const size_t n = 256 * 64;
+  const auto direct = [&](int cross_columns) {
+    std::vector<std::vector<float>> outs(world);
+    RunTopology(world, local, [&](Topology& topo) {
+      const std::vector<float> g = Gradient(n, topo.rank(), 1e4);
+      std::vector<float> out(n);
+      CompressedAllreduceOptions o;
+      o.input = g.data();
+      o.output = out.data();
+      o.count = n;
+      o.op = ReduceOp::kAverage;
+      o.codec = &FindCodec("maxmin");
+      CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), o);
+      outs[static_cast<size_t>(topo.rank())] = out;
+      return std::string();
+    });
+    return outs;
+  };
+  const auto through_runtime = [&](const std::map<std::string, std::string>& vars) {
+    std::vector<std::vector<float>> outs(world);
+    RunRanks(world, [&](Communicator& comm) {
+      std::map<std::string, std::string> all = vars;
+      all["GRADCOMP_COMPRESSION"] = "maxmin";
+      all["GRADCOMP_LOCAL_SIZE"] = std::to_string(local);
+      Runtime rt(Options(comm, all));
+      std::vector<float> g = Gradient(n, rt.rank(), 1e4);
+      rt.Allreduce("w", DataType::kFloat32, {256, 64}, g.data(), g.data(), ReduceOp::kAverage)->Wait();
+      outs[static_cast<size_t>(rt.rank())] = g;
+      return std::string();
+    });
+    return outs;
+  };
+  const auto nested = direct(0), flat_across = direct(-1);
+  ASSERT_NE(nested[0], flat_across[0]);
+  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), nested);         // world 16, 8 nodes: both
+  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "16"}}), flat_across);   // 8 nodes: flat across
+  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), nested);
+}
+
 TEST(RuntimeCompression, FourBitSendsAboutAnEighthOfTheBytes) {
   RunRanks(2, [&](Communicator& comm) {
     Runtime rt(Options(comm, {{"CGX_COMPRESSION_QUANTIZATION_BITS", "4"}}));

@@ -17,39 +17,6 @@ std::vector<double> ExactSum(const std::vector<std::vector<float>>& parts, doubl
   return out;
 }
 
-std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
-                             bool stochastic) {
-  const int n = static_cast<int>(parts.size());
-  const size_t count = parts.empty() ? 0 : parts[0].size();
-  std::vector<double> bound(count, 0.0);
-  if (n <= 1) return bound;  // a single participant is exact
-  const double levels = std::ldexp(1.0, bits) - 1;
-  const double k = stochastic ? 2.0 : 1.0;  // stochastic: strictly below twice the nearest bound
-  const std::vector<double> exact = ExactSum(parts, scale);
-  const std::vector<size_t> chunks = EvenSplit(count, n), coff = Offsets(chunks);
-  for (int o = 0; o < n; ++o) {
-    const size_t c0 = coff[static_cast<size_t>(o)], clen = chunks[static_cast<size_t>(o)];
-    for (size_t b0 = 0; b0 < clen; b0 += bucket) {
-      const size_t lo = c0 + b0, hi = c0 + std::min(clen, b0 + bucket);
-      // Stage 1: every other participant's bucket unit over [lo, hi).
-      double e1 = 0, mag = 0;
-      for (int r = 0; r < n; ++r) {
-        const auto mm = std::minmax_element(parts[static_cast<size_t>(r)].begin() + static_cast<long>(lo),
-                                            parts[static_cast<size_t>(r)].begin() + static_cast<long>(hi));
-        mag += std::max(std::fabs(*mm.first), std::fabs(*mm.second)) * scale;
-        if (r != o) e1 += k * scale * (double(*mm.second) - double(*mm.first)) / levels / 2;
-      }
-      // Stage 2: the reduced bucket's range, widened by stage 1's error.
-      const auto mm = std::minmax_element(exact.begin() + static_cast<long>(lo), exact.begin() + static_cast<long>(hi));
-      const double e2 = k * (*mm.second - *mm.first + 2 * e1) / levels / 2;
-      // float32 arithmetic of encode, decode and the float32 sums: a few ulps per term.
-      const double slack = 1e-6 * (mag + e1 * levels) * n;
-      for (size_t i = lo; i < hi; ++i) bound[i] = e1 + e2 + slack;
-    }
-  }
-  return bound;
-}
-
 namespace {
 // Range of v over [lo, hi).
 double RangeOf(const std::vector<double>& v, size_t lo, size_t hi) {
@@ -59,58 +26,99 @@ double RangeOf(const std::vector<double>& v, size_t lo, size_t hi) {
 double MaxOf(const std::vector<double>& v, size_t lo, size_t hi) {
   return *std::max_element(v.begin() + static_cast<long>(lo), v.begin() + static_cast<long>(hi));
 }
+double MaxAbsOf(const std::vector<double>& v, size_t lo, size_t hi) {
+  const auto mm = std::minmax_element(v.begin() + static_cast<long>(lo), v.begin() + static_cast<long>(hi));
+  return std::max(std::fabs(*mm.first), std::fabs(*mm.second));
+}
 // f(lo, hi) for every bucket of [begin, begin + len), buckets starting at `begin`.
 template <typename F>
 void ForBuckets(size_t begin, size_t len, size_t bucket, F&& f) {
   for (size_t b0 = 0; b0 < len; b0 += bucket) f(begin + b0, begin + std::min(len, b0 + bucket));
 }
-}  // namespace
 
-std::vector<double> Sra2dBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
-                               bool stochastic, int columns) {
-  const size_t n = parts.size(), b = static_cast<size_t>(columns), a = n / b;
-  const size_t count = parts.empty() ? 0 : parts[0].size();
-  std::vector<double> bound(count, 0.0);
-  if (n <= 1) return bound;
-  const double levels = std::ldexp(1.0, bits) - 1;
-  const double k = stochastic ? 2.0 : 1.0;
-  std::vector<std::vector<double>> value(n);
-  for (size_t w = 0; w < n; ++w) value[w].assign(parts[w].begin(), parts[w].end());
-  const std::vector<double> exact = ExactSum(parts, scale);
-  const std::vector<size_t> chunks = EvenSplit(count, static_cast<int>(b)), coff = Offsets(chunks);
+struct BoundContext {
+  std::vector<double> exact;  // scale * the exact sum
+  double scale, levels, k;    // k: 2 for stochastic rounding
+  size_t bucket, world;
+  std::vector<double>* bound;
+};
+
+// The bound over [c0, c0 + len) of an allreduce among participants holding `value` (what they
+// reduce: a row sum at an inner level), of which `err` (unscaled) was already lost, on the grid
+// levels `columns` (row lengths, outermost first; none left: flat SRA).
+void LevelBound(const BoundContext& c, const std::vector<std::vector<double>>& value,
+                const std::vector<std::vector<double>>& err, const std::vector<int>& columns, size_t c0, size_t len) {
+  const size_t n = value.size();
+  if (columns.empty()) {
+    // Flat SRA: sub-chunk o owned by participant o; the others' units and what every
+    // participant already lost, then the reduced bucket's range widened by that.
+    const std::vector<size_t> subs = EvenSplit(len, static_cast<int>(n)), soff = Offsets(subs);
+    for (size_t o = 0; o < n; ++o) {
+      ForBuckets(c0 + soff[o], subs[o], c.bucket, [&](size_t lo, size_t hi) {
+        double e = 0, mag = 0;
+        for (size_t r = 0; r < n; ++r) {
+          e += c.scale * MaxOf(err[r], lo, hi);
+          mag += c.scale * MaxAbsOf(value[r], lo, hi);
+          if (r != o) e += c.k * c.scale * (RangeOf(value[r], lo, hi) + 2 * MaxOf(err[r], lo, hi)) / c.levels / 2;
+        }
+        const double final_term = c.k * (RangeOf(c.exact, lo, hi) + 2 * e) / c.levels / 2;
+        // float32 arithmetic of encode, decode and the float32 sums: a few ulps per term.
+        const double slack = 1e-6 * (mag + e * c.levels) * static_cast<double>(c.world);
+        for (size_t i = lo; i < hi; ++i) (*c.bound)[i] = e + final_term + slack;
+      });
+    }
+    return;
+  }
+  // A grid of rows of b: the row scatter of row chunk j, then the rows' sums reduced by the
+  // columns' allreduce (the levels left).
+  const size_t b = static_cast<size_t>(columns[0]), a = n / b;
+  const std::vector<int> inner(columns.begin() + 1, columns.end());
+  const std::vector<size_t> chunks = EvenSplit(len, static_cast<int>(b)), coff = Offsets(chunks);
+  const size_t count = value.empty() ? 0 : value[0].size();
   for (size_t j = 0; j < b; ++j) {
-    const size_t c0 = coff[j], clen = chunks[j];
-    // Row scatter: e1[r][i] = what row r's sum of chunk j lost (its other ranks' units / 2).
-    std::vector<std::vector<double>> e1(a, std::vector<double>(count, 0.0)), rowsum(a, std::vector<double>(count, 0.0));
+    const size_t cj = c0 + coff[j], lj = chunks[j];
+    std::vector<std::vector<double>> row_sum(a, std::vector<double>(count, 0.0)), row_err = row_sum;
     for (size_t r = 0; r < a; ++r) {
       for (size_t col = 0; col < b; ++col) {
         const std::vector<double>& v = value[r * b + col];
-        for (size_t i = c0; i < c0 + clen; ++i) rowsum[r][i] += v[i];
+        const std::vector<double>& e = err[r * b + col];
+        for (size_t i = cj; i < cj + lj; ++i) {
+          row_sum[r][i] += v[i];
+          row_err[r][i] += e[i];
+        }
         if (col == j) continue;
-        ForBuckets(c0, clen, bucket, [&](size_t lo, size_t hi) {
-          const double u = RangeOf(v, lo, hi) / levels;
-          for (size_t i = lo; i < hi; ++i) e1[r][i] += k * u / 2;
+        ForBuckets(cj, lj, c.bucket, [&](size_t lo, size_t hi) {
+          const double u = (RangeOf(v, lo, hi) + 2 * MaxOf(e, lo, hi)) / c.levels;
+          for (size_t i = lo; i < hi; ++i) row_err[r][i] += c.k * u / 2;
         });
       }
     }
-    // Column SRA of the row sums: sub-chunk o of chunk j owned by row o.
-    const std::vector<size_t> subs = EvenSplit(clen, static_cast<int>(a)), soff = Offsets(subs);
-    for (size_t o = 0; o < a; ++o) {
-      ForBuckets(c0 + soff[o], subs[o], bucket, [&](size_t lo, size_t hi) {
-        double e = 0, mag = 0;
-        for (size_t r = 0; r < a; ++r) {
-          e += scale * MaxOf(e1[r], lo, hi);
-          mag += scale * std::max(std::fabs(rowsum[r][lo]), RangeOf(rowsum[r], lo, hi));
-          // A row sum's bucket range, widened by what the row scatter lost in it.
-          if (r != o) e += k * scale * (RangeOf(rowsum[r], lo, hi) + 2 * MaxOf(e1[r], lo, hi)) / levels / 2;
-        }
-        const double final_term = k * (RangeOf(exact, lo, hi) + 2 * e) / levels / 2;
-        const double slack = 1e-6 * (mag + e * levels) * static_cast<double>(n);
-        for (size_t i = lo; i < hi; ++i) bound[i] = e + final_term + slack;
-      });
-    }
+    LevelBound(c, row_sum, row_err, inner, cj, lj);
   }
+}
+}  // namespace
+
+std::vector<double> NestedSraBound(const std::vector<std::vector<float>>& parts, double scale, int bits,
+                                   size_t bucket, bool stochastic, const std::vector<int>& columns) {
+  const size_t count = parts.empty() ? 0 : parts[0].size();
+  std::vector<double> bound(count, 0.0);
+  if (parts.size() <= 1) return bound;  // a single participant is exact
+  BoundContext c{ExactSum(parts, scale), scale, std::ldexp(1.0, bits) - 1, stochastic ? 2.0 : 1.0,
+                 bucket, parts.size(), &bound};
+  std::vector<std::vector<double>> value, err(parts.size(), std::vector<double>(count, 0.0));
+  for (const auto& p : parts) value.emplace_back(p.begin(), p.end());
+  LevelBound(c, value, err, columns, 0, count);
   return bound;
+}
+
+std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
+                             bool stochastic) {
+  return NestedSraBound(parts, scale, bits, bucket, stochastic, {});
+}
+
+std::vector<double> Sra2dBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
+                               bool stochastic, int columns) {
+  return NestedSraBound(parts, scale, bits, bucket, stochastic, {columns});
 }
 
 double RelativeL2(const std::vector<float>& got, const std::vector<double>& exact) {

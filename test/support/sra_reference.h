@@ -18,6 +18,12 @@ std::vector<double> SraBound(const std::vector<std::vector<float>>& parts, doubl
 std::vector<double> Sra2dBound(const std::vector<std::vector<float>>& parts, double scale, int bits, size_t bucket,
                                bool stochastic, int columns);
 
+/// The same for the 2-D SRA on nested grids: `columns` are the row lengths of each level,
+/// outermost first (participant w in row w / columns[0]; the rows, in order, are the participants
+/// of the next level), the last level's columns a flat SRA. {} is SraBound, {c} Sra2dBound.
+std::vector<double> NestedSraBound(const std::vector<std::vector<float>>& parts, double scale, int bits,
+                                   size_t bucket, bool stochastic, const std::vector<int>& columns);
+
 /// Exact scale * sum of the parts, in float64.
 std::vector<double> ExactSum(const std::vector<std::vector<float>>& parts, double scale);
 
