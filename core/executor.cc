@@ -603,18 +603,18 @@ CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, co
 }
 
 const Grid* Executor::GridFor(const Topology& topo, Communicator& across) {
-  // Flat SRA sends 2 (n - 1) messages a rank of size/n^2 encoded bytes each; past a few dozen
-  // ranks their count, not their bytes, sets the time (simulated 25 Gbit/s clusters,
-  // docs/benchmarks.md "Beyond one machine").
-  if (!WantsGrid(across.size())) return nullptr;
+  // On nodes of several ranks flat SRA sends every rank's encoded chunks across the node's link,
+  // local_size times what a node needs to send (2 nodes x 2 ranks at 1 Gbit/s, 64 MB: 4 bits
+  // 0.171 s flat, 0.127 s with node rows; 8 bits 0.342 s, 0.208 s): then the grid's rows are the
+  // nodes. Elsewhere flat SRA sends 2 (n - 1) messages a rank of size/n^2 encoded bytes each;
+  // past a few dozen ranks their count, not their bytes, sets the time (simulated 25 Gbit/s
+  // clusters, docs/benchmarks.md "Beyond one machine"), and the grid is the most square.
+  const bool node_rows = &across == topo.world.get() && topo.homogeneous && topo.local_size() > 1 &&
+                         topo.cross_size() > 1 && settings_.compressed_algorithm != "sra";
+  if (!node_rows && !WantsGrid(across.size())) return nullptr;
   std::unique_ptr<Grid>& grid = grids_[&across];
   if (!grid) {
-    // On nodes of several ranks the rows are the nodes, so that only the columns cross nodes
-    // (the most square grid's rows span several nodes once the world has more than local_size^2
-    // ranks, and then every rank's whole encoded buffer crosses the node's link), and the
-    // columns run a grid of their own when they are long enough.
-    const bool node_rows = &across == topo.world.get() && topo.homogeneous && topo.local_size() > 1 &&
-                           topo.cross_size() > 1;
+    // The columns across nodes run a grid of their own when they are long enough.
     grid = std::make_unique<Grid>(node_rows ? MakeNodeGrid(topo, WantsGrid(topo.cross_size()) ? 0 : -1)
                                             : MakeGrid(across));
   }

@@ -133,7 +133,8 @@ class Executor {
   bool UseHierarchy(bool compressed, bool raw_auto = false) const;
   /// The grid of `across` when the SRA over it runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM),
   /// made the first time (collectively: every rank runs the same responses) and kept; else null.
-  /// On topo.world, with nodes of several ranks, the rows are the nodes (MakeNodeGrid).
+  /// topo.world spanning nodes of several ranks runs on the grid whose rows are the nodes
+  /// (MakeNodeGrid) unless flat SRA is asked for.
   const Grid* GridFor(const Topology& topo, Communicator& across);
   /// Whether an SRA over `ranks` ranks runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM, GRADCOMP_GRID_MIN_RANKS).
   bool WantsGrid(int ranks) const;

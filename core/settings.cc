@@ -144,7 +144,9 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_COMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::compressed_algorithm), "auto",
        "the SRA of dense compressed (and gradcomp's uncompressed) allreduces across ranks or, hierarchical, across "
        "nodes: sra (flat: 2 (n-1) messages a rank), sra2d (a grid of rows and columns: 2 (rows + columns - 2) "
-       "messages, one more quantization), auto (sra2d from GRADCOMP_GRID_MIN_RANKS ranks on)",
+       "messages, one more quantization; on nodes of several ranks the rows are the nodes, and the columns across "
+       "nodes run a grid of their own from GRADCOMP_GRID_MIN_RANKS nodes on, one quantization more again), auto "
+       "(sra2d on nodes of several ranks, else from GRADCOMP_GRID_MIN_RANKS ranks on)",
        -kInf, kInf, false, kNoExtra, "auto|sra|sra2d"},
       {"GRADCOMP_GRID_MIN_RANKS", nullptr, Kind::kInt, Of(&Settings::grid_min_ranks), "32",
        "with GRADCOMP_COMPRESSED_ALGORITHM=auto, the number of ranks the SRA spans from which it runs on a grid",

@@ -207,8 +207,9 @@ TEST(RuntimeCompression, CompressedAlgorithmPicksTheGridFromItsSizeOn) {
   EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}, {"GRADCOMP_GRID_MIN_RANKS", "4"}}), flat);
 }
 
-// On nodes of several ranks the runtime's grid has the nodes as rows, and its columns across
-// the nodes run a grid of their own once they reach GRADCOMP_GRID_MIN_RANKS: 8 nodes of 2 ranks.
+// On nodes of several ranks the runtime's grid has the nodes as rows (whatever the world's
+// size), and its columns across the nodes run a grid of their own once they reach
+// GRADCOMP_GRID_MIN_RANKS; GRADCOMP_COMPRESSED_ALGORITHM=sra is flat SRA: 8 nodes of 2 ranks.
 TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
   const int world = 16, local = 2;
   const size_t n = 256 * 64;
@@ -223,7 +224,11 @@ TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
       o.count = n;
       o.op = ReduceOp::kAverage;
       o.codec = &FindCodec("maxmin");
-      CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), o);
+      if (cross_columns < -1) {
+        CompressedAllreduce(*topo.world, o);
+      } else {
+        CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), o);
+      }
       outs[static_cast<size_t>(topo.rank())] = out;
       return std::string();
     });
@@ -243,11 +248,13 @@ TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
     });
     return outs;
   };
-  const auto nested = direct(0), flat_across = direct(-1);
+  const auto nested = direct(0), flat_across = direct(-1), flat = direct(-2);
   ASSERT_NE(nested[0], flat_across[0]);
-  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), nested);         // world 16, 8 nodes: both
-  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "16"}}), flat_across);   // 8 nodes: flat across
+  ASSERT_NE(flat[0], flat_across[0]);
+  EXPECT_EQ(through_runtime({}), flat_across);  // 16 ranks, 8 nodes: below 32, node rows all the same
+  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), nested);  // 8 nodes: a grid across
   EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), nested);
+  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}}), flat);
 }
 
 TEST(RuntimeCompression, FourBitSendsAboutAnEighthOfTheBytes) {

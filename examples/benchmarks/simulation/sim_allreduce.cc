@@ -10,7 +10,9 @@
 //
 // A variant is "mpi" (MPI_Allreduce of float32, SMPI's collective selection) or
 // "<algorithm>:<codec>": algorithm sra (flat), sra2d (2-D SRA over the most square grid),
-// sra2dnode (2-D SRA whose rows are the nodes: --local-size columns, flat SRA across nodes), hier
+// sra2dnode (2-D SRA whose rows are the nodes: --local-size columns, flat SRA across nodes),
+// sra3d (rows are the nodes, the 2-D SRA across nodes on the most square grid of the nodes:
+// MakeNodeGrid; what the runtime runs on nodes of several ranks from 32 nodes on), hier
 // (--local-size consecutive ranks per node, reduced inside the node, flat SRA across nodes) or
 // hier2d (the same with the 2-D SRA across nodes); codec none, fp16, bf16 or maxmin<bits>.
 // --stripes 0 uses the runtime's choice across nodes (kAutoPipelineStripes).
@@ -68,9 +70,8 @@ Variant ParseVariant(const std::string& text) {
   }
   const std::vector<std::string> parts = SplitList(text, ':');
   GC_ENFORCE(parts.size() == 2 && (parts[0] == "sra" || parts[0] == "sra2d" || parts[0] == "sra2dnode" ||
-                                    parts[0] == "hier" ||
-                                    parts[0] == "hier2d"),
-             "sim_allreduce: variant '", text, "' is not mpi or <sra|sra2d|sra2dnode|hier|hier2d>:<codec>");
+                                    parts[0] == "sra3d" || parts[0] == "hier" || parts[0] == "hier2d"),
+             "sim_allreduce: variant '", text, "' is not mpi or <sra|sra2d|sra2dnode|sra3d|hier|hier2d>:<codec>");
   v.algorithm = parts[0];
   std::string codec = parts[1];
   if (codec.rfind("maxmin", 0) == 0) {
@@ -138,7 +139,7 @@ int Run(int argc, char** argv) {
                                                     local_size, gradcomp::LocalTransport::kMessages);
   const int n = topo.size(), rank = topo.rank();
   const gradcomp::Grid world_grid = gradcomp::MakeGrid(*topo.world), cross_grid = gradcomp::MakeGrid(*topo.cross);
-  const gradcomp::Grid node_grid = gradcomp::MakeGrid(*topo.world, topo.local_size());
+  const gradcomp::Grid node_grid = gradcomp::MakeNodeGrid(topo), nested_grid = gradcomp::MakeNodeGrid(topo, 0);
   if (rank == 0) {
     std::printf("sim_allreduce: %d ranks, %d per node x %d nodes, %d reps; grids %d x %d, across nodes %d x %d\n", n,
                 topo.local_size(), topo.cross_size(), reps, world_grid.rows(), world_grid.columns(), cross_grid.rows(),
@@ -197,6 +198,8 @@ int Run(int argc, char** argv) {
             st = gradcomp::CompressedAllreduce2d(world_grid, o);
           } else if (v.algorithm == "sra2dnode") {
             st = gradcomp::CompressedAllreduce2d(node_grid, o);
+          } else if (v.algorithm == "sra3d") {
+            st = gradcomp::CompressedAllreduce2d(nested_grid, o);
           } else {
             st = gradcomp::CompressedAllreduce(*topo.world, o);
           }
