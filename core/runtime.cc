@@ -30,6 +30,13 @@ namespace {
 // that gets work while its peers are idle, and keeps stall detection alive.
 constexpr double kMaxIdleWaitSeconds = 0.05;
 
+// The handles of the entries present (a joined rank has none for some tensors), added to `out`.
+void AddHandles(const EntryList& entries, std::vector<std::shared_ptr<Handle>>& out) {
+  for (const auto& e : entries) {
+    if (e) out.push_back(e->handle);
+  }
+}
+
 // "the allreduce of 'a' and 3 more tensors": what the watchdog reports.
 std::string Describe(const Response& first, size_t tensors) {
   if (tensors == 0) return "no collective";
@@ -547,9 +554,7 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
     std::vector<std::shared_ptr<Handle>> handles;
     for (const Work& w : work) {
       failures.push_back(w.failure);
-      for (const auto& e : w.entries) {
-        if (e) handles.push_back(e->handle);
-      }
+      AddHandles(w.entries, handles);
     }
     Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors),
                         std::move(handles));
@@ -590,9 +595,7 @@ void Runtime::RunPrepared(Work& w, bool from_cache) {
   }
   if (failure.empty()) {
     std::vector<std::shared_ptr<Handle>> handles;
-    for (const auto& e : w.entries) {
-      if (e) handles.push_back(e->handle);
-    }
+    AddHandles(w.entries, handles);
     Watchdog::Step step(watchdog_, Describe(r, r.names.size()), std::move(handles));
     try {
       executor_.Run(r, w.entries);

@@ -109,7 +109,6 @@ class Elastic:
         if self.blacklist_after < 1:
             raise launch_error(f"--blacklist-after must be at least 1, got {self.blacklist_after}")
         self.cooldown = opts.get("failure_cooldown", 60.0)
-        self.interval = DISCOVERY_INTERVAL
         script = opts.get("host_discovery_script")
         fixed = None
         if script is None:
@@ -167,7 +166,7 @@ class Elastic:
                 say(f"waiting for --min-np {self.min_np} slots: {fmt(hosts)} available "
                     f"(blacklisted: {sorted(self.blacklist) or 'none'})")
                 told = True
-            time.sleep(self.interval)
+            time.sleep(DISCOVERY_INTERVAL)
 
     # -- one launch ----------------------------------------------------------------------------
     def launch(self, used):
@@ -201,7 +200,7 @@ class Elastic:
         notice_sent, gone_since, gone = None, None, []
         while True:
             try:
-                return proc.wait(timeout=self.interval), gone
+                return proc.wait(timeout=DISCOVERY_INTERVAL), gone
             except subprocess.TimeoutExpired:
                 pass
             now = time.time()
