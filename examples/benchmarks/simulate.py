@@ -10,7 +10,7 @@ time measured between its MPI calls; ops/common/simulation.h).
     python3 examples/benchmarks/simulate.py --nodes 16,64,256 [--ranks-per-node 1]
         [--link 25Gbps] [--latency 5us] [--backbone 3.2Tbps] [--topology flat|fattree]
         [--intra-bw 20GBps] [--intra-latency 1us] [--sizes-mb 64]
-        [--variants mpi,sra:maxmin4] [--reps 2] [--host-slowdown 1] [--out FILE.json]
+        [--variants mpi,sra:maxmin4] [--reps 2] [--warmup 1] [--host-slowdown 1] [--out FILE.json]
 
 Platforms: `flat` is one switch (a SimGrid cluster: each node's full-duplex link to a backbone
 of --backbone); `fattree` is a two-level fat tree of 16-port leaves, each leaf's uplinks
@@ -128,7 +128,8 @@ def run_world(args, nodes, tmp):
            f"--cfg=smpi/simulate-computation:{'yes' if args.computation == 'measured' else 'no'}", f"--cfg=network/model:{args.network_model}", f"--cfg=smpi/coll-selector:{args.coll_selector}",
            "--cfg=smpi/shared-malloc:global", "--cfg=smpi/shared-malloc-blocksize:" + str(64 << 20),
            "--log=root.thres:warning", DRIVER, "--sizes-mb", args.sizes_mb, "--variants", args.variants,
-           "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes)]
+           "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes),
+           "--warmup", str(args.warmup)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
     # smpirun exits 0 even when the simulated program aborted ("Execution failed with code N"):
     # a run without every result line is a failure too.
@@ -161,6 +162,8 @@ def main():
     ap.add_argument("--variants", default="mpi,sra:maxmin4")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--stripes", type=int, default=0, help="SRA's stripes (0: the runtime's choice across nodes)")
+    ap.add_argument("--warmup", type=int, default=1, choices=(0, 1),
+                    help="0: no untimed first repetition (halves the wall time of large worlds)")
     ap.add_argument("--host-slowdown", type=float, default=1.0)
     ap.add_argument("--computation", choices=["codec", "measured"], default="codec",
                     help="codec: a rank's time is the network's plus its encoding and decoding, timed for real "

@@ -126,14 +126,6 @@ void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, f
   stream.Synchronize();
 }
 
-}  // namespace
-
-void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-           CompressionWorkspace& ws, CompressedAllreduceStats* st) {
-  Sra2dOn(grid, o, x, scale, out, ws, st, false);
-}
-
-namespace {
 
 // Sra2d; with keep_encodings, ws.all ends holding the encodings of the whole result
 // (ResultBytes' layout), for the row above when this grid runs a column.
@@ -260,6 +252,11 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
 }
 
 }  // namespace
+
+void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
+           CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+  Sra2dOn(grid, o, x, scale, out, ws, st, false);
+}
 
 CompressedAllreduceStats CompressedAllreduce2d(const Grid& grid, const CompressedAllreduceOptions& o) {
   return RunDenseAllreduce("2-D compressed allreduce", o, grid.row->size() * grid.column->size(),

@@ -6,7 +6,7 @@
 //
 //   smpirun -no-privatize -platform P.xml -hostfile H -np N build-sim/.../sim_allreduce
 //       [--sizes-mb 64] [--variants mpi,sra:maxmin4,hier:maxmin4] [--reps 3] [--local-size 8]
-//       [--stripes 0]
+//       [--stripes 0] [--warmup 1]
 //
 // A variant is "mpi" (MPI_Allreduce of float32, SMPI's collective selection) or
 // "<algorithm>:<codec>": algorithm sra (flat), sra2d (2-D SRA over the most square grid),
@@ -15,7 +15,8 @@
 // MakeNodeGrid; what the runtime runs on nodes of several ranks from 32 nodes on), hier
 // (--local-size consecutive ranks per node, reduced inside the node, flat SRA across nodes) or
 // hier2d (the same with the 2-D SRA across nodes); codec none, fp16, bf16 or maxmin<bits>.
-// --stripes 0 uses the runtime's choice across nodes (kAutoPipelineStripes).
+// --stripes 0 uses the runtime's choice across nodes (kAutoPipelineStripes). --warmup 0 skips
+// the untimed first repetition (it warms buffers; at 1024 ranks it doubles the wall time).
 //
 // Prints, on rank 0, one line per (variant, size):
 //   RESULT <variant> <MB> <seconds> <bytes sent per rank> <codec seconds> <communicate seconds>
@@ -114,7 +115,7 @@ class Buffer {
 
 int Run(int argc, char** argv) {
   std::string sizes = "64", variants = "mpi,sra:maxmin4";
-  int reps = 3, local_size = 1, stripes = 0;
+  int reps = 3, local_size = 1, stripes = 0, warmup = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--sizes-mb") {
@@ -127,8 +128,10 @@ int Run(int argc, char** argv) {
       local_size = std::atoi(argv[i + 1]);
     } else if (flag == "--stripes") {
       stripes = std::atoi(argv[i + 1]);
+    } else if (flag == "--warmup") {
+      warmup = std::atoi(argv[i + 1]);
     } else {
-      GC_THROW("sim_allreduce: unknown flag ", flag, " (--sizes-mb, --variants, --reps, --local-size, --stripes)");
+      GC_THROW("sim_allreduce: unknown flag ", flag, " (--sizes-mb, --variants, --reps, --local-size, --stripes, --warmup)");
     }
   }
   GC_ENFORCE(reps >= 1, "sim_allreduce: --reps must be at least 1, got ", reps);
@@ -172,7 +175,7 @@ int Run(int argc, char** argv) {
       std::vector<double> times;
       double codec_seconds = 0, comm_seconds = 0;
       size_t bytes_sent = 0;
-      for (int r = 0; r <= reps; ++r) {  // repetition 0 warms up (buffers, connections)
+      for (int r = warmup > 0 ? 0 : 1; r <= reps; ++r) {  // repetition 0 warms up (buffers, connections)
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
         gradcomp::CompressedAllreduceStats st;
