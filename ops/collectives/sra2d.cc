@@ -153,6 +153,7 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   // Encoding and decoding run on this thread, through an inline pipeline so that a simulation
   // (ops/common/simulation.h) counts them as codec work.
   Pipeline codec_work(true);
+
   // 1. The row's scatter: every other chunk of the row, encoded for its owner.
   ws.send.Reserve(d, rp.send_total, wire_on_device);
   ws.recv.Reserve(d, rp.recv_total, wire_on_device);
