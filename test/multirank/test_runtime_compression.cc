@@ -159,52 +159,59 @@ TEST(RuntimeCompression, HierarchicalAndLeaderOnlyAreBitIdenticalAcrossRanks) {
   }
 }
 
+// Default max-min of g, averaged, into out.
+CompressedAllreduceOptions MaxminAverage(const std::vector<float>& g, std::vector<float>& out) {
+  CompressedAllreduceOptions o;
+  o.input = g.data();
+  o.output = out.data();
+  o.count = g.size();
+  o.op = ReduceOp::kAverage;
+  o.codec = &FindCodec("maxmin");
+  return o;
+}
+
+// Every rank's result of one max-min allreduce of a 256 x 64 gradient through the runtime with
+// the settings `vars`.
+std::vector<std::vector<float>> ThroughRuntime(int world, const std::map<std::string, std::string>& vars) {
+  std::vector<std::vector<float>> outs(static_cast<size_t>(world));
+  RunRanks(world, [&](Communicator& comm) {
+    std::map<std::string, std::string> all = vars;
+    all["GRADCOMP_COMPRESSION"] = "maxmin";
+    Runtime rt(Options(comm, all));
+    std::vector<float> g = Gradient(256 * 64, rt.rank(), 1e4);
+    rt.Allreduce("w", DataType::kFloat32, {256, 64}, g.data(), g.data(), ReduceOp::kAverage)->Wait();
+    outs[static_cast<size_t>(rt.rank())] = g;
+    return std::string();
+  });
+  return outs;
+}
+
 // GRADCOMP_COMPRESSED_ALGORITHM: the runtime's bytes are those of the 2-D SRA over the world's
 // grid (2 rows x 4 here) when asked for, or when auto and the world reaches GRADCOMP_GRID_MIN_RANKS,
 // and flat SRA's otherwise (the 2-D SRA quantizes the row sums once more: other bytes).
 TEST(RuntimeCompression, CompressedAlgorithmPicksTheGridFromItsSizeOn) {
   const int world = 8;
-  const size_t n = 256 * 64;
   const auto direct = [&](bool grid) {
     std::vector<std::vector<float>> outs(world);
     RunRanks(world, [&](Communicator& comm) {
-      const std::vector<float> g = Gradient(n, comm.rank(), 1e4);
-      std::vector<float> out(n);
-      CompressedAllreduceOptions o;
-      o.input = g.data();
-      o.output = out.data();
-      o.count = n;
-      o.op = ReduceOp::kAverage;
-      o.codec = &FindCodec("maxmin");
+      const std::vector<float> g = Gradient(256 * 64, comm.rank(), 1e4);
+      std::vector<float> out(g.size());
       if (grid) {
-        CompressedAllreduce2d(MakeGrid(comm), o);
+        CompressedAllreduce2d(MakeGrid(comm), MaxminAverage(g, out));
       } else {
-        CompressedAllreduce(comm, o);
+        CompressedAllreduce(comm, MaxminAverage(g, out));
       }
       outs[static_cast<size_t>(comm.rank())] = out;
       return std::string();
     });
     return outs;
   };
-  const auto through_runtime = [&](const std::map<std::string, std::string>& vars) {
-    std::vector<std::vector<float>> outs(world);
-    RunRanks(world, [&](Communicator& comm) {
-      std::map<std::string, std::string> all = vars;
-      all["GRADCOMP_COMPRESSION"] = "maxmin";
-      Runtime rt(Options(comm, all));
-      std::vector<float> g = Gradient(n, rt.rank(), 1e4);
-      rt.Allreduce("w", DataType::kFloat32, {256, 64}, g.data(), g.data(), ReduceOp::kAverage)->Wait();
-      outs[static_cast<size_t>(rt.rank())] = g;
-      return std::string();
-    });
-    return outs;
-  };
   const auto grid = direct(true), flat = direct(false);
   ASSERT_NE(grid[0], flat[0]);
-  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), grid);
-  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), grid);
-  EXPECT_EQ(through_runtime({}), flat);  // auto: 8 ranks are below the default 32
-  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}, {"GRADCOMP_GRID_MIN_RANKS", "4"}}), flat);
+  EXPECT_EQ(ThroughRuntime(world, {{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), grid);
+  EXPECT_EQ(ThroughRuntime(world, {{"GRADCOMP_GRID_MIN_RANKS", "8"}}), grid);
+  EXPECT_EQ(ThroughRuntime(world, {}), flat);  // auto: 8 ranks are below the default 32
+  EXPECT_EQ(ThroughRuntime(world, {{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}, {"GRADCOMP_GRID_MIN_RANKS", "4"}}), flat);
 }
 
 // On nodes of several ranks the runtime's grid has the nodes as rows (whatever the world's
@@ -212,49 +219,33 @@ TEST(RuntimeCompression, CompressedAlgorithmPicksTheGridFromItsSizeOn) {
 // GRADCOMP_GRID_MIN_RANKS; GRADCOMP_COMPRESSED_ALGORITHM=sra is flat SRA: 8 nodes of 2 ranks.
 TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
   const int world = 16, local = 2;
-  const size_t n = 256 * 64;
+  // cross_columns as MakeNodeGrid takes it; -2: flat SRA over the world.
   const auto direct = [&](int cross_columns) {
     std::vector<std::vector<float>> outs(world);
     RunTopology(world, local, [&](Topology& topo) {
-      const std::vector<float> g = Gradient(n, topo.rank(), 1e4);
-      std::vector<float> out(n);
-      CompressedAllreduceOptions o;
-      o.input = g.data();
-      o.output = out.data();
-      o.count = n;
-      o.op = ReduceOp::kAverage;
-      o.codec = &FindCodec("maxmin");
+      const std::vector<float> g = Gradient(256 * 64, topo.rank(), 1e4);
+      std::vector<float> out(g.size());
       if (cross_columns < -1) {
-        CompressedAllreduce(*topo.world, o);
+        CompressedAllreduce(*topo.world, MaxminAverage(g, out));
       } else {
-        CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), o);
+        CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), MaxminAverage(g, out));
       }
       outs[static_cast<size_t>(topo.rank())] = out;
       return std::string();
     });
     return outs;
   };
-  const auto through_runtime = [&](const std::map<std::string, std::string>& vars) {
-    std::vector<std::vector<float>> outs(world);
-    RunRanks(world, [&](Communicator& comm) {
-      std::map<std::string, std::string> all = vars;
-      all["GRADCOMP_COMPRESSION"] = "maxmin";
-      all["GRADCOMP_LOCAL_SIZE"] = std::to_string(local);
-      Runtime rt(Options(comm, all));
-      std::vector<float> g = Gradient(n, rt.rank(), 1e4);
-      rt.Allreduce("w", DataType::kFloat32, {256, 64}, g.data(), g.data(), ReduceOp::kAverage)->Wait();
-      outs[static_cast<size_t>(rt.rank())] = g;
-      return std::string();
-    });
-    return outs;
+  const auto on_nodes = [&](std::map<std::string, std::string> vars) {
+    vars["GRADCOMP_LOCAL_SIZE"] = std::to_string(local);
+    return ThroughRuntime(world, vars);
   };
   const auto nested = direct(0), flat_across = direct(-1), flat = direct(-2);
   ASSERT_NE(nested[0], flat_across[0]);
   ASSERT_NE(flat[0], flat_across[0]);
-  EXPECT_EQ(through_runtime({}), flat_across);  // 16 ranks, 8 nodes: below 32, node rows all the same
-  EXPECT_EQ(through_runtime({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), nested);  // 8 nodes: a grid across
-  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), nested);
-  EXPECT_EQ(through_runtime({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}}), flat);
+  EXPECT_EQ(on_nodes({}), flat_across);  // 16 ranks, 8 nodes: below 32, node rows all the same
+  EXPECT_EQ(on_nodes({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), nested);  // 8 nodes: a grid across
+  EXPECT_EQ(on_nodes({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), nested);
+  EXPECT_EQ(on_nodes({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}}), flat);
 }
 
 TEST(RuntimeCompression, FourBitSendsAboutAnEighthOfTheBytes) {
