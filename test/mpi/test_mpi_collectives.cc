@@ -418,6 +418,14 @@ TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {
         }
         EXPECT_LT(std::sqrt(num / den), bits == 2 ? 0.8 : 0.2) << "hierarchical, bits " << bits;
       }
+      // The grid whose rows are the nodes (the runtime's default here): the row's copy of the
+      // shared-memory node communicator is its MPI point-to-point one.
+      const Grid node_grid = MakeNodeGrid(topo);
+      std::fill(out.begin(), out.end(), 0.0f);
+      CompressedAllreduce2d(node_grid, o);
+      ASSERT_TRUE(SameOnEveryRank(*topo.world, out)) << "node rows, bits " << bits;
+      const std::vector<double> node_bound = NestedSraBound(parts, 1.0 / world, bits, 512, false, {topo.local_size()});
+      for (size_t i = 0; i < count; ++i) ASSERT_LE(std::fabs(out[i] - exact[i]), node_bound[i]) << "node rows " << i;
     }
   }
   std::vector<float> out(count);
