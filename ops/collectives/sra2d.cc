@@ -79,9 +79,9 @@ size_t ResultBytes(size_t ranks, const Grid* grid, const CompressedAllreduceOpti
   return total;
 }
 
-// out[0, o.count) = the result decoded from those encodings.
-void DecodeResult(size_t ranks, const Grid* grid, const CompressedAllreduceOptions& o, const uint8_t* encodings,
-                  float* out, CompressionWorkspace& ws) {
+// out[0, o.count) = the result decoded from those encodings; returns their bytes (ResultBytes).
+size_t DecodeResult(size_t ranks, const Grid* grid, const CompressedAllreduceOptions& o, const uint8_t* encodings,
+                    float* out, CompressionWorkspace& ws) {
   if (grid == nullptr) {
     const SraPlan cp = SraPlan::Make(o, ranks, 0);
     for (size_t s = 0; s < cp.stripes; ++s) {
@@ -91,15 +91,15 @@ void DecodeResult(size_t ranks, const Grid* grid, const CompressedAllreduceOptio
                      cp.pieces[s][c], 0, DataType::kFloat32, out);
       }
     }
-    return;
+    return cp.all_total;
   }
   const SraPlan rp = RowPlan(o, static_cast<size_t>(grid->columns()), 0);
+  size_t read = 0;
   for (size_t k = 0; k < rp.ranks; ++k) {
-    const CompressedAllreduceOptions sub = ColumnOptions(o, rp, k);
-    const size_t rows = static_cast<size_t>(grid->rows());
-    DecodeResult(rows, grid->column_grid.get(), sub, encodings, out + rp.chunk_offsets[k], ws);
-    encodings += ResultBytes(rows, grid->column_grid.get(), sub);
+    read += DecodeResult(static_cast<size_t>(grid->rows()), grid->column_grid.get(), ColumnOptions(o, rp, k),
+                         encodings + read, out + rp.chunk_offsets[k], ws);
   }
+  return read;
 }
 
 void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
@@ -125,7 +125,6 @@ void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, f
   }
   stream.Synchronize();
 }
-
 
 // Sra2d; with keep_encodings, ws.all ends holding the encodings of the whole result
 // (ResultBytes' layout), for the row above when this grid runs a column.
