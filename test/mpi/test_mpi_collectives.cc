@@ -360,20 +360,6 @@ bool SameOnEveryRank(Communicator& comm, const std::vector<float>& out) {
   return same == 1;
 }
 
-// Average of `in` into `out` with `codec` (bits for maxmin), as the runtime would ask for it.
-CompressedAllreduceOptions AverageWith(const std::vector<float>& in, std::vector<float>& out, const char* codec,
-                                       int bits = 4) {
-  CompressedAllreduceOptions o;
-  o.input = in.data();
-  o.output = out.data();
-  o.count = in.size();
-  o.op = ReduceOp::kAverage;
-  o.codec = &FindCodec(codec);
-  o.params.bits = bits;
-  o.name = "grad";
-  return o;
-}
-
 // Each compressed allreduce runs on the host and again through the separate-memory device,
 // which must give the same bytes (test/support/device_twin.h).
 TEST(Mpi, CompressedAllreduceFlatHierarchicalLeaderOnlyAndSparse) {

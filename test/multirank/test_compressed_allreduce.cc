@@ -24,16 +24,7 @@ namespace {
 using namespace gradcomp::testing;
 
 CompressedAllreduceOptions Maxmin(const std::vector<float>& in, std::vector<float>& out, int bits, size_t bucket) {
-  CompressedAllreduceOptions o;
-  o.input = in.data();
-  o.output = out.data();
-  o.count = in.size();
-  o.op = ReduceOp::kAverage;
-  o.codec = &FindCodec("maxmin");
-  o.params.bits = bits;
-  o.params.bucket_size = bucket;
-  o.name = "grad";
-  return o;
+  return AverageWith(in, out, "maxmin", bits, bucket);
 }
 
 // The collectives, run on the host and again through the separate-memory device, with the

@@ -159,17 +159,6 @@ TEST(RuntimeCompression, HierarchicalAndLeaderOnlyAreBitIdenticalAcrossRanks) {
   }
 }
 
-// Default max-min of g, averaged, into out.
-CompressedAllreduceOptions MaxminAverage(const std::vector<float>& g, std::vector<float>& out) {
-  CompressedAllreduceOptions o;
-  o.input = g.data();
-  o.output = out.data();
-  o.count = g.size();
-  o.op = ReduceOp::kAverage;
-  o.codec = &FindCodec("maxmin");
-  return o;
-}
-
 // Every rank's result of one max-min allreduce of a 256 x 64 gradient through the runtime with
 // the settings `vars`.
 std::vector<std::vector<float>> ThroughRuntime(int world, const std::map<std::string, std::string>& vars) {
@@ -197,9 +186,9 @@ TEST(RuntimeCompression, CompressedAlgorithmPicksTheGridFromItsSizeOn) {
       const std::vector<float> g = Gradient(256 * 64, comm.rank(), 1e4);
       std::vector<float> out(g.size());
       if (grid) {
-        CompressedAllreduce2d(MakeGrid(comm), MaxminAverage(g, out));
+        CompressedAllreduce2d(MakeGrid(comm), AverageWith(g, out));
       } else {
-        CompressedAllreduce(comm, MaxminAverage(g, out));
+        CompressedAllreduce(comm, AverageWith(g, out));
       }
       outs[static_cast<size_t>(comm.rank())] = out;
       return std::string();
@@ -226,9 +215,9 @@ TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
       const std::vector<float> g = Gradient(256 * 64, topo.rank(), 1e4);
       std::vector<float> out(g.size());
       if (cross_columns < -1) {
-        CompressedAllreduce(*topo.world, MaxminAverage(g, out));
+        CompressedAllreduce(*topo.world, AverageWith(g, out));
       } else {
-        CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), MaxminAverage(g, out));
+        CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), AverageWith(g, out));
       }
       outs[static_cast<size_t>(topo.rank())] = out;
       return std::string();

@@ -5,8 +5,23 @@
 #include <random>
 
 #include "ops/comm/communicator.h"
+#include "ops/compression/codec.h"
 
 namespace gradcomp::testing {
+
+CompressedAllreduceOptions AverageWith(const std::vector<float>& in, std::vector<float>& out, const char* codec,
+                                       int bits, size_t bucket) {
+  CompressedAllreduceOptions o;
+  o.input = in.data();
+  o.output = out.data();
+  o.count = in.size();
+  o.op = ReduceOp::kAverage;
+  o.codec = &FindCodec(codec);
+  o.params.bits = bits;
+  o.params.bucket_size = static_cast<int64_t>(bucket);
+  o.name = "grad";
+  return o;
+}
 
 std::vector<double> ExactSum(const std::vector<std::vector<float>>& parts, double scale) {
   std::vector<double> out(parts.empty() ? 0 : parts[0].size(), 0.0);

@@ -1,11 +1,19 @@
 // The analytic error bound of the SRA compressed allreduce (see
-// ops/collectives/compressed_allreduce.h), computed from the participants' inputs.
+// ops/collectives/compressed_allreduce.h), computed from the participants' inputs, and the
+// options and inputs the compressed allreduce tests share.
 #pragma once
 
 #include <cstddef>
 #include <vector>
 
+#include "ops/collectives/compressed_allreduce.h"
+
 namespace gradcomp::testing {
+
+/// The options of averaging `in` into `out` with `codec` (max-min: `bits` and buckets of
+/// `bucket`), named "grad", as the runtime would ask for them.
+CompressedAllreduceOptions AverageWith(const std::vector<float>& in, std::vector<float>& out,
+                                       const char* codec = "maxmin", int bits = 4, size_t bucket = 512);
 
 /// Per-element bound of |SRA output - exact| for participants' float32 inputs `parts`
 /// (equal lengths), output scale `scale`, max-min with `bits` and buckets of `bucket`, one
