@@ -103,10 +103,11 @@ void Timeline::Instant(const std::string& tensor, const std::string& what, const
 }
 
 void Timeline::Record(const std::string& tensor, const std::string& phase, char ph, const std::string& args) {
-  const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   if (!active_) return;
-  RecordLocked(tensor, phase, ph, args, now);
+  // The time is read under the lock: events recorded by several threads (the caller's
+  // "queued" mark, the background thread's phases) reach the file in time order per row.
+  RecordLocked(tensor, phase, ph, args, std::chrono::steady_clock::now());
 }
 
 void Timeline::RecordLocked(const std::string& tensor, const std::string& phase, char ph, const std::string& args,

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "core/fusion.h"
 #include "core/message.h"
@@ -335,6 +337,33 @@ TEST(Timeline, StopEndsThePhasesStillOpen) {
   EXPECT_EQ(count("\"name\": \"NEGOTIATE\", \"ph\": \"E\""), 1u) << s;
   EXPECT_EQ(count("\"cut_by_stop\": true"), 1u) << s;
   EXPECT_EQ(s.substr(s.size() - 3), "\n]\n") << s;
+}
+
+TEST(Timeline, EventsOfSeveralThreadsReachTheFileInTimeOrder) {
+  // The caller's thread marks "queued" while the background thread records phases on the same
+  // row: Chrome's viewer and the users' scripts expect a row's timestamps not to go backwards.
+  const std::string path = ::testing::TempDir() + "gradcomp_timeline_threads.json";
+  Timeline t;
+  t.Start(path, 0);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&t, k] {
+      for (int i = 0; i < 3000; ++i) t.Instant("w", "mark " + std::to_string(k));
+    });
+  }
+  for (auto& th : threads) th.join();
+  t.Stop();
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string s = text.str();
+  std::remove(path.c_str());
+  std::vector<long> ts;
+  for (size_t p = s.find("\"ts\": "); p != std::string::npos; p = s.find("\"ts\": ", p + 1)) {
+    ts.push_back(std::stol(s.substr(p + 6)));
+  }
+  ASSERT_EQ(ts.size(), 12000u);
+  for (size_t i = 1; i < ts.size(); ++i) ASSERT_LE(ts[i - 1], ts[i]) << "event " << i;
 }
 
 }  // namespace
