@@ -21,7 +21,9 @@ Variants (--variants, comma-separated; default all):
   gc_auto              gradcomp.torch.DistributedOptimizer with that compression (gc_auto:
                        Compression.auto, per tensor against 4 bits, cost model on)
   backend4             DDP on torch.distributed backend "gradcomp" (maxmin 4 bits from the settings)
-  hook4                DDP on gloo with gradcomp's ddp_hook (maxmin 4 bits)
+  hook4                DDP on gloo with gradcomp's ddp_hook (maxmin 4 bits; reducing in each node
+                       first on nodes of several ranks, its default)
+  hook4_flat           the same with node_rows=False (one exchange over all ranks)
 
 CPU: the training thread's CPU time per step and that of every other thread of the process
 (gradcomp's background and pipeline threads, gloo's, MPI's), averaged over ranks: where the
@@ -110,7 +112,7 @@ COMPRESSIONS = {
     # run's every 100th: a pessimistic figure.
     "gc_auto": lambda: hvd.Compression.auto(interval=AUTO_INTERVAL[0]),
 }
-VARIANTS = ["compute", "ddp", "ddp_fp16", "ddp_powersgd", *COMPRESSIONS, "backend4", "hook4"]
+VARIANTS = ["compute", "ddp", "ddp_fp16", "ddp_powersgd", *COMPRESSIONS, "backend4", "hook4", "hook4_flat"]
 
 
 def build(variant, model, gloo):
@@ -136,8 +138,9 @@ def build(variant, model, gloo):
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
         state = powerSGD_hook.PowerSGDState(process_group=gloo, matrix_approximation_rank=1, start_powerSGD_iter=2)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif variant == "hook4":
-        state = hvd.DDPHookState(gloo, layer_min_size=1024, compression_params={"bits": 4})
+    elif variant in ("hook4", "hook4_flat"):
+        state = hvd.DDPHookState(gloo, layer_min_size=1024, compression_params={"bits": 4},
+                                 node_rows=False if variant == "hook4_flat" else None)
         ddp.register_comm_hook(state, hvd.ddp_hook)
     elif variant not in ("ddp", "backend4"):
         raise ValueError(f"unknown variant {variant!r} (one of {', '.join(VARIANTS)})")

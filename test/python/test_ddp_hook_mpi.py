@@ -1,7 +1,8 @@
-"""ddp_hook under mpirun (-np 2 and 3) on models DDP splits into several buckets, over gloo and
-over backend gradcomp: every step's gradients equal an exact allreduce within max-min's error
-bound (exact layers exactly), training keeps the replicas identical, error feedback follows the
-parameters across DDP's bucket rebuild, and one non-finite step does not poison the residuals.
+"""ddp_hook under mpirun (-np 2 and 3, and 4 as 2 nodes x 2) on models DDP splits into several
+buckets, over gloo and over backend gradcomp: every step's gradients equal an exact allreduce
+within max-min's error bound (exact layers exactly), training keeps the replicas identical,
+error feedback follows the parameters across DDP's bucket rebuild, one non-finite step does not
+poison the residuals, and on several nodes the node rows cut the bytes between nodes.
 
 Run by ctest as: mpirun -np N python3 -m pytest test/python/test_ddp_hook_mpi.py
 Every rank runs the same tests in the same order (they are collective)."""
@@ -66,14 +67,23 @@ def rank_grads(model, step):
     return out
 
 
-def check_within_bound(name, got, per_rank, bits=BITS):
-    """got = the averaged gradient after two max-min quantizations. Each value of rank r moves
-    by at most half a step of its bucket, range/(2^b - 1)/2 <= max|g_r|/(2^b - 1); the average
-    of those moves by at most M/(2^b - 1) (M = max over ranks of max|g_r|); the reduced chunk's
-    range is at most 2 (max|avg| + that), and its own rounding adds half a step of it."""
+def check_within_bound(name, got, per_rank, bits=BITS, nodes=None):
+    """got = the averaged gradient after two max-min quantizations (flat), or three (node rows:
+    `nodes` gives each rank's node). Each value of rank r moves by at most half a step of its
+    bucket, range/(2^b - 1)/2 <= max|g_r|/(2^b - 1); the average of those moves by at most
+    a = M/(2^b - 1) (M = max over ranks of max|g_r|). With node rows a node's sum of L ranks'
+    decoded values (within S + L a of zero, S = max over nodes of max|node sum|) is rounded by
+    at most (S + L a)/(2^b - 1), which the average over N L ranks divides by L. The reduced
+    chunk's range is at most 2 (max|avg| + that error), and its own rounding adds half a step."""
     levels = 2 ** bits - 1
     exact = sum(per_rank) / len(per_rank)
     first = max(float(g.abs().max()) for g in per_rank) / levels
+    if nodes is not None:
+        sums = {}
+        for node, g in zip(nodes, per_rank):
+            sums[node] = sums.get(node, 0) + g
+        local = len(per_rank) // len(sums)
+        first += (max(float(s.abs().max()) for s in sums.values()) + local * first) / (local * levels)
     bound = first + (float(exact.abs().max()) + first) / levels
     err = float((got - exact).abs().max())
     assert err <= bound * 1.0001 + 1e-12, (name, err, bound)
@@ -91,18 +101,27 @@ def counting_hook(counter):
     return hook
 
 
-def ddp_model(group, bucket_cap_mb, compression_params, layer_min_size=MIN_SIZE):
+def ddp_model(group, bucket_cap_mb, compression_params, layer_min_size=MIN_SIZE, node_rows=None):
     model = make_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb)
-    state = hvd.DDPHookState(group, layer_min_size=layer_min_size, compression_params=compression_params)
+    state = hvd.DDPHookState(group, layer_min_size=layer_min_size, compression_params=compression_params,
+                             node_rows=node_rows)
     counter = {"calls": 0}
     ddp.register_comm_hook(state, counting_hook(counter))
     return model, ddp, state, counter
 
 
+def several_nodes():
+    """Whether this run has two or more nodes of two or more ranks (ctest's np4_two_nodes run
+    makes them with GRADCOMP_LOCAL_SIZE=2), where ddp_hook reduces in nodes first on gloo."""
+    return hvd.size() // hvd.local_size() >= 2 and hvd.local_size() >= 2
+
+
 @pytest.mark.parametrize("backend", ["gloo", "gradcomp"])
 def test_every_step_of_a_multi_bucket_model_is_within_the_codec_bound(backend, groups):
     model, ddp, state, hook = ddp_model(groups[backend], 1, {"bits": BITS, "bucket_size": 128})
+    # Node rows where the layout has them and the backend has subgroups (gradcomp's has not).
+    assert state.reduces_in_nodes_first == (backend == "gloo" and several_nodes())
     ref = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     assert {n for n, p in model.named_parameters() if p.dim() >= 2 and p.numel() >= MIN_SIZE} == QUANTIZED
@@ -121,7 +140,8 @@ def test_every_step_of_a_multi_bucket_model_is_within_the_codec_bound(backend, g
             if name not in QUANTIZED:
                 torch.testing.assert_close(p.grad, sum(theirs) / len(theirs), rtol=1e-5, atol=1e-7, msg=name)
             else:
-                check_within_bound(f"step {step} {name}", p.grad, theirs)
+                check_within_bound(f"step {step} {name}", p.grad, theirs,
+                                   nodes=state._grid.nodes if state.reduces_in_nodes_first else None)
         digest = hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest()
         everyone = hvd.allgather_object(digest)
         assert len(set(everyone)) == 1, (step, everyone)
@@ -173,6 +193,30 @@ def test_training_with_small_buckets_keeps_replicas_identical_and_learns(backend
         for p in quantized:
             r = state.residual(p)
             assert r is not None and r.shape == (p.numel(),) and 0 < float(abs(r).max()) < 1
+
+
+def test_node_rows_cut_the_bytes_across_nodes_by_the_ranks_per_node(groups):
+    """Two steps of the same model, flat and with node rows: the same gradients (both within
+    their bounds, checked above), and node rows send 1/(ranks per node) of the flat exchange's
+    bytes to other nodes. On one node (np2, np3) node_rows=True says why it cannot."""
+    if not several_nodes():
+        with pytest.raises(ValueError, match=r"node_rows=True\): the process group is on one node"):
+            hvd.DDPHookState(groups["gloo"], node_rows=True)
+        return
+    with pytest.raises(ValueError, match=r"node_rows=True\): its backend 'gradcomp' has no subgroups"):
+        hvd.DDPHookState(groups["gradcomp"], node_rows=True)
+    across = {}
+    rows = slice(hvd.rank() * PER_RANK, (hvd.rank() + 1) * PER_RANK)
+    for node_rows in (False, True):
+        model, ddp, state, hook = ddp_model(groups["gloo"], 0.5, {"bits": BITS}, node_rows=node_rows)
+        assert state.reduces_in_nodes_first == node_rows
+        for step in range(2):
+            x, y = batch(step)
+            torch.nn.functional.cross_entropy(ddp(x[rows]), y[rows]).backward()
+        assert hook["calls"] >= 4  # four buckets in the second step (DDP rebuilt them)
+        across[node_rows] = state.bytes_across_nodes
+    ratio = across[False] / across[True]
+    assert abs(ratio - hvd.local_size()) < 0.02 * hvd.local_size(), across
 
 
 def test_a_nonfinite_step_keeps_the_residuals_it_had(groups):
