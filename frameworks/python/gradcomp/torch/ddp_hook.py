@@ -67,6 +67,7 @@ from gradcomp.torch.futures import failing_in_cpp
 
 _FLOATS = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _CODEC = "maxmin"  # the hook quantizes as CGX's does
+_COLUMN_SEED = 0x2D5A2D5A2D5A2D5A  # sra2d.cc's kColumnSeed
 
 
 class DDPHookState:
@@ -349,12 +350,13 @@ class _Exchange:
         stage(sent)
 
     # Rounding streams: a rank's (scatter, gather) seeds of the runtime's SRA for the row (of a
-    # flat exchange, as the runtime's), and separate ones for the columns.
+    # flat exchange, as the runtime's), and for the columns those of the seed offset by
+    # sra2d.cc's kColumnSeed, as the runtime's node rows.
     def _row_params(self, rank, which):
         return dict(self.params, seed=_core.sra_stream_seeds(0, rank)[which], step=self.step)
 
     def _column_params(self, rank, which):
-        return dict(self.params, seed=_core.sra_stream_seeds(1, rank)[which], step=self.step)
+        return dict(self.params, seed=_core.sra_stream_seeds(_COLUMN_SEED, rank)[which], step=self.step)
 
     def _count(self, sent):
         """Counts what this rank sends: `sent` maps each peer (a rank of the group) to bytes."""
