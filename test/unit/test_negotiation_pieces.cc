@@ -285,6 +285,15 @@ TEST(StallInspector, FindsUnnamedCallsOutOfStepAndNothingElse) {
       << drifts[0].message;
 }
 
+/// The text of the file at `path`, which is then removed.
+std::string TakeFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  std::remove(path.c_str());
+  return text.str();
+}
+
 TEST(Timeline, WritesChromeTraceRowsAndDropsEndsOfPhasesBegunBeforeRecording) {
   const std::string path = ::testing::TempDir() + "gradcomp_timeline_unit.json";
   Timeline t;
@@ -295,11 +304,7 @@ TEST(Timeline, WritesChromeTraceRowsAndDropsEndsOfPhasesBegunBeforeRecording) {
   t.Instant("w\"1", "rank 1 ready");
   t.End("w\"1", "COMMUNICATE", "\"bytes\": 12");
   t.Stop();
-  std::ifstream f(path);
-  std::stringstream text;
-  text << f.rdbuf();
-  const std::string s = text.str();
-  std::remove(path.c_str());
+  const std::string s = TakeFile(path);
   EXPECT_EQ(s.rfind("[\n", 0), 0u) << s;
   EXPECT_EQ(s.substr(s.size() - 3), "\n]\n") << s;
   EXPECT_EQ(s.find("early"), std::string::npos) << s;
@@ -322,11 +327,7 @@ TEST(Timeline, StopEndsThePhasesStillOpen) {
   t.End("w", "COMMUNICATE");
   t.Stop();
   t.End("__barrier.3", "NEGOTIATE");  // after the stop: ignored
-  std::ifstream f(path);
-  std::stringstream text;
-  text << f.rdbuf();
-  const std::string s = text.str();
-  std::remove(path.c_str());
+  const std::string s = TakeFile(path);
   const auto count = [&](const std::string& what) {
     size_t n = 0;
     for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
@@ -353,11 +354,7 @@ TEST(Timeline, EventsOfSeveralThreadsReachTheFileInTimeOrder) {
   }
   for (auto& th : threads) th.join();
   t.Stop();
-  std::ifstream f(path);
-  std::stringstream text;
-  text << f.rdbuf();
-  const std::string s = text.str();
-  std::remove(path.c_str());
+  const std::string s = TakeFile(path);
   std::vector<long> ts;
   for (size_t p = s.find("\"ts\": "); p != std::string::npos; p = s.find("\"ts\": ", p + 1)) {
     ts.push_back(std::stol(s.substr(p + 6)));
