@@ -219,6 +219,18 @@ def test_node_rows_cut_the_bytes_across_nodes_by_the_ranks_per_node(groups):
     assert abs(ratio - hvd.local_size()) < 0.02 * hvd.local_size(), across
 
 
+def test_bad_layout_settings_are_named(groups, monkeypatch):
+    with pytest.raises(ValueError, match=r"DDPHookState: node_rows must be None, True or False, got 'yes'"):
+        hvd.DDPHookState(groups["gloo"], node_rows="yes")
+    monkeypatch.setenv("GRADCOMP_LOCAL_SIZE", "two")
+    with pytest.raises(ValueError, match=r"invalid value for GRADCOMP_LOCAL_SIZE: 'two'; expected an integer"):
+        hvd.DDPHookState(groups["gloo"])
+    monkeypatch.setenv("GRADCOMP_LOCAL_SIZE", "5")
+    with pytest.raises(ValueError, match=rf"ddp_hook: GRADCOMP_LOCAL_SIZE=5 does not divide the process group's "
+                                         rf"{hvd.size()} ranks"):
+        hvd.DDPHookState(groups["gloo"])
+
+
 def test_a_nonfinite_step_keeps_the_residuals_it_had(groups):
     model, ddp, state, _ = ddp_model(groups["gloo"], 1, {"bits": 2, "error_feedback": True})
     rows = slice(hvd.rank() * PER_RANK, (hvd.rank() + 1) * PER_RANK)

@@ -224,12 +224,10 @@ def _node_of_each_rank(group):
     """The node of each rank of `group`: blocks of GRADCOMP_LOCAL_SIZE consecutive ranks where it
     is set (as in the runtime, which tests use to make nodes on one machine), else the hosts."""
     size = dist.get_world_size(group)
-    text = os.environ.get("GRADCOMP_LOCAL_SIZE", "0") or "0"
-    try:
-        local = int(text)
-    except ValueError:
-        raise ValueError(f"ddp_hook: GRADCOMP_LOCAL_SIZE={text!r} is not an integer") from None
-    if local < 0 or (local and size % local):
+    # DDPHookState's constructor has parsed every setting already (_core.cuda_data_path reads
+    # them all and names a bad value), so this is an integer in range.
+    local = int(os.environ.get("GRADCOMP_LOCAL_SIZE") or 0)
+    if local and size % local:
         raise ValueError(f"ddp_hook: GRADCOMP_LOCAL_SIZE={local} does not divide the process group's {size} ranks")
     if local:
         return [r // local for r in range(size)]
@@ -429,30 +427,34 @@ class _Exchange:
         sizes); with node rows the float32 sums (the column stage sends them)."""
         fut.wait()  # raises the exchange's error, if any
         grid = self.grid
-        received = recv.to(self.work)
-        sums, within = [], 0  # where the layer's bytes start in each rank's part
-        for layer in self.layers:
-            _, length = layer.chunks[grid.me_row]
-            size = layer.sizes[grid.me_row]
-            acc = torch.zeros(length, dtype=torch.float32, device=self.work)
-            for p, rank in enumerate(grid.row_ranks):
-                begin = p * mine + within
-                _decode_from(received[begin:begin + size], acc, self._row_params(rank, 0), accumulate=True)
-            sums.append(acc)
-            within += size
+        pieces = [(layer.chunks[grid.me_row], layer.sizes[grid.me_row]) for layer in self.layers]
+        sums = self._sum_pieces(recv, mine, [self._row_params(rank, 0) for rank in grid.row_ranks], pieces)
         if grid.node_rows:
             return sums
-        return self._average_and_encode(sums, [layer.chunks[grid.me_row][0] for layer in self.layers],
-                                        self._row_params(grid.me, 1), max(self._blob))
+        return self._average_and_encode(sums, pieces, self._row_params(grid.me, 1), max(self._blob))
 
-    def _average_and_encode(self, sums, starts, params, width):
-        """Each layer's summed values divided by the group's size, encoded once, one after another,
-        padded to `width` bytes."""
+    def _sum_pieces(self, recv, mine, senders, pieces):
+        """Each layer's piece for this rank summed over the peers, in their order: `recv` holds
+        each peer's `mine` bytes (encoded with its `senders` parameters), every layer's piece
+        ((start, length), encoded size in `pieces`) one after another."""
+        received = recv.to(self.work)
+        sums, within = [], 0  # where the layer's bytes start in each peer's part
+        for (_, length), size in pieces:
+            acc = torch.zeros(length, dtype=torch.float32, device=self.work)
+            for p, params in enumerate(senders):
+                begin = p * mine + within
+                _decode_from(received[begin:begin + size], acc, params, accumulate=True)
+            sums.append(acc)
+            within += size
+        return sums
+
+    def _average_and_encode(self, sums, pieces, params, width):
+        """Each layer's summed values divided by the group's size, encoded once (at the piece's
+        start, to its size in `pieces`), one after another, padded to `width` bytes."""
         padded = torch.zeros(width, dtype=torch.uint8, device=self.work)
         at = 0
-        for acc, start in zip(sums, starts):
+        for acc, ((start, _), size) in zip(sums, pieces):
             acc.div_(self.grid.size)
-            size = _codec.wire_size(acc.numel(), _CODEC, **self.params)
             _encode_into(acc, padded[at:at + size], start, params)
             at += size
         return padded.to(self.device)
@@ -483,19 +485,10 @@ class _Exchange:
         fut.wait()
         grid = self.grid
         j, c, ranks = grid.me_row, grid.me_column, grid.columns[grid.me_row]
-        received = recv.to(self.work)
-        sums, within = [], 0
-        for layer in self.layers:
-            size = layer.cell_sizes[j][c]
-            acc = torch.zeros(layer.cells[j][c][1], dtype=torch.float32, device=self.work)
-            for p, rank in enumerate(ranks):
-                begin = p * mine + within
-                _decode_from(received[begin:begin + size], acc, self._column_params(rank, 0), accumulate=True)
-            sums.append(acc)
-            within += size
+        pieces = [(layer.cells[j][c], layer.cell_sizes[j][c]) for layer in self.layers]
+        sums = self._sum_pieces(recv, mine, [self._column_params(rank, 0) for rank in ranks], pieces)
         width = max(self._column_bytes(p) for p in range(len(ranks)))
-        return self._average_and_encode(sums, [layer.cells[j][c][0] for layer in self.layers],
-                                        self._column_params(grid.me, 1), width)
+        return self._average_and_encode(sums, pieces, self._column_params(grid.me, 1), width)
 
     def _gather_column(self, mine):
         grid = self.grid
