@@ -26,6 +26,7 @@ const std::vector<CompressionSpec>& AutoCompression::Measured(const CompressionS
   auto it = measured_.find(key);
   if (it == measured_.end()) {
     std::vector<CompressionSpec> list = AutoCandidates(auto_spec);
+    if (auto_spec.auto_relaxed_bits > 0) list.push_back(AutoRelaxed(auto_spec));
     list.push_back(AutoReference(auto_spec));
     it = measured_.emplace(key, std::move(list)).first;
   }
@@ -81,6 +82,27 @@ void AutoCompression::Record(const std::string& name, const CompressionSpec& aut
   t.errors = errors;
 }
 
+size_t AutoCompression::Candidates(const CompressionSpec& auto_spec) {
+  return Measured(auto_spec).size() - (auto_spec.auto_relaxed_bits > 0 ? 2 : 1);
+}
+
+std::vector<std::pair<size_t, size_t>> AutoCompression::TrendRanges(size_t n) {
+  constexpr size_t kBlock = 1024;
+  if (n <= kTrendValues) return {{0, n}};
+  const size_t blocks = kTrendValues / kBlock, stride = (n - kBlock) / (blocks - 1);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t b = 0; b < blocks; ++b) out.emplace_back(b * stride, kBlock);
+  return out;
+}
+
+void AutoCompression::Accumulate(const std::string& name, const float* sample, size_t n) {
+  Tensor& t = tensors_.at(name);
+  size_t m = 0;
+  for (const auto& range : TrendRanges(n)) m += range.second;
+  if (t.trend.size() != m) t.trend.assign(m, 0.0f);
+  for (size_t i = 0; i < m; ++i) t.trend[i] += sample[i];
+}
+
 CompressionSpec AutoCompression::SettingFor(const std::string& name, const CompressionSpec& auto_spec) const {
   auto it = tensors_.find(name);
   const auto& list = measured_.at(Key(auto_spec));
@@ -129,6 +151,9 @@ void AutoCompression::Choose(Communicator& world) {
     mine.insert(mine.end(), t.errors.err2.begin(), t.errors.err2.end());
     mine.insert(mine.end(), t.errors.codec_seconds.begin(), t.errors.codec_seconds.end());
     mine.insert(mine.end(), t.errors.err2_ef.begin(), t.errors.err2_ef.end());
+    double trend2 = 0;  // the summed gradient's norm^2, scaled from the sample to the tensor
+    for (float v : t.trend) trend2 += static_cast<double>(v) * v;
+    mine.push_back(t.trend.empty() ? 0.0 : trend2 * static_cast<double>(t.n) / static_cast<double>(t.trend.size()));
   }
   std::vector<double> sums(mine.size());
   world.Allreduce(mine.data(), sums.data(), mine.size(), DataType::kFloat64, ReduceOp::kSum);
@@ -136,14 +161,24 @@ void AutoCompression::Choose(Communicator& world) {
 
   // Rank 0 solves one program per auto spec and broadcasts the choices (identical inputs
   // everywhere, but one decider keeps replicas identical whatever the floating point).
-  std::vector<int32_t> choice(names.size(), -1);
+  // Per tensor: the candidate chosen, then whether it is in a critical regime.
+  std::vector<int32_t> flags(2 * names.size(), -1);
+  std::vector<double> change(names.size(), -1.0);
   std::map<std::string, std::vector<size_t>> groups;  // auto spec -> positions in names
   std::vector<size_t> offset(names.size());
   for (size_t i = 0, at = 0; i < names.size(); ++i) {
     offset[i] = at;
     const Tensor& t = tensors_.at(names[i]);
-    at += 1 + 2 * t.errors.err2.size() + t.errors.err2_ef.size();
+    at += 2 + 2 * t.errors.err2.size() + t.errors.err2_ef.size();
     groups[Key(t.auto_spec)].push_back(i);
+  }
+  // How far each tensor's summed gradient's norm moved since the previous choice (-1: no
+  // previous), and that norm (the last of a tensor's statistics).
+  std::vector<double> trend(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    trend[i] = std::sqrt(sums[(i + 1 < names.size() ? offset[i + 1] : sums.size()) - 1]);
+    const double before = tensors_.at(names[i]).last_norm;
+    change[i] = before > 0 ? std::abs(trend[i] - before) / before : -1.0;
   }
   // The cost model's estimates, per tensor and measured setting (empty without it).
   std::vector<std::vector<double>> seconds(names.size());
@@ -152,10 +187,14 @@ void AutoCompression::Choose(Communicator& world) {
   if (world.rank() == 0) {
     for (const auto& [key, members] : groups) {
       const auto& list = measured_.at(key);
-      const size_t candidates = list.size() - 1;
-      const auto none = std::find_if(list.begin(), list.end() - 1, [](const CompressionSpec& c) { return c.codec == "none"; });
+      const CompressionSpec& spec = tensors_.at(names[members.front()]).auto_spec;
+      const size_t candidates = Candidates(spec);
+      const auto none = std::find_if(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(candidates),
+                                     [](const CompressionSpec& c) { return c.codec == "none"; });
+      const bool has_none = none != list.begin() + static_cast<std::ptrdiff_t>(candidates);
       std::vector<std::vector<double>> err2, bytes;
-      std::vector<double> ref_err2, ref_bytes;
+      std::vector<double> budget, ref_err2, ref_bytes;
+      size_t in_critical = 0;
       size_t raw = 0;  // tensors left with none alone: compressing them costs time
       for (size_t i : members) {
         const Tensor& t = tensors_.at(names[i]);
@@ -168,10 +207,16 @@ void AutoCompression::Choose(Communicator& world) {
           if (probe_) seconds[i].push_back(link.Seconds(b[c], codec[c] / ranks));
         }
         ref_bytes.push_back(b.back());
-        b.pop_back();
+        b.resize(candidates);
         bytes.push_back(std::move(b));
-        ref_err2.push_back(s[candidates]);
-        if (probe_ && none != list.end() - 1) {
+        ref_err2.push_back(s[list.size() - 1]);
+        // Regimes (Accordion): critical while the norm moves by critical_change or more
+        // between two choices, and until a tensor has a previous norm to compare with.
+        const bool critical = spec.auto_relaxed_bits == 0 || change[i] < 0 || change[i] >= spec.auto_critical_change;
+        flags[2 * i + 1] = critical ? 1 : 0;
+        in_critical += critical;
+        budget.push_back(critical ? ref_err2.back() : s[candidates]);
+        if (probe_ && has_none) {
           const double raw_seconds = seconds[i][static_cast<size_t>(none - list.begin())];
           size_t kept = 0;
           for (size_t c = 0; c < candidates; ++c) {
@@ -184,45 +229,86 @@ void AutoCompression::Choose(Communicator& world) {
           raw += kept == 1;
         }
       }
-      const AutoChoice chosen = ChooseCandidates(err2, bytes, ref_err2, ref_bytes);
+      // One program for the tensors in a critical regime, one for the others: a critical
+      // tensor must not spend the slack of the relaxed ones' budget.
+      double total_bytes = 0, total_err2 = 0, reference_bytes = 0, reference_err2 = 0;
       std::map<std::string, int> counts;
-      for (size_t j = 0; j < members.size(); ++j) {
-        choice[members[j]] = static_cast<int32_t>(chosen.index[j]);
-        ++counts[CandidateToken(list[chosen.index[j]])];
+      for (const bool critical : {true, false}) {
+        std::vector<std::vector<double>> sub_err2, sub_bytes;
+        std::vector<double> sub_budget, sub_ref_bytes;
+        std::vector<size_t> at;
+        for (size_t j = 0; j < members.size(); ++j) {
+          if ((flags[2 * members[j] + 1] != 0) != critical) continue;
+          at.push_back(j);
+          sub_err2.push_back(err2[j]);
+          sub_bytes.push_back(bytes[j]);
+          sub_budget.push_back(budget[j]);
+          sub_ref_bytes.push_back(ref_bytes[j]);
+          reference_bytes += ref_bytes[j];
+          reference_err2 += ref_err2[j];
+        }
+        if (at.empty()) continue;
+        const AutoChoice chosen = ChooseCandidates(sub_err2, sub_bytes, sub_budget, sub_ref_bytes);
+        total_bytes += chosen.bytes;
+        total_err2 += chosen.err2;
+        for (size_t k = 0; k < at.size(); ++k) {
+          flags[2 * members[at[k]]] = static_cast<int32_t>(chosen.index[k]);
+          ++counts[CandidateToken(list[chosen.index[k]])];
+        }
       }
       summary << " " << key << ": " << members.size() << " tensors, "
-              << (chosen.ref_bytes > 0 ? chosen.bytes / chosen.ref_bytes : 1.0) << "x the reference's bytes at "
-              << (chosen.ref_err2 > 0 ? std::sqrt(chosen.err2 / chosen.ref_err2) : 1.0) << "x its error (";
+              << (reference_bytes > 0 ? total_bytes / reference_bytes : 1.0) << "x the reference's bytes at "
+              << (reference_err2 > 0 ? std::sqrt(total_err2 / reference_err2) : 1.0) << "x its error (";
       for (auto c = counts.begin(); c != counts.end(); ++c) {
         summary << (c == counts.begin() ? "" : ", ") << c->first << " x" << c->second;
       }
       summary << ")";
+      if (spec.auto_relaxed_bits > 0) {
+        summary << ", " << in_critical << " in a critical regime (the others within maxmin"
+                << spec.auto_relaxed_bits << "'s error)";
+        std::vector<double> moved;
+        for (size_t i : members) {
+          if (change[i] >= 0) moved.push_back(change[i]);
+        }
+        if (!moved.empty()) {
+          std::sort(moved.begin(), moved.end());
+          summary << ", summed gradients' norms moved by " << moved.front() << ".." << moved.back() << " (median "
+                  << moved[moved.size() / 2] << ")";
+        }
+      }
       if (probe_) summary << ", " << raw << " left uncompressed by the cost model";
       summary << ";";
     }
   }
-  world.Broadcast(choice.data(), choice.size() * sizeof(int32_t), 0);
+  world.Broadcast(flags.data(), flags.size() * sizeof(int32_t), 0);
 
   std::lock_guard<std::mutex> lock(mu_);
   ++choices_;
   for (size_t i = 0; i < names.size(); ++i) {
     Tensor& t = tensors_.at(names[i]);
     const auto& list = measured_.at(Key(t.auto_spec));
-    GC_ENFORCE(choice[i] >= 0 && static_cast<size_t>(choice[i]) + 1 < list.size(), "auto compression of '",
-               names[i], "': rank 0 chose setting ", choice[i], " of ", list.size() - 1);
+    const int32_t chosen = flags[2 * i];
+    GC_ENFORCE(chosen >= 0 && static_cast<size_t>(chosen) < Candidates(t.auto_spec), "auto compression of '",
+               names[i], "': rank 0 chose setting ", chosen, " of ", Candidates(t.auto_spec));
     const CompressionSpec& before = t.choice < 0 ? list.back() : list[static_cast<size_t>(t.choice)];
-    const CompressionSpec& after = list[static_cast<size_t>(choice[i])];
+    const CompressionSpec& after = list[static_cast<size_t>(chosen)];
     t.flush = t.flush || (before.codec != "none" && after.codec == "none" && t.auto_spec.error_feedback);
-    t.choice = choice[i];
+    t.choice = chosen;
     t.measured = false;
+    const double norm2 = sums[offset[i]];
+    t.last_norm = trend[i];
+    std::fill(t.trend.begin(), t.trend.end(), 0.0f);
     AutoTensorReport& rep = report_[names[i]];
     rep.setting = after.Describe();
     rep.choice = choices_;
     rep.measured_at = t.measured_at;
-    const double norm2 = sums[offset[i]];
+    rep.critical = flags[2 * i + 1] != 0;
+    rep.norm_change = change[i];
     const double* ef = t.errors.err2_ef.empty() ? nullptr : &sums[offset[i] + 1 + 2 * list.size()];
     for (size_t c = 0; c < list.size(); ++c) {
-      const std::string token = c + 1 == list.size() ? "reference" : CandidateToken(list[c]);
+      const std::string token = c + 1 == list.size()            ? "reference"
+                                : c == Candidates(t.auto_spec) ? "relaxed"
+                                                               : CandidateToken(list[c]);
       rep.relative_error[token] = Relative(sums[offset[i] + 1 + c], norm2);
       if (ef != nullptr) rep.relative_error_ef[token] = Relative(ef[c], norm2);
       if (c < seconds[i].size()) rep.estimated_seconds[token] = seconds[i][c];
@@ -232,6 +318,10 @@ void AutoCompression::Choose(Communicator& world) {
                         "\"setting\": \"" + JsonEscape(rep.setting) + "\", \"relative_error\": " +
                             std::to_string(rep.relative_error[CandidateToken(after)]) +
                             ", \"reference_error\": " + std::to_string(rep.relative_error["reference"]) +
+                            (t.auto_spec.auto_relaxed_bits > 0
+                                 ? ", \"critical\": " + std::string(rep.critical ? "true" : "false") +
+                                       ", \"norm_change\": " + std::to_string(rep.norm_change)
+                                 : std::string()) +
                             (ef != nullptr ? ", \"relative_error_ef\": " +
                                                  std::to_string(rep.relative_error_ef[CandidateToken(after)])
                                            : std::string()));

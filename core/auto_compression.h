@@ -24,6 +24,17 @@
 // allreduce (LinkCost::Seconds) is slower than none's is left out of that tensor's choice,
 // so on one node nothing is compressed while across slow links the bytes decide.
 //
+// Critical regimes (auto_relaxed_bits > 0; Accordion, Agarwal et al., MLSys 2021): how much a
+// gradient may lose matters most while training changes fast (the first steps, warm-up, after
+// a learning-rate drop) and little after. As Accordion, each tensor sums its gradient over the
+// steps between two choices (on a sample of up to kTrendValues values: the sum's norm follows
+// the mean gradient, where one step's norm is mostly minibatch noise). At each choice a tensor
+// whose summed gradient's norm (over ranks) moved by auto_critical_change or more since its
+// previous choice, or that has no previous one, is critical: the critical tensors share the
+// reference's error budget (their own program), the others the relaxed setting's (maxmin at
+// auto_relaxed_bits). Rank 0 decides and broadcasts (with the choices). The sample costs a
+// pass over kTrendValues values a tensor and step (for a GPU tensor, copies of its blocks).
+//
 // Error feedback: every candidate keeps the auto spec's error-feedback flag, so a tensor's
 // residual stays valid when its bit width or codec changes; a tensor that moves to "none"
 // sends its residual once (the "none" codec through the compressed path, exact) and drops it.
@@ -56,6 +67,11 @@ struct AutoTensorReport {
   /// The same with error feedback (an auto spec with it; empty otherwise): measured on the
   /// gradient plus the residual the tensor carries, what that step compresses.
   std::map<std::string, double> relative_error_ef;
+  /// With relaxed bits: whether the last choice found it in a critical regime (its budget the
+  /// reference's error, else the relaxed setting's), and how far its gradient norm had moved
+  /// since the choice before, as a fraction (-1: no choice before).
+  bool critical = true;
+  double norm_change = -1;
   /// The cost model's estimate of each candidate's allreduce of this tensor, in seconds
   /// (empty without GRADCOMP_AUTO_COST_MODEL); candidates slower than none were left out.
   std::map<std::string, double> estimated_seconds;
@@ -78,6 +94,14 @@ class AutoCompression {
   void BeforeResponse(const Response& r, Communicator& world);
   /// Whether this step of `name` measures its candidates (after BeforeResponse).
   bool Measuring(const std::string& name) const;
+  /// With relaxed bits, every step of every auto tensor: adds this step's gradient at
+  /// TrendRanges(n) (`sample`, their values in order, float32) to what the tensor accumulated
+  /// since its last choice.
+  void Accumulate(const std::string& name, const float* sample, size_t n);
+  /// The ranges of a tensor of n values whose sum over an interval tells its regime: up to
+  /// kTrendValues values in evenly spaced blocks of 1024 (the whole tensor when smaller).
+  static std::vector<std::pair<size_t, size_t>> TrendRanges(size_t n);
+  static constexpr size_t kTrendValues = size_t{1} << 14;
   /// Stores this rank's measurement of `name` (n values of dtype `dtype` on the wire).
   void Record(const std::string& name, const CompressionSpec& auto_spec, DataType dtype, size_t n,
               const CandidateErrors& errors);
@@ -86,8 +110,11 @@ class AutoCompression {
   /// True once after `name` moved from a compressed setting with error feedback to none:
   /// this step must send its residual.
   bool TakeFlush(const std::string& name);
-  /// The candidates measured for an auto spec, the reference last (parsed once per spec).
+  /// The settings measured for an auto spec (parsed once per spec): its candidates, then the
+  /// relaxed setting (relaxed bits > 0), then the reference.
   const std::vector<CompressionSpec>& Measured(const CompressionSpec& auto_spec);
+  /// How many of Measured(auto_spec) are candidates (the first ones).
+  size_t Candidates(const CompressionSpec& auto_spec);
 
   /// Thread-safe snapshots. (What is known of a tensor is never dropped: ForgetCompressionState
   /// is local to a rank, and choices must stay the same on every rank.)
@@ -109,6 +136,10 @@ class AutoCompression {
     size_t n = 0;
     CandidateErrors errors;  // this rank's, candidates then the reference
     int choice = -1;         // index into the spec's candidates; -1: the reference
+    // Relaxed bits: the gradient at TrendRanges summed over the steps since the last choice,
+    // and the norm of that sum (over ranks, scaled to the tensor) at the last choice (0: none).
+    std::vector<float> trend;
+    double last_norm = 0;
     bool flush = false;
   };
   /// The collective choice over every tensor with a measurement waiting.

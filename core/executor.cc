@@ -387,6 +387,14 @@ void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
   AutoCompression& policy = *auto_;
   policy.BeforeResponse(r, *topo_.world);
   const std::vector<CompressionSpec>& measured = policy.Measured(r.compression);
+  if (r.compression.auto_relaxed_bits > 0) {  // the regimes' sums, every step
+    std::vector<float> keep;
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      if (!entries[i]) continue;
+      const auto n = static_cast<size_t>(NumElements(r.shapes[i]));
+      policy.Accumulate(r.names[i], SampleFloats(*entries[i], r.dtype, AutoCompression::TrendRanges(n), &keep), n);
+    }
+  }
   for (size_t i = 0; i < r.names.size(); ++i) {
     if (!policy.Measuring(r.names[i])) continue;
     const auto n = static_cast<size_t>(NumElements(r.shapes[i]));
@@ -485,6 +493,30 @@ const float* Executor::HostFloats(const TensorEntry& e, DataType dtype, size_t n
   }
   keep->resize(n);
   CastBuffer(host, dtype, n, keep->data(), DataType::kFloat32, false);
+  return keep->data();
+}
+
+const float* Executor::SampleFloats(const TensorEntry& e, DataType dtype,
+                                    const std::vector<std::pair<size_t, size_t>>& ranges, std::vector<float>* keep) {
+  Device& device = EntryDevice(e);
+  const size_t width = DataTypeSize(dtype);
+  size_t m = 0;
+  for (const auto& range : ranges) m += range.second;
+  std::vector<char> raw(m * width);
+  if (&device != &HostDevice() && e.ready) e.ready->Block(StreamOf(device));
+  size_t at = 0;
+  for (const auto& [from, count] : ranges) {
+    const char* src = static_cast<const char*>(e.input) + from * width;
+    if (&device == &HostDevice()) {
+      std::memcpy(raw.data() + at, src, count * width);
+    } else {
+      device.CopyToHost(raw.data() + at, src, count * width, StreamOf(device));
+    }
+    at += count * width;
+  }
+  if (&device != &HostDevice()) StreamOf(device).Synchronize();
+  keep->resize(m);
+  CastBuffer(raw.data(), dtype, m, keep->data(), DataType::kFloat32, false);
   return keep->data();
 }
 

@@ -67,6 +67,10 @@ class Executor {
   double TimeUncompressed(size_t bytes);
   /// n values of `dtype` of an entry's input as float32 on the host (a view when they are).
   const float* HostFloats(const TensorEntry& e, DataType dtype, size_t n, std::vector<float>* keep);
+  /// The values of `e` at `ranges` (offset, count), in order, as float32 on the host (copied
+  /// range by range from a device).
+  const float* SampleFloats(const TensorEntry& e, DataType dtype, const std::vector<std::pair<size_t, size_t>>& ranges,
+                            std::vector<float>* keep);
   /// What the executor keeps on each device it has met: the compressed path's workspace
   /// (whose stream all the device's work goes on), its fusion buffer and DGC velocities, the
   /// residuals of a step, and the host staging of uncompressed allreduces.

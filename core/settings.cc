@@ -111,6 +111,14 @@ const std::vector<Entry>& Registry() {
        "with GRADCOMP_COMPRESSION=auto, steps between two choices (each choice measures every candidate on the "
        "step before it)",
        1, 1e9},
+      {"GRADCOMP_AUTO_RELAXED_BITS", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_relaxed_bits), "0",
+       "with GRADCOMP_COMPRESSION=auto, the error budget outside critical regimes: that of maxmin at these bits, "
+       "fewer than the reference's (0: the reference's budget at every step)",
+       0, 8},
+      {"GRADCOMP_AUTO_CRITICAL_CHANGE", nullptr, Kind::kFloat, Spec(&CompressionSpec::auto_critical_change), "0.5",
+       "with GRADCOMP_AUTO_RELAXED_BITS, a tensor is in a critical regime (the reference's budget) while its gradient "
+       "summed over an interval moved in norm by at least this fraction since the previous choice (Accordion's eta)",
+       1e-6, 1e6},
       {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, Of(&Settings::hierarchical), "0",
        "allreduce inside each node first (shared memory), then across nodes"},
       {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, Of(&Settings::local_size), "0",

@@ -16,7 +16,11 @@ them sends (the runtime's counters).
 Configs (--configs, comma-separated): none, maxmin4, maxmin4_ef, maxmin2, maxmin2_ef, maxmin3,
 auto (Compression.auto: each layer's bit width chosen every --interval steps, least bytes at no
 more total error than uniform 4 bits; the candidates leave out none, since on one machine the
-cost model would keep every layer uncompressed), auto_ef (the same with error feedback).
+cost model would keep every layer uncompressed), auto_ef (the same with error feedback),
+auto_ref3 (the budget of uniform 3 bits), auto_regimes (Accordion's critical regimes: the 4-bit
+budget while a layer's summed gradient moves by --critical-change or more between choices,
+maxmin1's budget otherwise; candidates down to 1 bit), auto_regimes41 (the same choosing between
+4 bits and 1 only), auto_regimes2 (relaxed to maxmin2's budget).
 """
 import argparse
 import glob
@@ -34,7 +38,7 @@ import gradcomp.torch as hvd
 BITS = ["fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2"]
 
 
-def configs(interval):
+def configs(interval, critical_change=0.5):
     return {
         "none": lambda: hvd.Compression.none,
         "maxmin4": lambda: hvd.Compression.maxmin(4),
@@ -45,6 +49,14 @@ def configs(interval):
         "auto": lambda: hvd.Compression.auto(BITS, interval=interval),
         "auto_ref3": lambda: hvd.Compression.auto(BITS, interval=interval,
                                                   reference=hvd.Compression.maxmin(3)),
+        "auto_regimes": lambda: hvd.Compression.auto(BITS + ["maxmin1"], interval=interval,
+                                                     relaxed=hvd.Compression.maxmin(1),
+                                                     critical_change=critical_change),
+        "auto_regimes41": lambda: hvd.Compression.auto(["maxmin4", "maxmin1"], interval=interval,
+                                                       relaxed=hvd.Compression.maxmin(1),
+                                                       critical_change=critical_change),
+        "auto_regimes2": lambda: hvd.Compression.auto(BITS, interval=interval, relaxed=hvd.Compression.maxmin(2),
+                                                      critical_change=critical_change),
         "auto_ef": lambda: hvd.Compression.auto(BITS, interval=interval,
                                                 reference=hvd.Compression.maxmin(4, error_feedback=True)),
     }
@@ -153,11 +165,13 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--interval", type=int, default=25, help="auto: steps between two choices")
+    p.add_argument("--critical-change", type=float, default=0.5,
+                   help="auto_regimes: how far a summed gradient's norm moves between choices in a critical regime")
     p.add_argument("--corpus-mb", type=float, default=4.0)
     p.add_argument("--val-batches", type=int, default=20)
     p.add_argument("--configs", default="none,maxmin4,maxmin2,maxmin2_ef,auto")
     args = p.parse_args()
-    table = configs(args.interval)
+    table = configs(args.interval, args.critical_change)
     chosen = [c.strip() for c in args.configs.split(",")]
     unknown = [c for c in chosen if c not in table]
     if unknown:
@@ -183,7 +197,8 @@ def main():
                 for key, label in (("relative_error", "without EF"), ("relative_error_ef", "with EF")):
                     if all(v[key] for v in last.values()):
                         print(f"    relative error {label} (median over layers): " + ", ".join(
-                            f"{c} {statistics.median(v[key][c] for v in last.values()):.3f}" for c in BITS),
+                            f"{c} {statistics.median(v[key][c] for v in last.values()):.3f}" for c in BITS
+                            if all(c in v[key] for v in last.values())),
                             file=sys.stderr, flush=True)
     if hvd.rank() == 0:
         params = sum(q.numel() for q in CharGPT(args.layers, args.width, args.heads, args.context).parameters())

@@ -332,6 +332,8 @@ void BindRuntime(py::module& m) {
           d["relative_error"] = rep.relative_error;
           d["relative_error_ef"] = rep.relative_error_ef;
           d["estimated_seconds"] = rep.estimated_seconds;
+          d["critical"] = rep.critical;
+          d["norm_change"] = rep.norm_change;
           out[py::str(name)] = d;
         }
         return out;

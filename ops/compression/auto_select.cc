@@ -67,6 +67,14 @@ void ValidateSpec(const CompressionSpec& spec, const std::string& what) {
     if (spec.auto_interval < 1) {
       throw InvalidArgument(what + ": interval must be at least 1 step, got " + std::to_string(spec.auto_interval));
     }
+    if (spec.auto_relaxed_bits != 0 && !(spec.auto_relaxed_bits >= 1 && spec.auto_relaxed_bits < spec.bits)) {
+      throw InvalidArgument(what + ": relaxed_bits must be 0 (off) or from 1 to fewer than the reference's " +
+                            std::to_string(spec.bits) + " bits, got " + std::to_string(spec.auto_relaxed_bits));
+    }
+    if (!(spec.auto_critical_change > 0 && std::isfinite(spec.auto_critical_change))) {
+      throw InvalidArgument(what + ": critical_change must be a positive fraction, got " +
+                            std::to_string(spec.auto_critical_change));
+    }
     for (const CompressionSpec& c : AutoCandidates(spec, what + ": candidates")) ValidateSpec(c, what);
     return ValidateSpec(AutoReference(spec), what + ": the reference");
   }
@@ -86,6 +94,12 @@ CompressionSpec AutoReference(const CompressionSpec& auto_spec) {
   static_cast<CompressionOptions&>(ref) = auto_spec;
   ref.codec = "maxmin";
   return ref;
+}
+
+CompressionSpec AutoRelaxed(const CompressionSpec& auto_spec) {
+  CompressionSpec relaxed = AutoReference(auto_spec);
+  relaxed.bits = auto_spec.auto_relaxed_bits;
+  return relaxed;
 }
 
 std::string CandidateToken(const CompressionSpec& spec) {

@@ -39,6 +39,9 @@ std::vector<CompressionSpec> AutoCandidates(const CompressionSpec& auto_spec, co
 void ValidateSpec(const CompressionSpec& spec, const std::string& what);
 /// The uniform setting whose total error bounds an auto spec's: maxmin with its options.
 CompressionSpec AutoReference(const CompressionSpec& auto_spec);
+/// The setting whose error bounds a tensor's outside critical regimes (auto_relaxed_bits > 0):
+/// the reference at auto_relaxed_bits.
+CompressionSpec AutoRelaxed(const CompressionSpec& auto_spec);
 /// The short name of a candidate ("maxmin4", "topk0.01", "none"), as in auto_candidates.
 std::string CandidateToken(const CompressionSpec& spec);
 

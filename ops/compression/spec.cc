@@ -1,11 +1,22 @@
 #include "ops/compression/spec.h"
 
 #include <sstream>
+#include <string>
 #include <type_traits>
 
 #include "ops/compression/codec.h"
 
 namespace gradcomp {
+
+namespace {
+
+// A field the codec reads that this spec's other fields make moot: auto's critical_change
+// without relaxed bits.
+bool Moot(const SpecField& f, const CompressionSpec& s) {
+  return std::string(f.key) == "critical_change" && s.auto_relaxed_bits == 0;
+}
+
+}  // namespace
 
 uint32_t CompressionSpec::UsedFields() const {
   if (is_auto()) return MaxMinCodec().fields() | kFieldAuto;
@@ -19,7 +30,7 @@ bool CompressionSpec::operator==(const CompressionSpec& o) const {
   bool equal = true;
   CompressionOptions::ForEach(
       [&](const SpecField& f, const auto& mine, const auto& theirs) {
-        if ((f.bit == 0 || (used & f.bit) != 0) && mine != theirs) equal = false;
+        if ((f.bit == 0 || (used & f.bit) != 0) && !Moot(f, *this) && mine != theirs) equal = false;
       },
       *this, o);
   return equal;
@@ -31,7 +42,7 @@ std::string CompressionSpec::Describe() const {
   std::ostringstream os, args;
   CompressionOptions::ForEach(
       [&](const SpecField& f, const auto& v) {
-        if (f.bit == 0 || (used & f.bit) == 0) return;
+        if (f.bit == 0 || (used & f.bit) == 0 || Moot(f, *this)) return;
         const char* sep = args.tellp() > 0 ? ", " : "";
         if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) {
           if (v) args << sep << f.label;

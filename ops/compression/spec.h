@@ -48,6 +48,12 @@ struct CompressionOptions {
   /// auto: the settings it chooses from per tensor, comma-separated (ops/compression/auto_select.h).
   std::string auto_candidates = "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2";
   int64_t auto_interval = 100;  ///< auto: steps between two choices (error measured on the last)
+  /// auto: outside critical regimes the error budget is that of maxmin at these bits (0: the
+  /// reference's budget always; core/auto_compression.h).
+  int32_t auto_relaxed_bits = 0;
+  /// auto: a tensor is in a critical regime while its gradient norm changed by at least this
+  /// fraction between two choices (Accordion's eta).
+  double auto_critical_change = 0.5;
 
   /// Calls f(SpecField, member of each of `self`...) for every field, in wire order:
   /// ForEach(f, a) visits one options, ForEach(f, a, b) two side by side.
@@ -63,6 +69,8 @@ struct CompressionOptions {
     f(SpecField{"nesterov", "nesterov", kFieldNesterov}, self.topk_nesterov...);
     f(SpecField{"candidates", "candidates", kFieldAuto}, self.auto_candidates...);
     f(SpecField{"interval", "interval", kFieldAuto}, self.auto_interval...);
+    f(SpecField{"relaxed_bits", "relaxed_bits", kFieldAuto}, self.auto_relaxed_bits...);
+    f(SpecField{"critical_change", "critical_change", kFieldAuto}, self.auto_critical_change...);
   }
 };
 

@@ -4,10 +4,13 @@
 // tensor moves to none, the cost model; and the autotune of fusion threshold and cycle time.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <tuple>
 #include <random>
 
 #include "core/runtime.h"
@@ -53,8 +56,11 @@ struct Trained {
   std::vector<uint64_t> auto_choices;
 };
 
+using Gradients = std::function<std::vector<float>(size_t layer, size_t n, int rank, int step)>;
+
 // `steps` grouped allreduces of the layers (one fused response each) on `world` ranks.
-Trained Train(int world, int steps, const std::map<std::string, std::string>& vars, int first_choice_step) {
+Trained Train(int world, int steps, const std::map<std::string, std::string>& vars, int first_choice_step,
+              const Gradients& values = Values) {
   Trained run;
   run.out.resize(world);
   run.wire_after_first_choice.resize(world);
@@ -74,7 +80,7 @@ Trained Train(int world, int steps, const std::map<std::string, std::string>& va
       for (size_t l = 0; l < kLayers.size(); ++l) {
         names.push_back(kLayers[l].name);
         shapes.push_back(kLayers[l].shape);
-        data.push_back(Values(l, static_cast<size_t>(kLayers[l].shape[0] * kLayers[l].shape[1]), r, s));
+        data.push_back(values(l, static_cast<size_t>(kLayers[l].shape[0] * kLayers[l].shape[1]), r, s));
       }
       for (auto& d : data) {
         in.push_back(d.data());
@@ -166,6 +172,101 @@ TEST(RuntimeAuto, FewerBytesThanTheReferenceAtNoMoreErrorTheSameOnEveryRank) {
               bytes_ratio, e_auto / e_ref);
   EXPECT_LT(bytes_ratio, 0.8);
   EXPECT_LT(e_auto, 1.1 * e_ref);
+}
+
+// Critical regimes (GRADCOMP_AUTO_RELAXED_BITS): every layer's gradient is a fixed direction
+// times a scale that halves every step until step 5 and then stays, plus noise. The choices
+// (every 2 steps, at steps 2, 4, 6, 8, ...) compare the gradient summed over the two steps
+// before them: it shrinks by 75% at steps 4 and 6 (critical: the reference's budget) and by 33%,
+// then 0%, at steps 8 and 10 (calm: maxmin2's budget, far fewer bytes).
+TEST(RuntimeAuto, RegimesKeepTheReferencesBudgetWhileTheGradientMovesAndTheRelaxedOneAfter) {
+  const int world = 3;
+  const Gradients moving = [](size_t layer, size_t n, int rank, int step) {
+    std::vector<float> v = Values(layer, n, rank, step);  // the noise, different every step
+    std::vector<float> base = Values(layer, n, 0, 1000);  // the direction, the same at every step
+    const float scale = std::ldexp(1.0f, -std::min(step, 5));
+    for (size_t i = 0; i < n; ++i) v[i] = scale * (base[i] + 0.1f * v[i]);
+    return v;
+  };
+  const std::map<std::string, std::string> vars = {
+      {"GRADCOMP_COMPRESSION", "auto"},
+      {"GRADCOMP_BITS", "4"},
+      {"GRADCOMP_AUTO_CANDIDATES", "fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2"},
+      {"GRADCOMP_AUTO_INTERVAL", "2"},
+      {"GRADCOMP_AUTO_RELAXED_BITS", "2"}};
+  // The last choice at step 6 (the third), at step 8 (the fourth) and at step 10 (the fifth);
+  // the bytes counted are those of that last step, which runs it.
+  const Trained at6 = Train(world, 7, vars, 7, moving), at8 = Train(world, 9, vars, 9, moving),
+                at10 = Train(world, 11, vars, 11, moving);
+  const auto bits = [](const std::string& s) { return s == "fp16" ? 16 : std::stoi(s.substr(s.find("bits=") + 5)); };
+  for (int r = 0; r < world; ++r) {
+    for (const Trained* run : {&at6, &at8, &at10}) {
+      EXPECT_EQ(run->out[r], run->out[0]) << "rank " << r << "'s results differ from rank 0's";
+    }
+    for (const Layer& l : kLayers) {
+      const AutoTensorReport& critical = at6.choices[r].at(l.name);
+      EXPECT_TRUE(critical.critical) << l.name << " on rank " << r;
+      EXPECT_NEAR(critical.norm_change, 0.75, 0.05) << l.name;
+      const AutoTensorReport& calm = at8.choices[r].at(l.name);
+      EXPECT_FALSE(calm.critical) << l.name << " on rank " << r;
+      EXPECT_NEAR(calm.norm_change, 1.0 / 3, 0.05) << l.name;
+      EXPECT_FALSE(at10.choices[r].at(l.name).critical) << l.name;
+      EXPECT_NEAR(at10.choices[r].at(l.name).norm_change, 0.0, 0.05) << l.name;
+      EXPECT_EQ(calm.setting, at8.choices[0].at(l.name).setting) << l.name << " on rank " << r;
+      // The relaxed setting's error is measured and reported with the rest (the flat layer is
+      // exact at any width).
+      if (l.name != "flat") {
+        EXPECT_GT(calm.relative_error.at("relaxed"), calm.relative_error.at("reference")) << l.name;
+      }
+    }
+  }
+  // The total squared error of a choice's settings, of the reference and of the relaxed
+  // setting, from the relative errors measured on step `measured` (every rank's norms summed).
+  const auto totals = [&](const Trained& run, int measured) {
+    std::array<double, 3> e{};  // chosen, reference, relaxed
+    for (size_t l = 0; l < kLayers.size(); ++l) {
+      const size_t n = static_cast<size_t>(kLayers[l].shape[0] * kLayers[l].shape[1]);
+      double norm2 = 0;
+      for (int r = 0; r < world; ++r) {
+        for (float v : moving(l, n, r, measured)) norm2 += double(v) * v;
+      }
+      const AutoTensorReport& rep = run.choices[0].at(kLayers[l].name);
+      const std::string s = rep.setting;
+      const std::string token = s == "fp16" ? s : "maxmin" + std::to_string(bits(s));
+      const double err[3] = {rep.relative_error.at(token), rep.relative_error.at("reference"),
+                             rep.relative_error.at("relaxed")};
+      for (int k = 0; k < 3; ++k) e[k] += err[k] * err[k] * norm2;
+    }
+    return e;
+  };
+  // Critical (measured on step 5): within the reference's budget, the heavy tails above 2 bits.
+  const auto critical = totals(at6, 5);
+  EXPECT_LE(critical[0], 1.02 * critical[1]);
+  EXPECT_GT(bits(at6.choices[0].at("tails").setting), 2) << at6.choices[0].at("tails").setting;
+  // Calm (step 7): the relaxed budget, spent: every layer at 2 bits, the fewest candidates.
+  const auto calm = totals(at8, 7);
+  EXPECT_LE(calm[0], 1.02 * calm[2]);
+  EXPECT_GT(calm[0], 2 * calm[1]);
+  for (const Layer& l : kLayers) {
+    EXPECT_EQ(at8.choices[0].at(l.name).setting, "maxmin(bits=2, bucket=512)") << l.name;
+  }
+  EXPECT_LT(at8.wire_after_first_choice[0], at6.wire_after_first_choice[0]);
+}
+
+// Relaxed bits must be fewer than the reference's, and the threshold positive.
+TEST(RuntimeAuto, BadRegimeSettingsAreNamed) {
+  for (const auto& [key, value, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"GRADCOMP_AUTO_RELAXED_BITS", "4", "relaxed_bits must be 0 (off) or from 1 to fewer than the reference's 4"},
+           {"GRADCOMP_AUTO_RELAXED_BITS", "9", "GRADCOMP_AUTO_RELAXED_BITS"},
+           {"GRADCOMP_AUTO_CRITICAL_CHANGE", "0", "GRADCOMP_AUTO_CRITICAL_CHANGE"}}) {
+    try {
+      Settings::FromMap({{"GRADCOMP_COMPRESSION", "auto"}, {"GRADCOMP_BITS", "4"}, {key, value}});
+      ADD_FAILURE() << key << "=" << value << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
 }
 
 // With error feedback each candidate is measured twice: on the gradient, and on the gradient

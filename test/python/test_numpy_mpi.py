@@ -3,6 +3,7 @@ errors on every rank, join, barrier and the timeline.
 
 Run by ctest as: mpirun -np N python3 -m pytest test/python/test_numpy_mpi.py
 Every rank runs the same tests in the same order (they are collective)."""
+import hashlib
 import json
 import os
 import time
@@ -267,6 +268,38 @@ def test_auto_compression_chooses_per_array_records_its_choices_and_names_bad_ca
         gc.Compression.auto(interval=0)
     with pytest.raises(ValueError, match="the reference must be a maxmin setting"):
         gc.Compression.auto(reference={"codec": "topk"})
+
+
+def test_auto_compression_with_relaxed_bits_reports_regimes_and_names_bad_settings():
+    """Gradients of one distribution at every step: the summed gradient's norm hardly moves
+    between choices, so from the second choice on (the first has nothing to compare with) every
+    array is calm and gets the relaxed budget: 2 bits here."""
+    spec = gc.Compression.auto(["maxmin8", "maxmin4", "maxmin2"], interval=2, relaxed={"codec": "maxmin", "bits": 2})
+    assert spec["relaxed_bits"] == 2 and spec["critical_change"] == 0.5
+    rng = np.random.default_rng(10 + gc.rank())
+    seen = []
+    for step in range(5):
+        for name in ("np.regime.a", "np.regime.b"):
+            gc.allreduce(rng.normal(size=(256, 256)).astype(np.float32), name=name, compression=spec)
+        if step in (2, 4):  # the choices at steps 3 and 5
+            seen.append({n: c for n, c in gc.compression_choices().items() if n.startswith("np.regime.")})
+    first, second = seen
+    for name in ("np.regime.a", "np.regime.b"):
+        assert first[name]["critical"] and first[name]["norm_change"] == -1, first[name]
+        c = second[name]
+        assert not c["critical"] and 0 <= c["norm_change"] < 0.1, c
+        assert c["setting"] == "maxmin(bits=2, bucket=512)", c
+        assert c["relative_error"]["relaxed"] == c["relative_error"]["maxmin2"] > c["relative_error"]["reference"], c
+    mine = repr(sorted((n, c["setting"], c["critical"]) for n, c in second.items())).encode()
+    everyone = gc.allgather(np.frombuffer(hashlib.sha256(mine).digest(), np.uint8)[None], name="np.regime.check")
+    assert (everyone == everyone[0]).all()
+    with pytest.raises(ValueError, match="relaxed must have from 1 to fewer than the reference's 4 bits"):
+        gc.Compression.auto(relaxed={"codec": "maxmin", "bits": 4})
+    with pytest.raises(ValueError, match=r"relaxed may differ from the reference in its bits only; \['bucket_size'\]"):
+        gc.Compression.auto(reference={"codec": "maxmin", "bits": 4, "bucket_size": 512},
+                            relaxed={"codec": "maxmin", "bits": 2, "bucket_size": 128})
+    with pytest.raises(ValueError, match="critical_change must be a positive fraction, got 0"):
+        gc.Compression.auto(relaxed=2, critical_change=0)
 
 
 def test_timeline_records_phases_and_per_rank_ready_marks():

@@ -615,6 +615,20 @@ def test_auto_compression_trains_a_two_million_parameter_model_with_fewer_bytes_
     assert runs["auto"] < 0.9 * runs["reference"], (runs, settings)
 
 
+def test_auto_compression_relaxed_is_a_maxmin_of_fewer_bits():
+    auto = hvd.Compression.auto(relaxed=hvd.Compression.maxmin(2), critical_change=0.3)
+    assert auto.spec["relaxed_bits"] == 2 and auto.spec["critical_change"] == 0.3
+    assert "relaxed=Compression.maxmin(bits=2" in repr(auto) and "critical_change=0.3" in repr(auto)
+    assert hvd.Compression.auto(relaxed=1).spec["relaxed_bits"] == 1
+    assert hvd.Compression.auto().spec["relaxed_bits"] == 0
+    with pytest.raises(ValueError, match="relaxed must be a Compression.maxmin"):
+        hvd.Compression.auto(relaxed=hvd.Compression.topk(0.01))
+    with pytest.raises(ValueError, match="fewer than the reference's 3 bits"):
+        hvd.Compression.auto(reference=hvd.Compression.maxmin(3), relaxed=hvd.Compression.maxmin(3))
+    with pytest.raises(ValueError, match=r"in its bits only; \['error_feedback'\]"):
+        hvd.Compression.auto(reference=hvd.Compression.maxmin(4, error_feedback=True), relaxed=hvd.Compression.maxmin(2))
+
+
 def test_dgc_takes_over_the_optimizers_momentum():
     other = make_model()  # one DistributedOptimizer per model: each registers gradient hooks
     nesterov = hvd.DistributedOptimizer(

@@ -140,12 +140,17 @@ _CODECS = tuple(name for name, _ in _core.codecs()) + ("auto",)
 AUTO_CANDIDATES = ("none", "fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2")
 
 
-def auto_spec(candidates=None, reference=None, interval=100):
+def auto_spec(candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5):
     """The runtime's spec of adaptive compression: every `interval` steps each tensor gets the
     setting among `candidates` (names: none, fp16, bf16, maxminB, topkR) that puts the fewest
     bytes on the wire while the model's total squared error stays at most what `reference` (a
     maxmin spec dict, default 4 bits; its bucket size, rounding and error feedback apply to
-    every candidate) would give."""
+    every candidate) would give.
+
+    With `relaxed` (a maxmin spec dict of fewer bits than the reference, or its bits), only
+    tensors in a critical regime keep the reference's error budget (Accordion): those whose
+    gradient norm moved by `critical_change` (a fraction) or more since the previous choice,
+    and every tensor until its second choice; the others get the relaxed setting's budget."""
     candidates = AUTO_CANDIDATES if candidates is None else candidates
     if isinstance(candidates, str):
         candidates = [candidates]
@@ -160,7 +165,27 @@ def auto_spec(candidates=None, reference=None, interval=100):
         raise ValueError(f"auto compression: the reference must be a maxmin setting, got {reference!r}")
     spec = {k: v for k, v in ref.items() if k in ("bits", "bucket_size", "stochastic", "error_feedback",
                                                   "skip_incomplete_buckets")}
-    spec.update(codec="auto", candidates=",".join(candidates), interval=interval)
+    relaxed_bits = relaxed
+    if relaxed is None:
+        relaxed_bits = 0
+    elif isinstance(relaxed, dict):
+        if relaxed.get("codec") != "maxmin":
+            raise ValueError(f"auto compression: relaxed must be a maxmin setting, got {relaxed!r}")
+        differ = sorted(k for k in ("bucket_size", "stochastic", "error_feedback", "skip_incomplete_buckets")
+                        if k in relaxed and k in spec and relaxed[k] != spec[k])
+        if differ:
+            raise ValueError(f"auto compression: relaxed may differ from the reference in its bits only; "
+                             f"{differ} differ ({relaxed!r} against {ref!r})")
+        relaxed_bits = relaxed.get("bits", 4)
+    if relaxed is not None and (not isinstance(relaxed_bits, int) or isinstance(relaxed_bits, bool) or
+                                not 1 <= relaxed_bits < spec.get("bits", 4)):
+        raise ValueError(f"auto compression: relaxed must have from 1 to fewer than the reference's "
+                         f"{spec.get('bits', 4)} bits, got {relaxed!r}")
+    if isinstance(critical_change, bool) or not isinstance(critical_change, (int, float)) or \
+            not 0 < critical_change < float("inf"):
+        raise ValueError(f"auto compression: critical_change must be a positive fraction, got {critical_change!r}")
+    spec.update(codec="auto", candidates=",".join(candidates), interval=interval, relaxed_bits=relaxed_bits,
+                critical_change=float(critical_change))
     return spec
 
 
@@ -169,8 +194,10 @@ def compression_choices():
     which choice set it (counting from 1, as stats()["auto_choices"]), "measured_at": the step
     of the tensor its errors were measured on, "relative_error": {candidate: error over all
     ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
-    gradient plus the residual the tensor carries (empty for a spec without error feedback)}}
-    (empty before the first choice)."""
+    gradient plus the residual the tensor carries (empty for a spec without error feedback),
+    "critical": whether the choice found it in a critical regime (always True without relaxed),
+    "norm_change": how far its gradient norm moved since the choice before, as a fraction (-1:
+    none before)}} (empty before the first choice)."""
     return dict(_rt().compression_choices())
 
 

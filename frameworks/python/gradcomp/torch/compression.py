@@ -101,21 +101,31 @@ class Auto(Compressor):
     setting among `candidates` that sends the fewest bytes while the gradient's total error
     stays at most the uniform `reference`'s (a ``Compression.maxmin(...)``; its bucket size,
     rounding and error feedback apply to every candidate). Until the first choice every tensor
-    runs the reference. See ``gradcomp.torch.compression_choices()``."""
+    runs the reference. With `relaxed` (a ``Compression.maxmin(...)`` of fewer bits, or the bits), only
+    tensors in a critical regime keep the reference's budget (Accordion: their gradient norm
+    moved by `critical_change` or more since the previous choice, or they have had no choice
+    yet); the others get the relaxed setting's. See ``gradcomp.torch.compression_choices()``."""
 
     name = "auto"
 
-    def __init__(self, candidates=None, reference=None, interval=100):
+    def __init__(self, candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5):
         if reference is None:
             reference = MaxMin(4)
         if not isinstance(reference, MaxMin):
             raise ValueError(f"Compression.auto: reference must be a Compression.maxmin(...), got {reference!r}")
+        if relaxed is not None and not isinstance(relaxed, MaxMin) and \
+                (not isinstance(relaxed, int) or isinstance(relaxed, bool)):
+            raise ValueError(f"Compression.auto: relaxed must be a Compression.maxmin(...) or its bits, got {relaxed!r}")
         self.reference = reference
-        self.spec = _b.auto_spec(candidates, reference.spec, interval)
+        self.relaxed = relaxed
+        self.spec = _b.auto_spec(candidates, reference.spec, interval,
+                                 relaxed.spec if isinstance(relaxed, MaxMin) else relaxed, critical_change)
 
     def __repr__(self):
+        relaxed = "" if self.relaxed is None else \
+            f", relaxed={self.relaxed!r}, critical_change={self.spec['critical_change']}"
         return (f"Compression.auto(candidates={self.spec['candidates'].split(',')}, reference={self.reference!r}, "
-                f"interval={self.spec['interval']})")
+                f"interval={self.spec['interval']}{relaxed})")
 
 
 class PowerSGD(Compressor):
