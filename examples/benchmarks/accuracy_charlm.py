@@ -20,12 +20,16 @@ cost model would keep every layer uncompressed), auto_ef (the same with error fe
 auto_ref3 (the budget of uniform 3 bits), auto_regimes (Accordion's critical regimes: the 4-bit
 budget while a layer's summed gradient moves by --critical-change or more between choices,
 maxmin1's budget otherwise; candidates down to 1 bit), auto_regimes41 (the same choosing between
-4 bits and 1 only), auto_regimes2 (relaxed to maxmin2's budget).
+4 bits and 1 only), auto_regimes2 (relaxed to maxmin2's budget), and fixed schedules of
+uniform maxmin widths, "sched:4@100/2@200/1" (4 bits for steps 0-99, 2 bits to 199, then 1 bit):
+what a budget that follows the training regime could reach. A schedule switches the optimizer's
+per-parameter choice between phases, a private attribute: a measurement, not an API.
 """
 import argparse
 import glob
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -121,16 +125,32 @@ def windows(text, count, context, generator):
     return x, y
 
 
+def schedule(name):
+    """"sched:4@100/2@200/1" -> [(100, 4), (200, 2), (inf, 1)]: (first step after, bits)."""
+    phases = []
+    for part in name[len("sched:"):].split("/"):
+        bits, _, until = part.partition("@")
+        phases.append((int(until) if until else math.inf, int(bits)))
+    return phases
+
+
 def run(name, make_compression, seed, args, train, val):
     torch.manual_seed(seed)
     model = CharGPT(args.layers, args.width, args.heads, args.context)
-    compression = make_compression()
+    phases = schedule(name) if name.startswith("sched:") else None
+    compression = hvd.Compression.maxmin(phases[0][1]) if phases else make_compression()
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
-                                   named_parameters=[(f"{name}.{seed}.{n}", p) for n, p in model.named_parameters()],
+                                   named_parameters=[(f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}.{seed}.{n}", p)
+                                                     for n, p in model.named_parameters()],
                                    compression=compression)
     gen = torch.Generator().manual_seed(seed * 1000 + hvd.rank())
     before = hvd.stats()
     for step in range(args.steps):
+        if phases:
+            bits = next(b for until, b in phases if step < until)
+            for plan in opt._plans.values():
+                if plan.choice is not None and plan.choice.name == "maxmin" and plan.choice.bits != bits:
+                    plan.choice = hvd.Compression.maxmin(bits)
         for group in opt.param_groups:  # warm-up, then cosine decay
             warm = min(1.0, (step + 1) / 20)
             group["lr"] = args.lr * warm * 0.5 * (1 + math.cos(math.pi * step / args.steps))
@@ -173,15 +193,15 @@ def main():
     args = p.parse_args()
     table = configs(args.interval, args.critical_change)
     chosen = [c.strip() for c in args.configs.split(",")]
-    unknown = [c for c in chosen if c not in table]
+    unknown = [c for c in chosen if c not in table and not re.fullmatch(r"sched:([1-8]@\d+/)*[1-8]", c)]
     if unknown:
-        p.error(f"unknown configs {unknown}; choose among {list(table)}")
+        p.error(f"unknown configs {unknown}; choose among {list(table)} or a schedule such as sched:4@100/2@200/1")
     hvd.init()
     train, val = corpus(args.corpus_mb)
     rows = []
     for name in chosen:
         t0 = time.time()
-        results = [run(name, table[name], seed, args, train, val) for seed in range(args.seeds)]
+        results = [run(name, table.get(name), seed, args, train, val) for seed in range(args.seeds)]
         losses = [r[0] for r in results]
         rows.append((name, statistics.mean(losses), min(losses), max(losses), statistics.mean(r[1] for r in results)))
         if hvd.rank() == 0:
