@@ -68,8 +68,8 @@ struct AutoTensorReport {
   /// gradient plus the residual the tensor carries, what that step compresses.
   std::map<std::string, double> relative_error_ef;
   /// With relaxed bits: whether the last choice found it in a critical regime (its budget the
-  /// reference's error, else the relaxed setting's), and how far its gradient norm had moved
-  /// since the choice before, as a fraction (-1: no choice before).
+  /// reference's error, else the relaxed setting's), and how far the norm of its gradient
+  /// summed between choices had moved since the choice before, as a fraction (-1: none before).
   bool critical = true;
   double norm_change = -1;
   /// The cost model's estimate of each candidate's allreduce of this tensor, in seconds

@@ -149,8 +149,9 @@ def auto_spec(candidates=None, reference=None, interval=100, relaxed=None, criti
 
     With `relaxed` (a maxmin spec dict of fewer bits than the reference, or its bits), only
     tensors in a critical regime keep the reference's error budget (Accordion): those whose
-    gradient norm moved by `critical_change` (a fraction) or more since the previous choice,
-    and every tensor until its second choice; the others get the relaxed setting's budget."""
+    gradient, summed over the steps between two choices, moved in norm by `critical_change` (a
+    fraction) or more since the previous choice, and every tensor at its first choice; the
+    others get the relaxed setting's budget."""
     candidates = AUTO_CANDIDATES if candidates is None else candidates
     if isinstance(candidates, str):
         candidates = [candidates]
@@ -196,8 +197,8 @@ def compression_choices():
     ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
     gradient plus the residual the tensor carries (empty for a spec without error feedback),
     "critical": whether the choice found it in a critical regime (always True without relaxed),
-    "norm_change": how far its gradient norm moved since the choice before, as a fraction (-1:
-    none before)}} (empty before the first choice)."""
+    "norm_change": how far the norm of its gradient summed between choices moved since the
+    choice before, as a fraction (-1: none before)}} (empty before the first choice)."""
     return dict(_rt().compression_choices())
 
 

@@ -101,10 +101,11 @@ class Auto(Compressor):
     setting among `candidates` that sends the fewest bytes while the gradient's total error
     stays at most the uniform `reference`'s (a ``Compression.maxmin(...)``; its bucket size,
     rounding and error feedback apply to every candidate). Until the first choice every tensor
-    runs the reference. With `relaxed` (a ``Compression.maxmin(...)`` of fewer bits, or the bits), only
-    tensors in a critical regime keep the reference's budget (Accordion: their gradient norm
-    moved by `critical_change` or more since the previous choice, or they have had no choice
-    yet); the others get the relaxed setting's. See ``gradcomp.torch.compression_choices()``."""
+    runs the reference. With `relaxed` (a ``Compression.maxmin(...)`` of fewer bits, or the
+    bits), only tensors in a critical regime keep the reference's budget (Accordion: their
+    gradient summed between two choices moved in norm by `critical_change` or more since the
+    previous choice, or it is their first); the others get the relaxed setting's. See
+    ``gradcomp.torch.compression_choices()``."""
 
     name = "auto"
 
