@@ -95,10 +95,8 @@ std::vector<std::pair<size_t, size_t>> AutoCompression::TrendRanges(size_t n) {
   return out;
 }
 
-void AutoCompression::Accumulate(const std::string& name, const float* sample, size_t n) {
+void AutoCompression::Accumulate(const std::string& name, const float* sample, size_t m) {
   Tensor& t = tensors_.at(name);
-  size_t m = 0;
-  for (const auto& range : TrendRanges(n)) m += range.second;
   if (t.trend.size() != m) t.trend.assign(m, 0.0f);
   for (size_t i = 0; i < m; ++i) t.trend[i] += sample[i];
 }
@@ -288,8 +286,9 @@ void AutoCompression::Choose(Communicator& world) {
     Tensor& t = tensors_.at(names[i]);
     const auto& list = measured_.at(Key(t.auto_spec));
     const int32_t chosen = flags[2 * i];
-    GC_ENFORCE(chosen >= 0 && static_cast<size_t>(chosen) < Candidates(t.auto_spec), "auto compression of '",
-               names[i], "': rank 0 chose setting ", chosen, " of ", Candidates(t.auto_spec));
+    const size_t candidates = Candidates(t.auto_spec);
+    GC_ENFORCE(chosen >= 0 && static_cast<size_t>(chosen) < candidates, "auto compression of '", names[i],
+               "': rank 0 chose setting ", chosen, " of ", candidates);
     const CompressionSpec& before = t.choice < 0 ? list.back() : list[static_cast<size_t>(t.choice)];
     const CompressionSpec& after = list[static_cast<size_t>(chosen)];
     t.flush = t.flush || (before.codec != "none" && after.codec == "none" && t.auto_spec.error_feedback);
@@ -306,9 +305,9 @@ void AutoCompression::Choose(Communicator& world) {
     rep.norm_change = change[i];
     const double* ef = t.errors.err2_ef.empty() ? nullptr : &sums[offset[i] + 1 + 2 * list.size()];
     for (size_t c = 0; c < list.size(); ++c) {
-      const std::string token = c + 1 == list.size()            ? "reference"
-                                : c == Candidates(t.auto_spec) ? "relaxed"
-                                                               : CandidateToken(list[c]);
+      const std::string token = c + 1 == list.size() ? "reference"
+                                : c == candidates    ? "relaxed"
+                                                     : CandidateToken(list[c]);
       rep.relative_error[token] = Relative(sums[offset[i] + 1 + c], norm2);
       if (ef != nullptr) rep.relative_error_ef[token] = Relative(ef[c], norm2);
       if (c < seconds[i].size()) rep.estimated_seconds[token] = seconds[i][c];

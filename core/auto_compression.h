@@ -95,9 +95,9 @@ class AutoCompression {
   /// Whether this step of `name` measures its candidates (after BeforeResponse).
   bool Measuring(const std::string& name) const;
   /// With relaxed bits, every step of every auto tensor: adds this step's gradient at
-  /// TrendRanges(n) (`sample`, their values in order, float32) to what the tensor accumulated
-  /// since its last choice.
-  void Accumulate(const std::string& name, const float* sample, size_t n);
+  /// TrendRanges(n) (`sample`, their m values in order, float32) to what the tensor
+  /// accumulated since its last choice.
+  void Accumulate(const std::string& name, const float* sample, size_t m);
   /// The ranges of a tensor of n values whose sum over an interval tells its regime: up to
   /// kTrendValues values in evenly spaced blocks of 1024 (the whole tensor when smaller).
   static std::vector<std::pair<size_t, size_t>> TrendRanges(size_t n);

@@ -392,7 +392,8 @@ void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
     for (size_t i = 0; i < r.names.size(); ++i) {
       if (!entries[i]) continue;
       const auto n = static_cast<size_t>(NumElements(r.shapes[i]));
-      policy.Accumulate(r.names[i], SampleFloats(*entries[i], r.dtype, AutoCompression::TrendRanges(n), &keep), n);
+      const float* sample = SampleFloats(*entries[i], r.dtype, AutoCompression::TrendRanges(n), &keep);
+      policy.Accumulate(r.names[i], sample, keep.size());
     }
   }
   for (size_t i = 0; i < r.names.size(); ++i) {
@@ -480,20 +481,8 @@ double Executor::TimeUncompressed(size_t bytes) {
 }
 
 const float* Executor::HostFloats(const TensorEntry& e, DataType dtype, size_t n, std::vector<float>* keep) {
-  Device& device = EntryDevice(e);
-  if (&device == &HostDevice() && dtype == DataType::kFloat32) return static_cast<const float*>(e.input);
-  const void* host = e.input;
-  std::vector<char> raw;
-  if (&device != &HostDevice()) {
-    if (e.ready) e.ready->Block(StreamOf(device));
-    raw.resize(n * DataTypeSize(dtype));
-    device.CopyToHost(raw.data(), e.input, raw.size(), StreamOf(device));
-    StreamOf(device).Synchronize();
-    host = raw.data();
-  }
-  keep->resize(n);
-  CastBuffer(host, dtype, n, keep->data(), DataType::kFloat32, false);
-  return keep->data();
+  if (&EntryDevice(e) == &HostDevice() && dtype == DataType::kFloat32) return static_cast<const float*>(e.input);
+  return SampleFloats(e, dtype, {{0, n}}, keep);
 }
 
 const float* Executor::SampleFloats(const TensorEntry& e, DataType dtype,
@@ -502,20 +491,25 @@ const float* Executor::SampleFloats(const TensorEntry& e, DataType dtype,
   const size_t width = DataTypeSize(dtype);
   size_t m = 0;
   for (const auto& range : ranges) m += range.second;
+  keep->resize(m);
+  if (&device == &HostDevice()) {  // cast range by range, straight from the tensor
+    size_t at = 0;
+    for (const auto& [from, count] : ranges) {
+      CastBuffer(static_cast<const char*>(e.input) + from * width, dtype, count, keep->data() + at,
+                 DataType::kFloat32, false);
+      at += count;
+    }
+    return keep->data();
+  }
   std::vector<char> raw(m * width);
-  if (&device != &HostDevice() && e.ready) e.ready->Block(StreamOf(device));
+  if (e.ready) e.ready->Block(StreamOf(device));
   size_t at = 0;
   for (const auto& [from, count] : ranges) {
-    const char* src = static_cast<const char*>(e.input) + from * width;
-    if (&device == &HostDevice()) {
-      std::memcpy(raw.data() + at, src, count * width);
-    } else {
-      device.CopyToHost(raw.data() + at, src, count * width, StreamOf(device));
-    }
+    device.CopyToHost(raw.data() + at, static_cast<const char*>(e.input) + from * width, count * width,
+                      StreamOf(device));
     at += count * width;
   }
-  if (&device != &HostDevice()) StreamOf(device).Synchronize();
-  keep->resize(m);
+  StreamOf(device).Synchronize();
   CastBuffer(raw.data(), dtype, m, keep->data(), DataType::kFloat32, false);
   return keep->data();
 }

@@ -1,7 +1,7 @@
 #include "ops/compression/spec.h"
 
+#include <cstring>
 #include <sstream>
-#include <string>
 #include <type_traits>
 
 #include "ops/compression/codec.h"
@@ -13,7 +13,7 @@ namespace {
 // A field the codec reads that this spec's other fields make moot: auto's critical_change
 // without relaxed bits.
 bool Moot(const SpecField& f, const CompressionSpec& s) {
-  return std::string(f.key) == "critical_change" && s.auto_relaxed_bits == 0;
+  return s.auto_relaxed_bits == 0 && std::strcmp(f.key, "critical_change") == 0;
 }
 
 }  // namespace
