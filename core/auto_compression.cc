@@ -26,7 +26,7 @@ const std::vector<CompressionSpec>& AutoCompression::Measured(const CompressionS
   auto it = measured_.find(key);
   if (it == measured_.end()) {
     std::vector<CompressionSpec> list = AutoCandidates(auto_spec);
-    if (auto_spec.auto_relaxed_bits > 0) list.push_back(AutoRelaxed(auto_spec));
+    for (CompressionSpec& step : AutoRelaxedLadder(auto_spec)) list.push_back(std::move(step));
     list.push_back(AutoReference(auto_spec));
     it = measured_.emplace(key, std::move(list)).first;
   }
@@ -83,7 +83,7 @@ void AutoCompression::Record(const std::string& name, const CompressionSpec& aut
 }
 
 size_t AutoCompression::Candidates(const CompressionSpec& auto_spec) {
-  return Measured(auto_spec).size() - (auto_spec.auto_relaxed_bits > 0 ? 2 : 1);
+  return Measured(auto_spec).size() - AutoRelaxedLadder(auto_spec).size() - 1;
 }
 
 std::vector<std::pair<size_t, size_t>> AutoCompression::TrendRanges(size_t n) {
@@ -159,7 +159,8 @@ void AutoCompression::Choose(Communicator& world) {
 
   // Rank 0 solves one program per auto spec and broadcasts the choices (identical inputs
   // everywhere, but one decider keeps replicas identical whatever the floating point).
-  // Per tensor: the candidate chosen, then whether it is in a critical regime.
+  // Per tensor: the candidate chosen, then the maxmin width whose error bounds its program
+  // (the reference's while critical).
   std::vector<int32_t> flags(2 * names.size(), -1);
   std::vector<double> change(names.size(), -1.0);
   std::map<std::string, std::vector<size_t>> groups;  // auto spec -> positions in names
@@ -187,6 +188,7 @@ void AutoCompression::Choose(Communicator& world) {
       const auto& list = measured_.at(key);
       const CompressionSpec& spec = tensors_.at(names[members.front()]).auto_spec;
       const size_t candidates = Candidates(spec);
+      const int reference_bits = list.back().bits, relaxed_bits = spec.auto_relaxed_bits;
       const auto none = std::find_if(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(candidates),
                                      [](const CompressionSpec& c) { return c.codec == "none"; });
       const bool has_none = none != list.begin() + static_cast<std::ptrdiff_t>(candidates);
@@ -208,12 +210,21 @@ void AutoCompression::Choose(Communicator& world) {
         b.resize(candidates);
         bytes.push_back(std::move(b));
         ref_err2.push_back(s[list.size() - 1]);
+        // Normalized: every error over the tensor's mean square (sum over ranks of ||x||^2 / n).
+        const double norm2 = sums[offset[i]];
+        const double weight = spec.auto_normalized && norm2 > 0 ? static_cast<double>(t.n) / norm2 : 1.0;
+        for (double& e : err2.back()) e *= weight;
+        ref_err2.back() *= weight;
         // Regimes (Accordion): critical while the norm moves by critical_change or more
-        // between two choices, and until a tensor has a previous norm to compare with.
-        const bool critical = spec.auto_relaxed_bits == 0 || change[i] < 0 || change[i] >= spec.auto_critical_change;
-        flags[2 * i + 1] = critical ? 1 : 0;
+        // between two choices, and until a tensor has a previous norm to compare with. A calm
+        // tensor's budget steps down one bit a choice, to the relaxed setting's.
+        const bool critical = relaxed_bits == 0 || change[i] < 0 || change[i] >= spec.auto_critical_change;
+        const int budget_bits =
+            critical ? reference_bits : std::max(relaxed_bits, (t.budget_bits > 0 ? t.budget_bits : reference_bits) - 1);
+        flags[2 * i + 1] = budget_bits;
         in_critical += critical;
-        budget.push_back(critical ? ref_err2.back() : s[candidates]);
+        budget.push_back(critical ? ref_err2.back()
+                                  : weight * s[candidates + static_cast<size_t>(budget_bits - relaxed_bits)]);
         if (probe_ && has_none) {
           const double raw_seconds = seconds[i][static_cast<size_t>(none - list.begin())];
           size_t kept = 0;
@@ -227,16 +238,16 @@ void AutoCompression::Choose(Communicator& world) {
           raw += kept == 1;
         }
       }
-      // One program for the tensors in a critical regime, one for the others: a critical
-      // tensor must not spend the slack of the relaxed ones' budget.
+      // One program per budget (the tensors in a critical regime, then each step of the
+      // ladder): a critical tensor must not spend the slack of the calmer ones' budget.
       double total_bytes = 0, total_err2 = 0, reference_bytes = 0, reference_err2 = 0;
-      std::map<std::string, int> counts;
-      for (const bool critical : {true, false}) {
+      std::map<std::string, int> counts, budgets;
+      for (int bits = reference_bits; bits >= std::max(1, relaxed_bits); --bits) {
         std::vector<std::vector<double>> sub_err2, sub_bytes;
         std::vector<double> sub_budget, sub_ref_bytes;
         std::vector<size_t> at;
         for (size_t j = 0; j < members.size(); ++j) {
-          if ((flags[2 * members[j] + 1] != 0) != critical) continue;
+          if (flags[2 * members[j] + 1] != bits) continue;
           at.push_back(j);
           sub_err2.push_back(err2[j]);
           sub_bytes.push_back(bytes[j]);
@@ -246,6 +257,7 @@ void AutoCompression::Choose(Communicator& world) {
           reference_err2 += ref_err2[j];
         }
         if (at.empty()) continue;
+        budgets["maxmin" + std::to_string(bits)] += static_cast<int>(at.size());
         const AutoChoice chosen = ChooseCandidates(sub_err2, sub_bytes, sub_budget, sub_ref_bytes);
         total_bytes += chosen.bytes;
         total_err2 += chosen.err2;
@@ -262,8 +274,10 @@ void AutoCompression::Choose(Communicator& world) {
       }
       summary << ")";
       if (spec.auto_relaxed_bits > 0) {
-        summary << ", " << in_critical << " in a critical regime (the others within maxmin"
-                << spec.auto_relaxed_bits << "'s error)";
+        summary << ", " << in_critical << " in a critical regime, budgets (the error of) ";
+        for (auto b = budgets.rbegin(); b != budgets.rend(); ++b) {
+          summary << (b == budgets.rbegin() ? "" : ", ") << b->first << " x" << b->second;
+        }
         std::vector<double> moved;
         for (size_t i : members) {
           if (change[i] >= 0) moved.push_back(change[i]);
@@ -296,18 +310,26 @@ void AutoCompression::Choose(Communicator& world) {
     t.measured = false;
     const double norm2 = sums[offset[i]];
     t.last_norm = trend[i];
+    t.budget_bits = flags[2 * i + 1];
     std::fill(t.trend.begin(), t.trend.end(), 0.0f);
     AutoTensorReport& rep = report_[names[i]];
     rep.setting = after.Describe();
     rep.choice = choices_;
     rep.measured_at = t.measured_at;
-    rep.critical = flags[2 * i + 1] != 0;
+    rep.budget_bits = flags[2 * i + 1];
+    rep.critical = rep.budget_bits == list.back().bits;
     rep.norm_change = change[i];
     const double* ef = t.errors.err2_ef.empty() ? nullptr : &sums[offset[i] + 1 + 2 * list.size()];
     for (size_t c = 0; c < list.size(); ++c) {
       const std::string token = c + 1 == list.size() ? "reference"
                                 : c == candidates    ? "relaxed"
                                                      : CandidateToken(list[c]);
+      // A step of the ladder that is also a candidate was measured twice, alike.
+      if (c > candidates && c + 1 < list.size() &&
+          std::any_of(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(candidates),
+                      [&](const CompressionSpec& x) { return CandidateToken(x) == token; })) {
+        continue;
+      }
       rep.relative_error[token] = Relative(sums[offset[i] + 1 + c], norm2);
       if (ef != nullptr) rep.relative_error_ef[token] = Relative(ef[c], norm2);
       if (c < seconds[i].size()) rep.estimated_seconds[token] = seconds[i][c];
@@ -319,6 +341,7 @@ void AutoCompression::Choose(Communicator& world) {
                             ", \"reference_error\": " + std::to_string(rep.relative_error["reference"]) +
                             (t.auto_spec.auto_relaxed_bits > 0
                                  ? ", \"critical\": " + std::string(rep.critical ? "true" : "false") +
+                                       ", \"budget_bits\": " + std::to_string(rep.budget_bits) +
                                        ", \"norm_change\": " + std::to_string(rep.norm_change)
                                  : std::string()) +
                             (ef != nullptr ? ", \"relative_error_ef\": " +

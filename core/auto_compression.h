@@ -30,10 +30,15 @@
 // steps between two choices (on a sample of up to kTrendValues values: the sum's norm follows
 // the mean gradient, where one step's norm is mostly minibatch noise). At each choice a tensor
 // whose summed gradient's norm (over ranks) moved by auto_critical_change or more since its
-// previous choice, or that has no previous one, is critical: the critical tensors share the
-// reference's error budget (their own program), the others the relaxed setting's (maxmin at
-// auto_relaxed_bits). Rank 0 decides and broadcasts (with the choices). The sample costs a
-// pass over kTrendValues values a tensor and step (for a GPU tensor, copies of its blocks).
+// previous choice, or that has no previous one, is critical and gets the reference's error
+// budget. A calm tensor's budget steps down one bit a choice: the error of maxmin at one bit
+// fewer than its previous budget's, down to auto_relaxed_bits (AutoRelaxedLadder); critical
+// again, it is back at the reference's. Where Accordion drops at once, the ladder is what
+// held the loss on the character LM (docs/benchmarks.md): the norm test calls the end of the
+// critical phase an interval or two early, and 3 bits cost little where 1 bit costs much. The
+// tensors of one budget share a program, so a critical tensor never spends the slack of calm
+// ones. Rank 0 decides and broadcasts (with the choices). The sample costs a pass over
+// kTrendValues values a tensor and step (for a GPU tensor, copies of its blocks).
 //
 // Error feedback: every candidate keeps the auto spec's error-feedback flag, so a tensor's
 // residual stays valid when its bit width or codec changes; a tensor that moves to "none"
@@ -68,9 +73,12 @@ struct AutoTensorReport {
   /// gradient plus the residual the tensor carries, what that step compresses.
   std::map<std::string, double> relative_error_ef;
   /// With relaxed bits: whether the last choice found it in a critical regime (its budget the
-  /// reference's error, else the relaxed setting's), and how far the norm of its gradient
-  /// summed between choices had moved since the choice before, as a fraction (-1: none before).
+  /// reference's error), the maxmin width whose error bounded its program (the reference's
+  /// while critical, one fewer each calm choice since, down to the relaxed bits), and how far
+  /// the norm of its gradient summed between choices had moved since the choice before, as a
+  /// fraction (-1: none before).
   bool critical = true;
+  int budget_bits = 0;
   double norm_change = -1;
   /// The cost model's estimate of each candidate's allreduce of this tensor, in seconds
   /// (empty without GRADCOMP_AUTO_COST_MODEL); candidates slower than none were left out.
@@ -111,7 +119,7 @@ class AutoCompression {
   /// this step must send its residual.
   bool TakeFlush(const std::string& name);
   /// The settings measured for an auto spec (parsed once per spec): its candidates, then the
-  /// relaxed setting (relaxed bits > 0), then the reference.
+  /// relaxed ladder (AutoRelaxedLadder: relaxed bits > 0), then the reference.
   const std::vector<CompressionSpec>& Measured(const CompressionSpec& auto_spec);
   /// How many of Measured(auto_spec) are candidates (the first ones).
   size_t Candidates(const CompressionSpec& auto_spec);
@@ -140,6 +148,7 @@ class AutoCompression {
     // and the norm of that sum (over ranks, scaled to the tensor) at the last choice (0: none).
     std::vector<float> trend;
     double last_norm = 0;
+    int budget_bits = 0;  // the last choice's budget (a maxmin width); 0: no choice yet
     bool flush = false;
   };
   /// The collective choice over every tensor with a measurement waiting.

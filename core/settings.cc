@@ -112,13 +112,17 @@ const std::vector<Entry>& Registry() {
        "step before it)",
        1, 1e9},
       {"GRADCOMP_AUTO_RELAXED_BITS", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_relaxed_bits), "0",
-       "with GRADCOMP_COMPRESSION=auto, the error budget outside critical regimes: that of maxmin at these bits, "
-       "fewer than the reference's (0: the reference's budget at every step)",
+       "with GRADCOMP_COMPRESSION=auto, the error budget outside critical regimes: a calm tensor's steps down one bit "
+       "a choice, from the reference's to that of maxmin at these bits (fewer than the reference's; 0: the "
+       "reference's budget at every step)",
        0, 8},
       {"GRADCOMP_AUTO_CRITICAL_CHANGE", nullptr, Kind::kFloat, Spec(&CompressionSpec::auto_critical_change), "0.5",
        "with GRADCOMP_AUTO_RELAXED_BITS, a tensor is in a critical regime (the reference's budget) while its gradient "
        "summed over an interval moved in norm by at least this fraction since the previous choice (Accordion's eta)",
        1e-6, 1e6},
+      {"GRADCOMP_AUTO_NORMALIZED", nullptr, Kind::kBool, Spec(&CompressionSpec::auto_normalized), "0",
+       "with GRADCOMP_COMPRESSION=auto, each tensor's error is weighed over its values' mean square (the error of an "
+       "update normalized per coordinate: Adam and its kin) instead of absolute (SGD)"},
       {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, Of(&Settings::hierarchical), "0",
        "allreduce inside each node first (shared memory), then across nodes"},
       {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, Of(&Settings::local_size), "0",

@@ -18,9 +18,11 @@ auto (Compression.auto: each layer's bit width chosen every --interval steps, le
 more total error than uniform 4 bits; the candidates leave out none, since on one machine the
 cost model would keep every layer uncompressed), auto_ef (the same with error feedback),
 auto_ref3 (the budget of uniform 3 bits), auto_regimes (Accordion's critical regimes: the 4-bit
-budget while a layer's summed gradient moves by --critical-change or more between choices,
-maxmin1's budget otherwise; candidates down to 1 bit), auto_regimes41 (the same choosing between
-4 bits and 1 only), auto_regimes2 (relaxed to maxmin2's budget), and fixed schedules of
+budget while a layer's summed gradient moves by --critical-change or more between choices, then
+one bit less a choice down to maxmin1's budget; candidates down to 1 bit), auto_regimes41 (the
+same choosing between 4 bits and 1 only), auto_regimes2 (relaxed down to maxmin2's budget),
+auto_n and auto_regimes_n (auto and auto_regimes with normalized=True: each layer's error over
+its mean square, as suits Adam, which this model trains with), and fixed schedules of
 uniform maxmin widths, "sched:4@100/2@200/1" (4 bits for steps 0-99, 2 bits to 199, then 1 bit):
 what a budget that follows the training regime could reach. A schedule switches the optimizer's
 per-parameter choice between phases, a private attribute: a measurement, not an API.
@@ -59,6 +61,10 @@ def configs(interval, critical_change=0.5):
         "auto_regimes41": lambda: hvd.Compression.auto(["maxmin4", "maxmin1"], interval=interval,
                                                        relaxed=hvd.Compression.maxmin(1),
                                                        critical_change=critical_change),
+        "auto_n": lambda: hvd.Compression.auto(BITS, interval=interval, normalized=True),
+        "auto_regimes_n": lambda: hvd.Compression.auto(BITS + ["maxmin1"], interval=interval,
+                                                       relaxed=hvd.Compression.maxmin(1),
+                                                       critical_change=critical_change, normalized=True),
         "auto_regimes2": lambda: hvd.Compression.auto(BITS, interval=interval, relaxed=hvd.Compression.maxmin(2),
                                                       critical_change=critical_change),
         "auto_ef": lambda: hvd.Compression.auto(BITS, interval=interval,

@@ -333,6 +333,7 @@ void BindRuntime(py::module& m) {
           d["relative_error_ef"] = rep.relative_error_ef;
           d["estimated_seconds"] = rep.estimated_seconds;
           d["critical"] = rep.critical;
+          d["budget_bits"] = rep.budget_bits;
           d["norm_change"] = rep.norm_change;
           out[py::str(name)] = d;
         }

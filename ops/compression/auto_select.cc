@@ -96,10 +96,14 @@ CompressionSpec AutoReference(const CompressionSpec& auto_spec) {
   return ref;
 }
 
-CompressionSpec AutoRelaxed(const CompressionSpec& auto_spec) {
-  CompressionSpec relaxed = AutoReference(auto_spec);
-  relaxed.bits = auto_spec.auto_relaxed_bits;
-  return relaxed;
+std::vector<CompressionSpec> AutoRelaxedLadder(const CompressionSpec& auto_spec) {
+  std::vector<CompressionSpec> ladder;
+  const CompressionSpec reference = AutoReference(auto_spec);
+  for (int bits = auto_spec.auto_relaxed_bits; bits > 0 && bits < reference.bits; ++bits) {
+    ladder.push_back(reference);
+    ladder.back().bits = bits;
+  }
+  return ladder;
 }
 
 std::string CandidateToken(const CompressionSpec& spec) {

@@ -39,9 +39,10 @@ std::vector<CompressionSpec> AutoCandidates(const CompressionSpec& auto_spec, co
 void ValidateSpec(const CompressionSpec& spec, const std::string& what);
 /// The uniform setting whose total error bounds an auto spec's: maxmin with its options.
 CompressionSpec AutoReference(const CompressionSpec& auto_spec);
-/// The setting whose error bounds a tensor's outside critical regimes (auto_relaxed_bits > 0):
-/// the reference at auto_relaxed_bits.
-CompressionSpec AutoRelaxed(const CompressionSpec& auto_spec);
+/// The settings whose errors bound a tensor's outside critical regimes (auto_relaxed_bits > 0):
+/// the reference at auto_relaxed_bits, auto_relaxed_bits + 1, ..., one bit fewer than its own
+/// (empty with relaxed bits off). A calm tensor steps down this ladder one bit per choice.
+std::vector<CompressionSpec> AutoRelaxedLadder(const CompressionSpec& auto_spec);
 /// The short name of a candidate ("maxmin4", "topk0.01", "none"), as in auto_candidates.
 std::string CandidateToken(const CompressionSpec& spec);
 

@@ -54,6 +54,9 @@ struct CompressionOptions {
   /// auto: a tensor is in a critical regime while its gradient norm changed by at least this
   /// fraction between two choices (Accordion's eta).
   double auto_critical_change = 0.5;
+  /// auto: errors weighed per value, each tensor's over its mean square (the error of an update
+  /// normalized per coordinate, as Adam's), instead of absolute (L-GreCo's, SGD's).
+  bool auto_normalized = false;
 
   /// Calls f(SpecField, member of each of `self`...) for every field, in wire order:
   /// ForEach(f, a) visits one options, ForEach(f, a, b) two side by side.
@@ -71,6 +74,7 @@ struct CompressionOptions {
     f(SpecField{"interval", "interval", kFieldAuto}, self.auto_interval...);
     f(SpecField{"relaxed_bits", "relaxed_bits", kFieldAuto}, self.auto_relaxed_bits...);
     f(SpecField{"critical_change", "critical_change", kFieldAuto}, self.auto_critical_change...);
+    f(SpecField{"normalized", "normalized", kFieldAuto}, self.auto_normalized...);
   }
 };
 

@@ -175,16 +175,18 @@ TEST(RuntimeAuto, FewerBytesThanTheReferenceAtNoMoreErrorTheSameOnEveryRank) {
 }
 
 // Critical regimes (GRADCOMP_AUTO_RELAXED_BITS): every layer's gradient is a fixed direction
-// times a scale that halves every step until step 5 and then stays, plus noise. The choices
-// (every 2 steps, at steps 2, 4, 6, 8, ...) compare the gradient summed over the two steps
-// before them: it shrinks by 75% at steps 4 and 6 (critical: the reference's budget) and by 33%,
-// then 0%, at steps 8 and 10 (calm: maxmin2's budget, far fewer bytes).
-TEST(RuntimeAuto, RegimesKeepTheReferencesBudgetWhileTheGradientMovesAndTheRelaxedOneAfter) {
+// times a scale that halves every step until step 5, then stays, and is 4x larger from step 11
+// on, plus noise. The choices (every 2 steps, at steps 2, 4, 6, 8, ...) compare the gradient
+// summed over the two steps before them: it shrinks by 75% at step 6 (critical: the
+// reference's budget, 4 bits), by 33% at step 8 and not at all at step 10 (calm: the budget
+// steps down to maxmin3's, then to maxmin2's, far fewer bytes), and grows 2.5x at step 12
+// (critical again: back to the reference's).
+TEST(RuntimeAuto, RegimesKeepTheReferencesBudgetWhileTheGradientMovesAndStepDownToTheRelaxedOneAfter) {
   const int world = 3;
   const Gradients moving = [](size_t layer, size_t n, int rank, int step) {
     std::vector<float> v = Values(layer, n, rank, step);  // the noise, different every step
     std::vector<float> base = Values(layer, n, 0, 1000);  // the direction, the same at every step
-    const float scale = std::ldexp(1.0f, -std::min(step, 5));
+    const float scale = std::ldexp(1.0f, -std::min(step, 5) + (step >= 11 ? 2 : 0));
     for (size_t i = 0; i < n; ++i) v[i] = scale * (base[i] + 0.1f * v[i]);
     return v;
   };
@@ -194,36 +196,36 @@ TEST(RuntimeAuto, RegimesKeepTheReferencesBudgetWhileTheGradientMovesAndTheRelax
       {"GRADCOMP_AUTO_CANDIDATES", "fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2"},
       {"GRADCOMP_AUTO_INTERVAL", "2"},
       {"GRADCOMP_AUTO_RELAXED_BITS", "2"}};
-  // The last choice at step 6 (the third), at step 8 (the fourth) and at step 10 (the fifth);
-  // the bytes counted are those of that last step, which runs it.
+  // The last choice at step 6 (the third), 8, 10 and 12; the bytes counted are those of that
+  // last step, which runs it.
   const Trained at6 = Train(world, 7, vars, 7, moving), at8 = Train(world, 9, vars, 9, moving),
-                at10 = Train(world, 11, vars, 11, moving);
+                at10 = Train(world, 11, vars, 11, moving), at12 = Train(world, 13, vars, 13, moving);
   const auto bits = [](const std::string& s) { return s == "fp16" ? 16 : std::stoi(s.substr(s.find("bits=") + 5)); };
+  // Per choice: critical, its budget's bits, the norm's change.
+  const std::vector<std::tuple<const Trained*, bool, int, double>> expected = {
+      {&at6, true, 4, 0.75}, {&at8, false, 3, 1.0 / 3}, {&at10, false, 2, 0.0}, {&at12, true, 4, 1.5}};
   for (int r = 0; r < world; ++r) {
-    for (const Trained* run : {&at6, &at8, &at10}) {
+    for (const auto& [run, critical, budget, change] : expected) {
       EXPECT_EQ(run->out[r], run->out[0]) << "rank " << r << "'s results differ from rank 0's";
-    }
-    for (const Layer& l : kLayers) {
-      const AutoTensorReport& critical = at6.choices[r].at(l.name);
-      EXPECT_TRUE(critical.critical) << l.name << " on rank " << r;
-      EXPECT_NEAR(critical.norm_change, 0.75, 0.05) << l.name;
-      const AutoTensorReport& calm = at8.choices[r].at(l.name);
-      EXPECT_FALSE(calm.critical) << l.name << " on rank " << r;
-      EXPECT_NEAR(calm.norm_change, 1.0 / 3, 0.05) << l.name;
-      EXPECT_FALSE(at10.choices[r].at(l.name).critical) << l.name;
-      EXPECT_NEAR(at10.choices[r].at(l.name).norm_change, 0.0, 0.05) << l.name;
-      EXPECT_EQ(calm.setting, at8.choices[0].at(l.name).setting) << l.name << " on rank " << r;
-      // The relaxed setting's error is measured and reported with the rest (the flat layer is
-      // exact at any width).
-      if (l.name != "flat") {
-        EXPECT_GT(calm.relative_error.at("relaxed"), calm.relative_error.at("reference")) << l.name;
+      for (const Layer& l : kLayers) {
+        const AutoTensorReport& rep = run->choices[r].at(l.name);
+        EXPECT_EQ(rep.critical, critical) << l.name << " on rank " << r << " at choice " << rep.choice;
+        EXPECT_EQ(rep.budget_bits, budget) << l.name << " on rank " << r << " at choice " << rep.choice;
+        EXPECT_NEAR(rep.norm_change, change, 0.05) << l.name << " at choice " << rep.choice;
+        EXPECT_EQ(rep.setting, run->choices[0].at(l.name).setting) << l.name << " on rank " << r;
+        // The relaxed setting's error is measured and reported with the rest (the flat layer
+        // is exact at any width).
+        if (l.name != "flat") {
+          EXPECT_GT(rep.relative_error.at("relaxed"), rep.relative_error.at("reference")) << l.name;
+        }
       }
     }
   }
-  // The total squared error of a choice's settings, of the reference and of the relaxed
-  // setting, from the relative errors measured on step `measured` (every rank's norms summed).
+  // The total squared error of a choice's settings and of uniform maxmin at 4 (the reference),
+  // 3 and 2 bits (the relaxed), from the relative errors measured on step `measured` (every
+  // rank's norms summed).
   const auto totals = [&](const Trained& run, int measured) {
-    std::array<double, 3> e{};  // chosen, reference, relaxed
+    std::array<double, 4> e{};  // chosen, reference, maxmin3, relaxed
     for (size_t l = 0; l < kLayers.size(); ++l) {
       const size_t n = static_cast<size_t>(kLayers[l].shape[0] * kLayers[l].shape[1]);
       double norm2 = 0;
@@ -233,24 +235,70 @@ TEST(RuntimeAuto, RegimesKeepTheReferencesBudgetWhileTheGradientMovesAndTheRelax
       const AutoTensorReport& rep = run.choices[0].at(kLayers[l].name);
       const std::string s = rep.setting;
       const std::string token = s == "fp16" ? s : "maxmin" + std::to_string(bits(s));
-      const double err[3] = {rep.relative_error.at(token), rep.relative_error.at("reference"),
-                             rep.relative_error.at("relaxed")};
-      for (int k = 0; k < 3; ++k) e[k] += err[k] * err[k] * norm2;
+      const double err[4] = {rep.relative_error.at(token), rep.relative_error.at("reference"),
+                             rep.relative_error.at("maxmin3"), rep.relative_error.at("relaxed")};
+      for (int k = 0; k < 4; ++k) e[k] += err[k] * err[k] * norm2;
     }
     return e;
   };
-  // Critical (measured on step 5): within the reference's budget, the heavy tails above 2 bits.
-  const auto critical = totals(at6, 5);
-  EXPECT_LE(critical[0], 1.02 * critical[1]);
-  EXPECT_GT(bits(at6.choices[0].at("tails").setting), 2) << at6.choices[0].at("tails").setting;
-  // Calm (step 7): the relaxed budget, spent: every layer at 2 bits, the fewest candidates.
+  // Critical (measured on step 5, and 11): within the reference's budget, the heavy tails above
+  // 2 bits.
+  for (const auto& [run, measured] : {std::pair<const Trained*, int>{&at6, 5}, {&at12, 11}}) {
+    const auto critical = totals(*run, measured);
+    EXPECT_LE(critical[0], 1.02 * critical[1]) << "measured on step " << measured;
+    EXPECT_GT(bits(run->choices[0].at("tails").setting), 2) << run->choices[0].at("tails").setting;
+  }
+  // First calm choice (step 7): one bit down, maxmin3's budget, more than the reference's.
   const auto calm = totals(at8, 7);
   EXPECT_LE(calm[0], 1.02 * calm[2]);
-  EXPECT_GT(calm[0], 2 * calm[1]);
+  EXPECT_GT(calm[0], 1.5 * calm[1]);
+  // Second (step 9): the relaxed budget, spent: every layer at 2 bits, the fewest candidates.
+  const auto calmer = totals(at10, 9);
+  EXPECT_LE(calmer[0], 1.02 * calmer[3]);
+  EXPECT_GT(calmer[0], 2 * calmer[2]);
   for (const Layer& l : kLayers) {
-    EXPECT_EQ(at8.choices[0].at(l.name).setting, "maxmin(bits=2, bucket=512)") << l.name;
+    EXPECT_EQ(at10.choices[0].at(l.name).setting, "maxmin(bits=2, bucket=512)") << l.name;
   }
   EXPECT_LT(at8.wire_after_first_choice[0], at6.wire_after_first_choice[0]);
+  EXPECT_LT(at10.wire_after_first_choice[0], at8.wire_after_first_choice[0]);
+}
+
+// Normalized (GRADCOMP_AUTO_NORMALIZED): four Gaussian gradients, one 100x larger than the
+// others. The absolute error lets the small ones take fewer bits and pays with more bits for
+// the large one, whose error dominates the total; per value over each tensor's mean square (what
+// an update normalized per coordinate, as Adam's, loses) every tensor loses alike at the same
+// width, and no mix of widths beats the reference's 4 bits everywhere.
+TEST(RuntimeAuto, NormalizedErrorsWeighEveryTensorByItsOwnScale) {
+  const int world = 2;
+  const Gradients scaled = [](size_t layer, size_t n, int rank, int step) {
+    std::mt19937 gen(static_cast<unsigned>(1000 * step + 10 * rank + layer));
+    std::normal_distribution<float> d;
+    std::vector<float> v(n);
+    for (float& x : v) x = d(gen) * (layer == 0 ? 100.0f : 1.0f);
+    return v;
+  };
+  const auto bits = [](const std::string& s) { return std::stoi(s.substr(s.find("bits=") + 5)); };
+  for (const bool normalized : {false, true}) {
+    const Trained run = Train(world, 3, {{"GRADCOMP_COMPRESSION", "auto"},
+                                         {"GRADCOMP_BITS", "4"},
+                                         {"GRADCOMP_AUTO_CANDIDATES", "maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2"},
+                                         {"GRADCOMP_AUTO_INTERVAL", "2"},
+                                         {"GRADCOMP_AUTO_NORMALIZED", normalized ? "1" : "0"}},
+                              3, scaled);
+    ASSERT_EQ(run.auto_choices[0], 1u);
+    EXPECT_EQ(run.out[1], run.out[0]);
+    const auto& chose = run.choices[0];
+    if (normalized) {
+      for (const Layer& l : kLayers) EXPECT_EQ(bits(chose.at(l.name).setting), 4) << l.name;
+    } else {
+      EXPECT_GT(bits(chose.at("gauss").setting), 4) << chose.at("gauss").setting;
+      for (const Layer& l : kLayers) {
+        if (l.name != "gauss") {
+          EXPECT_LT(bits(chose.at(l.name).setting), 4) << l.name;
+        }
+      }
+    }
+  }
 }
 
 // Relaxed bits must be fewer than the reference's, and the threshold positive.

@@ -270,29 +270,60 @@ def test_auto_compression_chooses_per_array_records_its_choices_and_names_bad_ca
         gc.Compression.auto(reference={"codec": "topk"})
 
 
+def test_auto_compression_normalized_weighs_each_array_by_its_own_scale():
+    """Two Gaussian arrays, one 100x larger: under the absolute error (the default) the small
+    one's hardly counts, and it takes fewer bits; normalized (each array's error over its mean
+    square) keeps both at the reference's 4 bits."""
+    rng = np.random.default_rng(20 + gc.rank())
+    for normalized in (False, True):
+        spec = gc.Compression.auto(["maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2"], interval=2,
+                                   normalized=normalized)
+        prefix = f"np.normalized.{int(normalized)}."
+        for step in range(3):
+            for name, scale in (("large", 100.0), ("small", 1.0)):
+                gc.allreduce((scale * rng.normal(size=(256, 256))).astype(np.float32), name=prefix + name,
+                             compression=spec)
+        chose = {n[len(prefix):]: int(c["setting"].split("bits=")[1].split(",")[0])
+                 for n, c in gc.compression_choices().items() if n.startswith(prefix)}
+        if normalized:
+            assert chose == {"large": 4, "small": 4}, chose
+        else:
+            assert chose["large"] >= 4 > chose["small"], chose
+
+
 def test_auto_compression_with_relaxed_bits_reports_regimes_and_names_bad_settings():
     """Gradients of one distribution at every step: the summed gradient's norm hardly moves
     between choices, so from the second choice on (the first has nothing to compare with) every
-    array is calm and gets the relaxed budget: 2 bits here."""
+    array is calm, and its budget steps down one bit a choice from the reference's 4 bits to the
+    relaxed 2: maxmin3's at the second choice, maxmin2's (every array at 2 bits) at the third."""
     spec = gc.Compression.auto(["maxmin8", "maxmin4", "maxmin2"], interval=2, relaxed={"codec": "maxmin", "bits": 2})
     assert spec["relaxed_bits"] == 2 and spec["critical_change"] == 0.5
     rng = np.random.default_rng(10 + gc.rank())
     seen = []
-    for step in range(5):
+    for step in range(7):
         for name in ("np.regime.a", "np.regime.b"):
             gc.allreduce(rng.normal(size=(256, 256)).astype(np.float32), name=name, compression=spec)
-        if step in (2, 4):  # the choices at steps 3 and 5
+        if step in (2, 4, 6):  # the choices at steps 3, 5 and 7
             seen.append({n: c for n, c in gc.compression_choices().items() if n.startswith("np.regime.")})
-    first, second = seen
+    first, second, third = seen
     for name in ("np.regime.a", "np.regime.b"):
         assert first[name]["critical"] and first[name]["norm_change"] == -1, first[name]
+        assert first[name]["budget_bits"] == 4, first[name]
         c = second[name]
-        assert not c["critical"] and 0 <= c["norm_change"] < 0.1, c
+        assert not c["critical"] and 0 <= c["norm_change"] < 0.1 and c["budget_bits"] == 3, c
+        # maxmin3 is no candidate: its error is measured as a step of the ladder.
+        assert c["relative_error"]["relaxed"] > c["relative_error"]["maxmin3"] > c["relative_error"]["reference"], c
+        c = third[name]
+        assert not c["critical"] and 0 <= c["norm_change"] < 0.1 and c["budget_bits"] == 2, c
         assert c["setting"] == "maxmin(bits=2, bucket=512)", c
         assert c["relative_error"]["relaxed"] == c["relative_error"]["maxmin2"] > c["relative_error"]["reference"], c
-    mine = repr(sorted((n, c["setting"], c["critical"]) for n, c in second.items())).encode()
+    mine = repr(sorted((n, c["setting"], c["critical"]) for n, c in third.items())).encode()
     everyone = gc.allgather(np.frombuffer(hashlib.sha256(mine).digest(), np.uint8)[None], name="np.regime.check")
     assert (everyone == everyone[0]).all()
+    normalized = gc.Compression.auto(relaxed=2, normalized=True)
+    assert normalized["normalized"] is True and spec["normalized"] is False
+    with pytest.raises(ValueError, match="normalized must be True or False, got 'yes'"):
+        gc.Compression.auto(normalized="yes")
     with pytest.raises(ValueError, match="relaxed must have from 1 to fewer than the reference's 4 bits"):
         gc.Compression.auto(relaxed={"codec": "maxmin", "bits": 4})
     with pytest.raises(ValueError, match=r"relaxed may differ from the reference in its bits only; \['bucket_size'\]"):

@@ -109,10 +109,10 @@ TEST(Messages, CorruptCountsAndEnumsAreRejectedWithWhatIsWrong) {
   r.names = {"w"};
   std::string rbytes = SerializeResponses({r});
   // Shape-list count of the response: after type, error, names, dtype, op, root, scales, spec
-  // (its fields in CompressionOptions::ForEach order, the last three auto's interval, relaxed
-  // bits and critical change).
+  // (its fields in CompressionOptions::ForEach order, the last four auto's interval, relaxed
+  // bits, critical change and normalized).
   const size_t spec =
-      (8 + 4) + 4 + 8 + 1 + 1 + 1 + 8 + 8 + 1 + (8 + r.compression.auto_candidates.size()) + 8 + 4 + 8;
+      (8 + 4) + 4 + 8 + 1 + 1 + 1 + 8 + 8 + 1 + (8 + r.compression.auto_candidates.size()) + 8 + 4 + 8 + 1;
   const size_t at = 8 + 1 + 8 + 8 + (8 + 1) + 1 + 1 + 4 + 8 + 8 + spec;
   std::memcpy(&rbytes[at], &count, 8);
   expect_error([&] { ParseResponses(rbytes); },

@@ -140,7 +140,7 @@ _CODECS = tuple(name for name, _ in _core.codecs()) + ("auto",)
 AUTO_CANDIDATES = ("none", "fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2")
 
 
-def auto_spec(candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5):
+def auto_spec(candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5, normalized=False):
     """The runtime's spec of adaptive compression: every `interval` steps each tensor gets the
     setting among `candidates` (names: none, fp16, bf16, maxminB, topkR) that puts the fewest
     bytes on the wire while the model's total squared error stays at most what `reference` (a
@@ -150,8 +150,13 @@ def auto_spec(candidates=None, reference=None, interval=100, relaxed=None, criti
     With `relaxed` (a maxmin spec dict of fewer bits than the reference, or its bits), only
     tensors in a critical regime keep the reference's error budget (Accordion): those whose
     gradient, summed over the steps between two choices, moved in norm by `critical_change` (a
-    fraction) or more since the previous choice, and every tensor at its first choice; the
-    others get the relaxed setting's budget."""
+    fraction) or more since the previous choice, and every tensor at its first choice. A calm
+    tensor's budget steps down one bit a choice (the error of maxmin at one bit fewer than its
+    previous budget), down to the relaxed setting's.
+
+    With `normalized`, each tensor's error counts over its values' mean square: the error of an
+    update normalized per coordinate (Adam and its kin), where the absolute error (the default,
+    L-GreCo's) lets a tensor of small gradients take few bits."""
     candidates = AUTO_CANDIDATES if candidates is None else candidates
     if isinstance(candidates, str):
         candidates = [candidates]
@@ -185,8 +190,10 @@ def auto_spec(candidates=None, reference=None, interval=100, relaxed=None, criti
     if isinstance(critical_change, bool) or not isinstance(critical_change, (int, float)) or \
             not 0 < critical_change < float("inf"):
         raise ValueError(f"auto compression: critical_change must be a positive fraction, got {critical_change!r}")
+    if not isinstance(normalized, bool):
+        raise ValueError(f"auto compression: normalized must be True or False, got {normalized!r}")
     spec.update(codec="auto", candidates=",".join(candidates), interval=interval, relaxed_bits=relaxed_bits,
-                critical_change=float(critical_change))
+                critical_change=float(critical_change), normalized=normalized)
     return spec
 
 
@@ -197,6 +204,8 @@ def compression_choices():
     ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
     gradient plus the residual the tensor carries (empty for a spec without error feedback),
     "critical": whether the choice found it in a critical regime (always True without relaxed),
+    "budget_bits": the maxmin width whose error bounded its choice (the reference's while
+    critical; with relaxed, one bit fewer each calm choice since, down to the relaxed bits),
     "norm_change": how far the norm of its gradient summed between choices moved since the
     choice before, as a fraction (-1: none before)}} (empty before the first choice)."""
     return dict(_rt().compression_choices())

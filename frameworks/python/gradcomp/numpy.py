@@ -30,11 +30,12 @@ class Compression:
     """Compression specs for `compression=` (a codec name or a dict works too)."""
 
     @staticmethod
-    def auto(candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5):
+    def auto(candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5, normalized=False):
         """Adaptive compression (gradcomp.basics.auto_spec): `reference` is a maxmin spec dict
         such as {"codec": "maxmin", "bits": 4, "error_feedback": True}; `relaxed` a maxmin spec
-        dict of fewer bits (or the bits), the budget outside critical regimes."""
-        return _b.auto_spec(candidates, reference, interval, relaxed, critical_change)
+        dict of fewer bits (or the bits), where the budget of a calm tensor steps down to, one bit
+        a choice; `normalized` weighs each tensor's error over its mean square (Adam and its kin)."""
+        return _b.auto_spec(candidates, reference, interval, relaxed, critical_change, normalized)
 
 
 # numpy dtype -> the core's DataType code (numpy has no bfloat16).

@@ -104,12 +104,16 @@ class Auto(Compressor):
     runs the reference. With `relaxed` (a ``Compression.maxmin(...)`` of fewer bits, or the
     bits), only tensors in a critical regime keep the reference's budget (Accordion: their
     gradient summed between two choices moved in norm by `critical_change` or more since the
-    previous choice, or it is their first); the others get the relaxed setting's. See
+    previous choice, or it is their first); a calm tensor's budget steps down one bit a choice
+    (the error of maxmin at one bit fewer) to the relaxed setting's. `normalized=True` weighs
+    each tensor's error over its values' mean square, for optimizers that normalize the update
+    per coordinate (Adam and its kin; the absolute error, the default, suits SGD). See
     ``gradcomp.torch.compression_choices()``."""
 
     name = "auto"
 
-    def __init__(self, candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5):
+    def __init__(self, candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5,
+                 normalized=False):
         if reference is None:
             reference = MaxMin(4)
         if not isinstance(reference, MaxMin):
@@ -120,13 +124,14 @@ class Auto(Compressor):
         self.reference = reference
         self.relaxed = relaxed
         self.spec = _b.auto_spec(candidates, reference.spec, interval,
-                                 relaxed.spec if isinstance(relaxed, MaxMin) else relaxed, critical_change)
+                                 relaxed.spec if isinstance(relaxed, MaxMin) else relaxed, critical_change, normalized)
 
     def __repr__(self):
         relaxed = "" if self.relaxed is None else \
             f", relaxed={self.relaxed!r}, critical_change={self.spec['critical_change']}"
+        normalized = ", normalized=True" if self.spec["normalized"] else ""
         return (f"Compression.auto(candidates={self.spec['candidates'].split(',')}, reference={self.reference!r}, "
-                f"interval={self.spec['interval']}{relaxed})")
+                f"interval={self.spec['interval']}{relaxed}{normalized})")
 
 
 class PowerSGD(Compressor):
