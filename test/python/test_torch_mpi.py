@@ -615,12 +615,17 @@ def test_auto_compression_trains_a_two_million_parameter_model_with_fewer_bytes_
     assert runs["auto"] < 0.9 * runs["reference"], (runs, settings)
 
 
-def test_auto_compression_relaxed_is_a_maxmin_of_fewer_bits():
+def test_auto_compression_relaxed_is_a_maxmin_of_fewer_bits_and_normalized_a_flag():
     auto = hvd.Compression.auto(relaxed=hvd.Compression.maxmin(2), critical_change=0.3)
     assert auto.spec["relaxed_bits"] == 2 and auto.spec["critical_change"] == 0.3
     assert "relaxed=Compression.maxmin(bits=2" in repr(auto) and "critical_change=0.3" in repr(auto)
     assert hvd.Compression.auto(relaxed=1).spec["relaxed_bits"] == 1
     assert hvd.Compression.auto().spec["relaxed_bits"] == 0
+    normalized = hvd.Compression.auto(relaxed=1, normalized=True)
+    assert normalized.spec["normalized"] is True and "normalized=True" in repr(normalized)
+    assert hvd.Compression.auto().spec["normalized"] is False and "normalized" not in repr(hvd.Compression.auto())
+    with pytest.raises(ValueError, match="normalized must be True or False, got 1"):
+        hvd.Compression.auto(normalized=1)
     with pytest.raises(ValueError, match="relaxed must be a Compression.maxmin"):
         hvd.Compression.auto(relaxed=hvd.Compression.topk(0.01))
     with pytest.raises(ValueError, match="fewer than the reference's 3 bits"):
