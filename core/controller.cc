@@ -147,21 +147,45 @@ std::vector<uint64_t> Controller::CycleWords(CycleInput& input, Clock::time_poin
 
 std::vector<Response> Controller::TakeReadyFromCache(const std::vector<uint64_t>& words) {
   const size_t cap = cache_.capacity(), nw = Words(cap);
-  FusionPlanner from_cache(static_cast<int64_t>(fusion_threshold_mb() * 1024 * 1024));
+  // Positions ready everywhere and kept everywhere, a word at a time (position order).
+  std::vector<size_t> ready;
+  bool prioritized = false;
   for (size_t w = 0; w < nw; ++w) {
-    // Positions ready everywhere and kept everywhere, a word at a time.
     for (uint64_t bits = words[1 + w] & words[1 + nw + w]; bits != 0; bits &= bits - 1) {
       const size_t pos = w * 64 + static_cast<size_t>(__builtin_ctzll(bits));
       if (pos >= cap) break;
-      Pending& p = pending_[pos];
-      if (p.active) {
-        p.active = false;
-        p.request = Request{};
-        --pending_count_;
-      }
-      from_cache.Add(cache_.Get(pos));
-      ++cache_hits_;
+      ready.push_back(pos);
+      prioritized = prioritized || cache_.Get(pos).Priority() != 0;
     }
+  }
+  // With priorities, the most urgent first, and only up to the scheduling credit this cycle:
+  // the rest stay pending (their bits are set again next cycle), so that a more urgent tensor
+  // that becomes ready while these run goes before them. The cache is identical on every
+  // rank, so is this choice.
+  int64_t credit = 0;
+  if (prioritized) {
+    std::stable_sort(ready.begin(), ready.end(),
+                     [&](size_t a, size_t b) { return cache_.Get(a).Priority() < cache_.Get(b).Priority(); });
+    credit = static_cast<int64_t>(settings_.scheduling_credit_mb * 1024 * 1024);
+  }
+  FusionPlanner from_cache(static_cast<int64_t>(fusion_threshold_mb() * 1024 * 1024));
+  int64_t taken = 0;
+  for (size_t pos : ready) {
+    if (credit > 0 && taken >= credit) {
+      ++deferred_;
+      pending_[pos].since = Clock::now();  // ready everywhere: not a stall
+      continue;
+    }
+    Pending& p = pending_[pos];
+    if (p.active) {
+      p.active = false;
+      p.request = Request{};
+      --pending_count_;
+    }
+    const Response& r = cache_.Get(pos);
+    taken += r.PayloadBytes();
+    from_cache.Add(r);
+    ++cache_hits_;
   }
   return from_cache.Take();
 }
@@ -275,6 +299,7 @@ std::vector<Response> Controller::CoordinatorReady() {
   const std::set<int> joined(join_order_.begin(), join_order_.end());
   std::vector<Response> ready;
   std::vector<std::string> still_waiting;
+  bool prioritized = false;
   for (const std::string& name : arrival_order_) {
     const TableEntry& entry = table_.at(name);
     bool complete = true;
@@ -284,11 +309,19 @@ std::vector<Response> Controller::CoordinatorReady() {
       continue;
     }
     ready.push_back(BuildResponse(name, entry));
+    prioritized = prioritized || ready.back().Priority() != 0;
     timeline_.End(name, "NEGOTIATE");
     stall_.Remove(name);
     table_.erase(name);
   }
   arrival_order_.swap(still_waiting);
+  if (prioritized) {
+    // The most urgent allreduces first (the others, errors included, after them in arrival order).
+    const auto key = [](const Response& r) {
+      return r.type == RequestType::kAllreduce && r.error.empty() ? r.Priority() : INT64_MAX;
+    };
+    std::stable_sort(ready.begin(), ready.end(), [&](const Response& a, const Response& b) { return key(a) < key(b); });
+  }
   if (!join_order_.empty() && static_cast<int>(join_order_.size()) == size_) {
     Response join;
     join.type = RequestType::kJoin;
@@ -340,7 +373,8 @@ bool FieldsAgree(const std::map<int, Request>& by_rank, const std::string& what,
     if (!check("op", [](const Request& r) { return std::string(ReduceOpName(r.op)); }) ||
         !check("prescale factor", [](const Request& r) { return Double(r.prescale); }) ||
         !check("postscale factor", [](const Request& r) { return Double(r.postscale); }) ||
-        !check("compression", [](const Request& r) { return r.compression.Describe(); })) {
+        !check("compression", [](const Request& r) { return r.compression.Describe(); }) ||
+        !check("priority", [](const Request& r) { return std::to_string(r.priority); })) {
       return false;
     }
   }
@@ -364,6 +398,7 @@ Response Controller::BuildResponse(const std::string& name, const TableEntry& en
   resp.postscale = ref.postscale;
   resp.compression = ref.compression;
   resp.shapes = {ref.shape};
+  resp.priorities = {ref.priority};
   // Device communicators only when every rank has the tensor in device memory (and none joined:
   // a joined rank has no device buffer to contribute from).
   resp.on_device = join_order_.empty() && static_cast<int>(entry.by_rank.size()) == size_;

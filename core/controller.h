@@ -92,6 +92,8 @@ class Controller {
   /// Number of tensors answered from the cache / by the coordinator so far (for tests; the
   /// counts are updated before the tensors execute).
   uint64_t cache_hits() const { return cache_hits_; }
+  /// Ready cached tensors left for a later cycle by the scheduling credit (so far).
+  uint64_t deferred() const { return deferred_; }
   uint64_t coordinator_responses() const { return coordinator_responses_; }
   const ResponseCache& cache() const { return cache_; }
   /// The fusion threshold and cycle time in force (GRADCOMP_AUTOTUNE changes them; thread-safe).
@@ -150,6 +152,7 @@ class Controller {
   Clock::time_point last_stall_check_;
   std::unique_ptr<Autotuner> tuner_;  // GRADCOMP_AUTOTUNE: one more agreement word, rank 0's
   uint64_t cache_hits_ = 0;
+  uint64_t deferred_ = 0;
   uint64_t coordinator_responses_ = 0;
 };
 

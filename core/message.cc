@@ -1,5 +1,6 @@
 #include "core/message.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <type_traits>
@@ -29,6 +30,10 @@ int64_t Response::PayloadBytes() const {
   return total;
 }
 
+int64_t Response::Priority() const {
+  return priorities.empty() ? 0 : *std::min_element(priorities.begin(), priorities.end());
+}
+
 Response Response::Single(size_t k) const {
   Response s;
   s.type = type;
@@ -44,6 +49,7 @@ Response Response::Single(size_t k) const {
   s.rank_dims = rank_dims;  // only unfused types carry rank_dims
   s.last_joined = last_joined;
   s.on_device = on_device;
+  if (k < priorities.size()) s.priorities = {priorities[k]};
   return s;
 }
 
@@ -99,8 +105,8 @@ uint64_t MinSpecBytes() {
   return w.Take().size();
 }
 const uint64_t kMinSpecBytes = MinSpecBytes();
-const uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 1;
-const uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4 + 1;
+const uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 1 + 4;
+const uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4 + 1 + 8;
 
 class Reader {
  public:
@@ -187,6 +193,7 @@ std::string SerializeRequests(const std::vector<Request>& requests) {
     w.Spec(r.compression);
     w.Ints(r.splits);
     w.Pod(static_cast<uint8_t>(r.on_device));
+    w.Pod(r.priority);
   }
   return w.Take();
 }
@@ -207,6 +214,7 @@ std::vector<Request> ParseRequests(const std::string& bytes) {
     r.compression = rd.Spec();
     r.splits = rd.Ints();
     r.on_device = rd.Pod<uint8_t>() != 0;
+    r.priority = rd.Pod<int32_t>();
   }
   GC_ENFORCE(rd.Done(), "trailing bytes after the request list");
   return out;
@@ -231,6 +239,7 @@ std::string SerializeResponses(const std::vector<Response>& responses) {
     w.Ints(r.rank_dims);
     w.Pod(r.last_joined);
     w.Pod(static_cast<uint8_t>(r.on_device));
+    w.Ints(r.priorities);
   }
   return w.Take();
 }
@@ -254,6 +263,7 @@ std::vector<Response> ParseResponses(const std::string& bytes) {
     r.rank_dims = rd.Ints();
     r.last_joined = rd.Pod<int32_t>();
     r.on_device = rd.Pod<uint8_t>() != 0;
+    r.priorities = rd.Ints();
   }
   GC_ENFORCE(rd.Done(), "trailing bytes after the response list");
   return out;

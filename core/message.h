@@ -42,6 +42,9 @@ struct Request {
   std::vector<int64_t> splits;
   /// The tensor lives in a device's memory on this rank (allreduce, broadcast).
   bool on_device = false;
+  /// Scheduling order among tensors ready at once: lower runs first (default 0; see
+  /// GRADCOMP_SCHEDULING_CREDIT_MB in core/controller.h). Must agree across ranks.
+  int32_t priority = 0;
 
   /// Product of the shape (1 for a scalar).
   int64_t NumElements() const;
@@ -70,9 +73,13 @@ struct Response {
   /// The tensors are in device memory on every rank (and no rank has joined): the executor may
   /// hand them to communicators that take device memory.
   bool on_device = false;
+  /// Every tensor's priority (the requests'); empty reads as all 0.
+  std::vector<int64_t> priorities;
 
   /// Bytes of the named tensors' payload (for fusion decisions).
   int64_t PayloadBytes() const;
+  /// The most urgent (lowest) priority among the tensors.
+  int64_t Priority() const;
   /// The response of tensor k alone (a fused response unfused), without copying the others.
   Response Single(size_t k) const;
 };

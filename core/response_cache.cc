@@ -15,7 +15,8 @@ namespace {
 // allgather / alltoall; this rank's part must match its request.)
 bool Matches(const Request& req, const Response& resp, int rank) {
   if (req.type != resp.type || req.dtype != resp.dtype || req.op != resp.op || req.root != resp.root ||
-      req.prescale != resp.prescale || req.postscale != resp.postscale || req.compression != resp.compression) {
+      req.prescale != resp.prescale || req.postscale != resp.postscale || req.compression != resp.compression ||
+      req.priority != resp.Priority()) {
     return false;
   }
   // A response for device memory needs this rank's tensor there; one staged through the host

@@ -218,9 +218,11 @@ CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_
 
 std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                            const void* input, void* output, ReduceOp op, double prescale,
-                                           double postscale, const CompressionSpec* compression, Placement placement) {
-  return Submit(AllreduceRequest(name, dtype, shape, op, prescale, postscale, compression), input, output,
-                placement);
+                                           double postscale, const CompressionSpec* compression, Placement placement,
+                                           int32_t priority) {
+  Request r = AllreduceRequest(name, dtype, shape, op, prescale, postscale, compression);
+  r.priority = priority;
+  return Submit(std::move(r), input, output, placement);
 }
 
 Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
@@ -256,7 +258,8 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
                                                                const std::vector<void*>& outputs, ReduceOp op,
                                                                double prescale, double postscale,
                                                                const CompressionSpec* compression,
-                                                               const std::vector<Placement>& placements) {
+                                                               const std::vector<Placement>& placements,
+                                                               int32_t priority) {
   if (shapes.size() != names.size() || inputs.size() != names.size() || outputs.size() != names.size()) {
     throw InvalidArgument("grouped allreduce needs one shape, input and output per name");
   }
@@ -270,6 +273,7 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
   std::vector<std::shared_ptr<Handle>> handles;
   for (size_t i = 0; i < names.size(); ++i) {
     requests.push_back(AllreduceRequest(names[i], dtype, shapes[i], op, prescale, postscale, compression));
+    requests.back().priority = priority;
     const Placement placement = placements.empty() ? Placement{} : placements[placements.size() == 1 ? 0 : i];
     entries.push_back(NewEntry(inputs[i], outputs[i], placement));
     requests.back().on_device = entries.back().device != nullptr;
@@ -365,6 +369,7 @@ RuntimeStats Runtime::stats() const {
   std::lock_guard<std::mutex> lock(state_mu_);
   RuntimeStats s = stats_;
   s.cache_hits = controller_.cache_hits();
+  s.scheduling_deferrals = controller_.deferred();
   s.compressed_bytes_in = executor_.compressed_bytes_in();
   s.compressed_bytes_on_wire = executor_.compressed_bytes_on_wire();
   s.uncompressed_sra_responses = executor_.uncompressed_sra_responses();

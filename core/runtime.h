@@ -55,6 +55,7 @@ struct Placement {
 struct RuntimeStats {
   uint64_t cycles = 0;
   uint64_t cache_hits = 0;
+  uint64_t scheduling_deferrals = 0;  ///< ready tensors left for a later cycle by the credit
   uint64_t coordinator_responses = 0;
   uint64_t executed_responses = 0;  ///< fused responses count once
   uint64_t executed_tensors = 0;
@@ -107,10 +108,13 @@ class Runtime {
 
   /// output = op over ranks of input (output may equal input). Compression follows the
   /// settings and the layer filter (CompressionFor) unless `compression` overrides it.
+  /// `priority`: among tensors ready at once, lower runs first, and with priorities in use a
+  /// cycle runs only GRADCOMP_SCHEDULING_CREDIT_MB of them (Request::priority); the same on
+  /// every rank.
   std::shared_ptr<Handle> Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     const void* input, void* output, ReduceOp op, double prescale = 1.0,
                                     double postscale = 1.0, const CompressionSpec* compression = nullptr,
-                                    Placement placement = {});
+                                    Placement placement = {}, int32_t priority = 0);
   /// Several allreduces negotiated in the same cycle (and fused where they fit). `placements`:
   /// none (all on the host), one for all, or one per tensor.
   std::vector<std::shared_ptr<Handle>> GroupedAllreduce(const std::vector<std::string>& names, DataType dtype,
@@ -119,7 +123,8 @@ class Runtime {
                                                         const std::vector<void*>& outputs, ReduceOp op,
                                                         double prescale = 1.0, double postscale = 1.0,
                                                         const CompressionSpec* compression = nullptr,
-                                                        const std::vector<Placement>& placements = {});
+                                                        const std::vector<Placement>& placements = {},
+                                                        int32_t priority = 0);
   /// The compression an allreduce of this tensor gets from the settings: none for non-float
   /// dtypes, ops other than sum/average, tensors with fewer than GRADCOMP_MIN_SIZE elements
   /// and one-dimensional tensors (biases, norms); the configured codec otherwise.

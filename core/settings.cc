@@ -67,6 +67,11 @@ const std::vector<Entry>& Registry() {
        0, 65536},
       {"GRADCOMP_CYCLE_TIME_MS", nullptr, Kind::kFloat, Of(&Settings::cycle_time_ms), "1",
        "longest the background thread gathers newly enqueued tensors before negotiating them (less once enqueues pause or a caller waits on a handle)", 0, 10000},
+      {"GRADCOMP_SCHEDULING_CREDIT_MB", nullptr, Kind::kFloat, Of(&Settings::scheduling_credit_mb), "16",
+       "when ready tensors carry priorities (DistributedOptimizer's overlap_forward), each cycle runs the most "
+       "urgent up to this many MB and leaves the rest for the next, so a more urgent tensor that becomes ready "
+       "meanwhile goes first (0: all ready tensors every cycle)",
+       0, 65536},
       {"GRADCOMP_CACHE_CAPACITY", nullptr, Kind::kInt, Of(&Settings::cache_capacity), "1024",
        "entries of the response cache that skips coordinator round trips in steady state (0 disables it)", 0,
        1e9},

@@ -155,13 +155,13 @@ std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& o
 // Every buffer is (address, dtype code, shape); `keep` owns the memory until completion.
 PyHandle AllreduceAsync(Runtime& rt, uintptr_t input, uintptr_t output, int dtype, const std::vector<int64_t>& shape,
                         const std::string& name, int op, double pre, double post, const py::object& compression,
-                        py::object keep, int device, uintptr_t stream) {
+                        py::object keep, int device, uintptr_t stream, int32_t priority) {
   const std::string what = "allreduce of '" + name + "'";
   const DataType dt = DtypeFromInt(dtype, what);
   const std::optional<CompressionSpec> spec = SpecFrom(compression);
   const Where where(device, stream, what);
   auto h = rt.Allreduce(name, dt, shape, Ptr(input), MutablePtr(output), ReduceOpFromInt(op), pre, post,
-                        spec ? &*spec : nullptr, where.placement());
+                        spec ? &*spec : nullptr, where.placement(), priority);
   return PyHandle{h, std::move(keep)};
 }
 
@@ -169,7 +169,7 @@ std::vector<PyHandle> GroupedAllreduceAsync(Runtime& rt, const std::vector<uintp
                                             const std::vector<std::vector<int64_t>>& shapes,
                                             const std::vector<std::string>& names, int op, double pre, double post,
                                             const py::object& compression, py::object keep, int device,
-                                            uintptr_t stream) {
+                                            uintptr_t stream, int32_t priority) {
   if (buffers.size() != names.size() || buffers.size() != shapes.size() || buffers.empty()) {
     throw InvalidArgument("grouped allreduce needs one name and shape per tensor (and at least one tensor)");
   }
@@ -183,7 +183,7 @@ std::vector<PyHandle> GroupedAllreduceAsync(Runtime& rt, const std::vector<uintp
   const std::optional<CompressionSpec> spec = SpecFrom(compression);
   const Where where(device, stream, "grouped allreduce of '" + names[0] + "'");
   auto hs = rt.GroupedAllreduce(names, dt, shapes, ins, outs, ReduceOpFromInt(op), pre, post,
-                                spec ? &*spec : nullptr, {where.placement()});
+                                spec ? &*spec : nullptr, {where.placement()}, priority);
   std::vector<PyHandle> out;
   for (auto& h : hs) out.push_back(PyHandle{h, keep});
   return out;
@@ -194,6 +194,7 @@ py::dict StatsDict(const Runtime& rt) {
   py::dict d;
   d["cycles"] = s.cycles;
   d["cache_hits"] = s.cache_hits;
+  d["scheduling_deferrals"] = s.scheduling_deferrals;
   d["coordinator_responses"] = s.coordinator_responses;
   d["executed_responses"] = s.executed_responses;
   d["executed_tensors"] = s.executed_tensors;
@@ -256,12 +257,14 @@ void BindRuntime(py::module& m) {
            &AllreduceAsync,
            py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"), py::arg("device") = -1,
-           py::arg("stream") = 0, "device: -1 for host memory, else the GPU ordinal; stream: its cudaStream_t")
+           py::arg("stream") = 0, py::arg("priority") = 0,
+           "device: -1 for host memory, else the GPU ordinal; stream: its cudaStream_t; priority: lower runs first")
       .def("grouped_allreduce_async",
            &GroupedAllreduceAsync,
            py::arg("buffers"), py::arg("dtype"), py::arg("shapes"), py::arg("names"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"), py::arg("device") = -1,
-           py::arg("stream") = 0, "In-place allreduce of every buffer, negotiated as one group")
+           py::arg("stream") = 0, py::arg("priority") = 0,
+           "In-place allreduce of every buffer, negotiated as one group")
       .def(
           "allgather_async",
           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
@@ -314,6 +317,9 @@ void BindRuntime(py::module& m) {
           py::arg("postscale"), py::arg("keep"), py::arg("device") = -1, py::arg("stream") = 0)
       .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
       .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; })
+      .def_property_readonly(
+          "scheduling_credit_mb", [](const Runtime& rt) { return rt.settings().scheduling_credit_mb; },
+          "GRADCOMP_SCHEDULING_CREDIT_MB: MB of prioritized tensors a cycle runs (0: no limit)")
       .def("default_compression",
            [](const Runtime& rt) { return py::make_tuple(SpecDict(rt.settings().compression), rt.settings().min_size); },
            "(the settings' compression spec, the layer filter's minimum size)")

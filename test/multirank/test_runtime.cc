@@ -320,6 +320,58 @@ TEST(Runtime, SmallTensorsAreFusedAndIncompatibleOnesAreNot) {
   EXPECT_EQ(Failures(results), "");
 }
 
+// Priorities with a scheduling credit: tensors ready together run most urgent first, a credit's
+// worth a cycle, so an urgent tensor enqueued while a backlog runs overtakes the rest of it
+// (what DistributedOptimizer's overlap_forward relies on). Without the credit the backlog runs
+// in the cycle that found it ready, and the urgent tensor after all of it.
+TEST(Runtime, AnUrgentTensorOvertakesABacklogOfLessUrgentOnesUnderTheSchedulingCredit) {
+  constexpr int kLow = 16;
+  constexpr size_t kCount = 256 * 1024;  // 1 MB of float32 each
+  for (const double credit_mb : {1.0, 0.0}) {
+    Settings settings = Settings::FromMap({{"GRADCOMP_SCHEDULING_CREDIT_MB", std::to_string(credit_mb)}});
+    const auto results = WithRuntimes(3, [&](Runtime& rt) -> std::string {
+      const float me = static_cast<float>(rt.rank());
+      std::vector<std::vector<float>> low(kLow);
+      std::vector<float> urgent;
+      for (int step = 0; step < 3; ++step) {  // the first step fills the response cache
+        std::vector<std::string> names;
+        std::vector<Shape> shapes;
+        std::vector<const void*> ins;
+        std::vector<void*> outs;
+        for (int i = 0; i < kLow; ++i) {
+          low[i].assign(kCount, me + static_cast<float>(i));
+          names.push_back("low." + std::to_string(i));
+          shapes.push_back({static_cast<int64_t>(kCount)});
+          ins.push_back(low[i].data());
+          outs.push_back(low[i].data());
+        }
+        auto lows = rt.GroupedAllreduce(names, DataType::kFloat32, shapes, ins, outs, ReduceOp::kSum, 1.0, 1.0,
+                                        nullptr, {}, /*priority=*/5);
+        lows[0]->Wait();
+        urgent.assign(kCount, 10.0f * me);
+        auto h = rt.Allreduce("urgent", DataType::kFloat32, {static_cast<int64_t>(kCount)}, urgent.data(),
+                              urgent.data(), ReduceOp::kSum, 1.0, 1.0, nullptr, {}, /*priority=*/1);
+        h->Wait();
+        const bool backlog_left = !lows[kLow - 1]->Poll();
+        for (auto& l : lows) l->Wait();
+        if (urgent[kCount - 1] != 30.0f) return "urgent sum " + std::to_string(urgent[kCount - 1]);
+        for (int i = 0; i < kLow; ++i) {
+          if (low[i][0] != 3.0f + 3.0f * static_cast<float>(i)) return "low." + std::to_string(i) + " sum";
+        }
+        if (step == 0) continue;
+        if (credit_mb > 0 && !backlog_left) {
+          return "step " + std::to_string(step) + ": the urgent tensor waited for the whole backlog";
+        }
+        if (credit_mb == 0 && backlog_left) return "without a credit the backlog should run in one cycle";
+      }
+      const uint64_t deferrals = rt.stats().scheduling_deferrals;
+      if ((credit_mb > 0) != (deferrals > 0)) return "scheduling deferrals " + std::to_string(deferrals);
+      return "";
+    }, settings);
+    EXPECT_EQ(Failures(results), "") << "credit " << credit_mb << " MB";
+  }
+}
+
 TEST(Runtime, JoinedRanksContributeZerosAndJoinReturnsTheLastRank) {
   const auto results = WithRuntimes(3, [&](Runtime& rt) -> std::string {
     const int me = rt.rank();
@@ -352,6 +404,8 @@ TEST(RuntimeErrors, MismatchesFailEveryRankNamingTensorFieldAndValues) {
     auto op = rt.Allreduce("z", DataType::kFloat32, {2}, buf.data(), buf.data(),
                            me == 0 ? ReduceOp::kSum : ReduceOp::kMax);
     auto root = rt.Broadcast("r", DataType::kFloat32, {2}, buf.data(), me);
+    auto priority = rt.Allreduce("p", DataType::kFloat32, {2}, buf.data(), buf.data(), ReduceOp::kSum, 1.0, 1.0,
+                                 nullptr, {}, me == 0 ? 3 : 7);
     auto kind = me == 0 ? rt.Allreduce("k", DataType::kFloat32, {2}, buf.data(), buf.data(), ReduceOp::kSum)
                         : rt.Allgather("k", DataType::kFloat32, {2}, buf.data());
     const std::pair<std::shared_ptr<Handle>, std::string> want[] = {
@@ -359,6 +413,7 @@ TEST(RuntimeErrors, MismatchesFailEveryRankNamingTensorFieldAndValues) {
         {shape, "mismatched shape for allreduce of tensor 'y': rank 0 [2, 3], rank 1 [3, 2]"},
         {op, "mismatched op for allreduce of tensor 'z': rank 0 sum, rank 1 max"},
         {root, "mismatched root rank for broadcast of tensor 'r': rank 0 0, rank 1 1"},
+        {priority, "mismatched priority for allreduce of tensor 'p': rank 0 3, rank 1 7"},
         {kind, "mismatched operation for allreduce of tensor 'k': rank 0 allreduce, rank 1 allgather"},
     };
     for (const auto& [h, text] : want) {
