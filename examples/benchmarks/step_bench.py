@@ -20,6 +20,10 @@ Variants (--variants, comma-separated; default all):
   gc_none, gc_fp16, gc_maxmin8, gc_maxmin4, gc_maxmin4_ef, gc_topk1, gc_topk01, gc_powersgd,
   gc_auto              gradcomp.torch.DistributedOptimizer with that compression (gc_auto:
                        Compression.auto, per tensor against 4 bits, cost model on)
+  gc_none_ovl, gc_maxmin4_ovl
+                       the same with overlap_forward=model: step() returns at once and each
+                       module's update waits for the next forward to reach it (gradients
+                       prioritized by forward order, large ones in slices)
   backend4             DDP on torch.distributed backend "gradcomp" (maxmin 4 bits from the settings)
   hook4                DDP on gloo with gradcomp's ddp_hook (maxmin 4 bits; reducing in each node
                        first on nodes of several ranks, its default)
@@ -112,7 +116,9 @@ COMPRESSIONS = {
     # run's every 100th: a pessimistic figure.
     "gc_auto": lambda: hvd.Compression.auto(interval=AUTO_INTERVAL[0]),
 }
-VARIANTS = ["compute", "ddp", "ddp_fp16", "ddp_powersgd", *COMPRESSIONS, "backend4", "hook4", "hook4_flat"]
+OVERLAPPED = {"gc_none_ovl": "gc_none", "gc_maxmin4_ovl": "gc_maxmin4"}  # overlap_forward=model
+VARIANTS = ["compute", "ddp", "ddp_fp16", "ddp_powersgd", *COMPRESSIONS, *OVERLAPPED, "backend4", "hook4",
+            "hook4_flat"]
 
 
 def build(variant, model, gloo):
@@ -120,9 +126,11 @@ def build(variant, model, gloo):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     if variant == "compute":
         return model, opt
-    if variant in COMPRESSIONS:
+    if variant in COMPRESSIONS or variant in OVERLAPPED:
+        overlap = model if variant in OVERLAPPED else None
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=COMPRESSIONS[variant]())
+                                       compression=COMPRESSIONS[OVERLAPPED.get(variant, variant)](),
+                                       overlap_forward=overlap)
         return model, opt
     group = None if variant == "backend4" else gloo
     # torch's PowerSGD hook issues each bucket's second allreduce from a callback of its first,
@@ -163,6 +171,7 @@ def run(variant, args, gloo, warmup):
         loss_of(model, batches[step % 2]).backward()
         opt.step()
         times.append(time.perf_counter() - start)
+    opt.state_dict()  # overlap_forward: applies the last step's deferred updates
     train_cpu = time.thread_time() - cpu[0]
     other_cpu = time.process_time() - cpu[1] - train_cpu
     every = hvd.allgather_object((times[warmup:], train_cpu / args.steps, other_cpu / args.steps))

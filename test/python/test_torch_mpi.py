@@ -497,6 +497,94 @@ def test_synchronize_then_step_and_zero_grad_guard():
     opt.zero_grad()
 
 
+def make_wide_model(seed=0):
+    """6.2M parameters; the middle layer's weight (18.9 MB) is larger than the default
+    GRADCOMP_SCHEDULING_CREDIT_MB, so overlap_forward reduces it in two row slices."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 4608),
+                               torch.nn.ReLU(), torch.nn.Linear(4608, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
+def wide_batch(step, per_rank=16):
+    g = torch.Generator().manual_seed(5000 + 97 * step + hvd.rank())
+    return torch.randn(per_rank, 256, generator=g), torch.randint(0, 10, (per_rank,), generator=g)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_overlap_forward_updates_each_module_in_the_next_forward_exactly_as_step_would(opt_name):
+    def make(model):
+        if opt_name == "sgd":
+            base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        else:
+            base = torch.optim.Adam(model.parameters(), lr=1e-3)
+        return base
+
+    plain_model, model = make_wide_model(), make_wide_model()
+    plain = hvd.DistributedOptimizer(make(plain_model), named_parameters=plain_model.named_parameters(),
+                                     compression=hvd.Compression.none)
+    # Names of their own: the overlapped exchange of a step may still run while the plain
+    # optimizer's next step exchanges the other model's gradients.
+    opt = hvd.DistributedOptimizer(make(model), named_parameters=[("ov." + n, p) for n, p in model.named_parameters()],
+                                   compression=hvd.Compression.none, overlap_forward=model)
+    assert opt._parts[model[2].weight] == 2 and opt._parts[model[0].weight] == 1
+    # The learning rate changes after every step(): a deferred update uses its own step's.
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in (plain, opt)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(5):
+        x, y = wide_batch(step)
+        for m, o, sched in ((plain_model, plain, scheds[0]), (model, opt, scheds[1])):
+            o.zero_grad()
+            loss_fn(m(x), y).backward()
+            before = model[4].weight.detach().clone()
+            o.step()
+            sched.step()
+        # Deferred: nothing changed yet; the forward applies it module by module.
+        assert torch.equal(model[4].weight, before)
+        assert opt._deferred
+        if step % 2:
+            state = model.state_dict()  # applies every deferred update first
+            assert not opt._deferred
+            assert not torch.equal(state["4.weight"], before)
+    model(wide_batch(99)[0])
+    assert not opt._deferred
+    for (name, p), q in zip(model.named_parameters(), plain_model.parameters()):
+        if hvd.size() == 2:  # a + b is exact whatever the algorithm and slicing
+            assert torch.equal(p, q), name
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
+    assert_same_on_every_rank(params_digest(model))
+    # Zeroed gradients stay zero (set_to_none=False) once the deferred updates are applied.
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_overlap_forward_errors():
+    model = make_wide_model()
+    named = list(model.named_parameters())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="torch.nn.Module"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, overlap_forward=model.parameters())
+    with pytest.raises(ValueError, match="groups"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, groups=2, overlap_forward=model)
+    with pytest.raises(ValueError, match="powersgd"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, compression=hvd.Compression.powersgd(2),
+                                 overlap_forward=model)
+    with pytest.raises(ValueError, match="2.weight.*not in the module"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named, overlap_forward=model[0])
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=named, compression=hvd.Compression.none,
+                                   overlap_forward=model)
+    x, y = wide_batch(0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(ValueError, match="closure"):
+        opt.step(lambda: 0.0)
+    opt.step()
+    # A forward around the module: a deferred parameter gets a gradient before its update.
+    with pytest.raises(AssertionError, match="'2.weight' got a gradient before the update"):
+        torch.nn.functional.linear(torch.randn(2, 1024), model[2].weight).sum().backward()
+    opt.synchronize()  # applies the deferred updates; then exchanges what the next step has
+    assert not opt._deferred
+
+
 def test_distributed_optimizer_constructor_errors():
     model = make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)

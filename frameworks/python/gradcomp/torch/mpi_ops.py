@@ -100,24 +100,33 @@ def _from_output(native, dtype, device):
 # allreduce
 
 
-def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, compression):
+def _check_priority(priority, what):
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -2**31 <= priority < 2**31:
+        raise ValueError(f"{what}: priority must be a 32-bit integer (lower runs first), got {priority!r}")
+    return priority
+
+
+def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, compression, priority=0):
     return _b.runtime().allreduce_async(staged.ptr, output_ptr, staged.code, staged.shape, name, op,
                                         float(prescale_factor), float(postscale_factor), runtime_spec(compression),
-                                        keep, device=staged.device, stream=staged.stream)
+                                        keep, device=staged.device, stream=staged.stream,
+                                        priority=_check_priority(priority, f"allreduce of '{name}'"))
 
 
 @_b.submits
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=None):
+                     compression=None, priority=0):
     """Reduces `tensor` across ranks in place; returns a handle for poll()/synchronize().
 
     `compression` is None (the settings' policy and layer filter) or a Compression object
-    (Compression.none, fp16, bf16, maxmin(...), topk(...)) applied to this tensor as given."""
+    (Compression.none, fp16, bf16, maxmin(...), topk(...)) applied to this tensor as given.
+    `priority` (the same on every rank): among tensors ready at once, lower runs first, a
+    GRADCOMP_SCHEDULING_CREDIT_MB's worth a cycle, so an urgent tensor overtakes a backlog."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name)
     staged = _Staged(tensor, f"allreduce of '{name}'", on_device=True)
     native = _allreduce_start(staged, staged.ptr, (staged,), name, op, prescale_factor, postscale_factor,
-                              compression)
+                              compression, priority)
     return _b.register(native, staged.write_back)
 
 
@@ -177,9 +186,9 @@ class _Group:
 
 @_b.submits
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                             compression=None):
+                             compression=None, priority=0):
     """Reduces every tensor in place, negotiated and fused as one group; returns a handle
-    whose result is the list."""
+    whose result is the list. `priority` as for allreduce_async_."""
     op = check_op(op, average)
     base = _b.auto_name("grouped_allreduce", name)
     tensors = list(tensors)
@@ -194,7 +203,8 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     natives = _b.runtime().grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
                                                    [s.shape for s in staged], names, op, float(prescale_factor),
                                                    float(postscale_factor), runtime_spec(compression),
-                                                   tuple(staged), device=staged[0].device, stream=staged[0].stream)
+                                                   tuple(staged), device=staged[0].device, stream=staged[0].stream,
+                                                   priority=_check_priority(priority, f"grouped allreduce '{base}'"))
     return _b.register(_Group(natives), lambda: [s.write_back() for s in staged])
 
 

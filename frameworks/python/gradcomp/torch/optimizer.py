@@ -28,8 +28,26 @@ PowerSGD
     ``Compression.powersgd(rank, ...)`` compresses each matrix-shaped gradient in two
     allreduces per step (P in the hook, Q at synchronize), with error feedback and warm start;
     the other gradients are allreduced uncompressed.
+
+Overlap with the next forward (``overlap_forward=model``)
+    Backward produces the first layers' gradients last, and the next forward needs those
+    layers first. With ``overlap_forward``, ``step()`` returns at once: each module's parameters
+    are updated (their exchange waited for, the wrapped optimizer stepped on them alone, with
+    the hyperparameters of that step() call) when the next forward reaches the module, so the
+    exchange of the later layers' gradients runs behind the first layers' forward. Gradients
+    carry their module's place in the forward as their priority, and gradients larger than
+    GRADCOMP_SCHEDULING_CREDIT_MB are reduced in as many row slices, so a first layer's gradient
+    overtakes the rest of a large one still on the wire (ByteScheduler's scheduling, on
+    gradcomp's negotiation: core/controller.h). Parameters the forward does not reach are updated
+    at its end (the model's forward hook), and before ``model.state_dict()``,
+    ``optimizer.state_dict()`` or ``synchronize()`` returns. ``zero_grad()`` clears a
+    parameter's gradient once its update is applied. The results are those of the plain mode
+    (the same reductions, the same optimizer arithmetic). Not with ``groups``, PowerSGD or
+    ``step(closure)``; a forward must go through ``model`` (a gradient that arrives before its
+    parameter's previous update was applied is an error).
 """
 import contextlib
+import math
 import warnings
 
 import torch
@@ -98,7 +116,7 @@ class _Pending:
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense):
+                 gradient_predivide_factor, groups, sparse_as_dense, overlap_forward=None):
         super(self.__class__, self).__init__(params)
         self._sparse_as_dense = bool(sparse_as_dense)
         if backward_passes_per_step < 1:
@@ -154,8 +172,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._grad_accs = []
+        # overlap_forward (module doc): updates deferred to the next forward.
+        self._overlap = None
+        self._deferred = {}  # param -> _Pending of a step() whose update is not applied yet
+        self._deferred_settings = None  # the param groups' settings at that step()
+        self._deferred_zero = None  # zero_grad's arguments, for parameters updated after it
+        self._priority = {}  # param -> its module's place in the forward, from 1
+        self._modules_seen = 0
+        self._parts = {}  # param -> row slices its gradient is reduced in
+        if overlap_forward is not None:
+            self._setup_overlap(overlap_forward)
         # Residuals and DGC momentum are kept by tensor name: a new optimizer starts fresh.
-        _b.runtime().forget_compression_state([f"allreduce.{pl.name}" for pl in self._plans.values()])
+        _b.runtime().forget_compression_state([name for p, pl in self._plans.items() for name in self._wire_names(p, pl)])
         self._register_hooks()
 
     # -- construction helpers ------------------------------------------------------------------
@@ -253,11 +281,98 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     grad_acc.register_hook(self._make_hook(p))
                     self._grad_accs.append(grad_acc)
 
+    def _setup_overlap(self, module):
+        if not isinstance(module, torch.nn.Module):
+            raise ValueError(f"overlap_forward must be the torch.nn.Module whose forward uses the parameters, got "
+                             f"{type(module).__name__}")
+        if self._groups:
+            raise ValueError("overlap_forward does not combine with groups (a group is reduced as one)")
+        if self._powersgd is not None:
+            raise ValueError("overlap_forward does not combine with Compression.powersgd (its second allreduce "
+                             "needs every gradient at step())")
+        owned = set(self._requires_update)
+        hooked = set()
+        for m in module.modules():
+            mine = [p for p in m.parameters(recurse=False) if p in owned and p not in hooked]
+            if mine:
+                hooked.update(mine)
+                m.register_forward_pre_hook(self._make_pre_hook(mine))
+        missing = [self._name_of[id(p)] for p in self._plans if p in owned and p not in hooked]
+        if missing:
+            raise ValueError(f"overlap_forward: parameter(s) {', '.join(missing[:5])} of the optimizer are not in the "
+                             "module given; its forward must use every parameter the optimizer updates")
+        module.register_forward_hook(lambda *_: self._apply_deferred(list(self._deferred)))
+        if hasattr(module, "_register_state_dict_hook"):
+            module._register_state_dict_hook(lambda *_: self._apply_deferred(list(self._deferred)))
+        part_bytes = _b.runtime().scheduling_credit_mb * 2**20
+        for p in owned:
+            rows = p.shape[0] if p.dim() >= 2 else 1
+            parts = math.ceil(p.numel() * p.element_size() / part_bytes) if part_bytes > 0 else 1
+            self._parts[p] = max(1, min(rows, parts))
+        self._overlap = module
+
+    def _wire_names(self, p, plan):
+        """The names p's gradient is reduced under (one per row slice)."""
+        parts = self._parts.get(p, 1)
+        if parts == 1:
+            return [f"allreduce.{plan.name}"]
+        return [f"allreduce.{plan.name}.part{i}" for i in range(parts)]
+
+    def _make_pre_hook(self, params):
+        def pre_hook(module, inputs):
+            del module, inputs
+            if params[0] not in self._priority:  # the first forward through this module
+                self._modules_seen += 1
+                for p in params:
+                    self._priority[p] = self._modules_seen
+            waiting = [p for p in params if p in self._deferred]
+            if waiting:
+                self._apply_deferred(waiting)
+
+        return pre_hook
+
+    @contextlib.contextmanager
+    def _only(self, params, settings=None):
+        """The wrapped optimizer sees only `params` (and, given, the param groups' `settings`)."""
+        keep = set(params)
+        saved = []
+        for gi, group in enumerate(self.param_groups):
+            saved.append((group["params"], {k: v for k, v in group.items() if k != "params"}))
+            group["params"] = [p for p in group["params"] if p in keep]
+            if settings is not None:
+                group.update(settings[gi])
+        try:
+            yield
+        finally:
+            for group, (params_, values) in zip(self.param_groups, saved):
+                group["params"] = params_
+                group.update(values)
+
+    def _apply_deferred(self, params):
+        """Waits for these parameters' exchange and applies their deferred update."""
+        if not params:
+            return
+        for p in params:
+            self._complete(p, self._deferred.pop(p))
+        with self._only(params, self._deferred_settings):
+            super(self.__class__, self).step()
+        if self._deferred_zero is not None:
+            args, kwargs = self._deferred_zero
+            with self._only(params):
+                super(self.__class__, self).zero_grad(*args, **kwargs)
+        if not self._deferred:
+            self._deferred_settings = None
+            self._deferred_zero = None
+
     # -- communication ---------------------------------------------------------------------------
 
     def _make_hook(self, p):
         def hook(*ignore):
             del ignore
+            if p in self._deferred:
+                raise AssertionError(f"overlap_forward: parameter '{self._name_of[id(p)]}' got a gradient before the "
+                                     "update of the previous step() was applied; run the forward through the module "
+                                     "given as overlap_forward (or call optimizer.synchronize() before it)")
             if p in self._handles and self._handles[p] is not None:
                 if self._allreduce_delay[p] <= 0:
                     raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
@@ -314,9 +429,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if len(ready) == self._group_sizes[gi]:
                 self._start_group(gi)
             return
-        handle = allreduce_async_(send, name=f"allreduce.{plan.name}", op=self._op,
-                                  prescale_factor=self._prescale, postscale_factor=self._postscale,
-                                  compression=plan.compression)
+        priority = self._priority.get(p, 1_000_000 + plan.index) if self._overlap is not None else 0
+        names = self._wire_names(p, plan)
+        pieces = [send] if len(names) == 1 else send.tensor_split(len(names))
+        handles = [allreduce_async_(piece, name=name, op=self._op, prescale_factor=self._prescale,
+                                    postscale_factor=self._postscale, compression=plan.compression, priority=priority)
+                   for name, piece in zip(names, pieces)]
+        handle = handles[0] if len(handles) == 1 else _b.register_group(handles)
         self._handles[p] = _Pending(_Once(handle), send)
 
     def _start_sparse(self, p, plan):
@@ -351,8 +470,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p, send in items:
                 self._handles[p] = _Pending(shared, send)
 
-    def synchronize(self):
-        """Waits for every gradient's allreduce and writes the results into .grad."""
+    def _complete(self, p, pending):
+        """Waits for p's exchange and writes the result into p.grad."""
+        pending.wait()
+        if pending.result is not None:
+            p.grad = pending.result()
+        elif pending.sent is not None and pending.sent is not p.grad:
+            with torch.no_grad():
+                p.grad.copy_(pending.sent)
+
+    def _start_all(self):
+        """Starts the exchange of every gradient not started yet (and of incomplete groups)."""
         for p in self._requires_update:
             if p not in self._handles:
                 if p.grad is None:
@@ -366,13 +494,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._start(p)
         for gi in list(self._group_ready):
             self._start_group(gi)
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce and writes the results into .grad (with
+        overlap_forward, first applies a previous step()'s updates still deferred)."""
+        self._apply_deferred(list(self._deferred))
+        self._start_all()
         for p, pending in self._handles.items():
-            pending.wait()
-            if pending.result is not None:
-                p.grad = pending.result()
-            elif pending.sent is not None and pending.sent is not p.grad:
-                with torch.no_grad():
-                    p.grad.copy_(pending.sent)
+            self._complete(p, pending)
         if self._powersgd_started:
             started = sorted(self._powersgd_started.items(), key=lambda kv: self._plans[kv[0]].index)
             approxes = self._powersgd.finish([c for _, c in started])
@@ -397,6 +526,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if self._overlap is not None and self._should_synchronize:
+            if closure is not None:
+                raise ValueError("overlap_forward: step(closure) is not supported (the closure needs the updated "
+                                 "parameters at once); call synchronize() and step() inside skip_synchronize()")
+            self._apply_deferred(list(self._deferred))  # no forward since the last step()
+            self._start_all()
+            self._deferred = dict(self._handles)
+            self._deferred_settings = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+            for p in self._handles:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            self._handles.clear()
+            self._synchronized = False
+            return None
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -415,18 +557,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
                                  "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+        if self._deferred:
+            # The deferred parameters' .grad holds (or receives) their reduced gradient: cleared
+            # once their update is applied.
+            self._deferred_zero = (args, kwargs)
+            with self._only([p for g in self.param_groups for p in g["params"] if p not in self._deferred]):
+                return super(self.__class__, self).zero_grad(*args, **kwargs)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        self._apply_deferred(list(self._deferred))
+        return super(self.__class__, self).state_dict(*args, **kwargs)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1, op=Average,
-                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False):
+                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False, overlap_forward=None):
     """Wraps `optimizer` so that step() applies gradients averaged (op) over all ranks.
 
-    See the module documentation for compression, DGC momentum handling and PowerSGD.
+    See the module documentation for compression, DGC momentum handling, PowerSGD and
+    `overlap_forward` (a model: each module's update waits for the next forward to reach it).
     Sparse gradients (embeddings with sparse=True) are allgathered as indices and values, or,
     with `sparse_as_dense`, reduced dense and handed back sparse."""
     if not _b.is_initialized():
         raise ValueError("gradcomp has not been initialized; call gradcomp.torch.init() before DistributedOptimizer")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups, sparse_as_dense)
+               op, gradient_predivide_factor, groups, sparse_as_dense, overlap_forward)
