@@ -22,7 +22,9 @@ void FusionPlanner::AddImpl(R&& r) {
       if (g.bytes + bytes <= threshold_ && Fusable(group, r)) {
         // One priority per tensor, as the shapes (an empty list reads as all 0).
         group.priorities.resize(group.names.size(), 0);
-        for (size_t k = 0; k < r.names.size(); ++k) group.priorities.push_back(k < r.priorities.size() ? r.priorities[k] : 0);
+        for (size_t k = 0; k < r.names.size(); ++k) {
+          group.priorities.push_back(k < r.priorities.size() ? r.priorities[k] : 0);
+        }
         if constexpr (std::is_lvalue_reference_v<R>) {
           group.names.insert(group.names.end(), r.names.begin(), r.names.end());
           group.shapes.insert(group.shapes.end(), r.shapes.begin(), r.shapes.end());

@@ -524,8 +524,9 @@ def test_overlap_forward_updates_each_module_in_the_next_forward_exactly_as_step
                                      compression=hvd.Compression.none)
     # Names of their own: the overlapped exchange of a step may still run while the plain
     # optimizer's next step exchanges the other model's gradients.
-    opt = hvd.DistributedOptimizer(make(model), named_parameters=[("ov." + n, p) for n, p in model.named_parameters()],
-                                   compression=hvd.Compression.none, overlap_forward=model)
+    named = [("ov." + n, p) for n, p in model.named_parameters()]
+    opt = hvd.DistributedOptimizer(make(model), named_parameters=named, compression=hvd.Compression.none,
+                                   overlap_forward=model)
     assert opt._parts[model[2].weight] == 2 and opt._parts[model[0].weight] == 1
     # The learning rate changes after every step(): a deferred update uses its own step's.
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in (plain, opt)]

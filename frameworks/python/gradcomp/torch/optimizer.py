@@ -183,7 +183,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if overlap_forward is not None:
             self._setup_overlap(overlap_forward)
         # Residuals and DGC momentum are kept by tensor name: a new optimizer starts fresh.
-        _b.runtime().forget_compression_state([name for p, pl in self._plans.items() for name in self._wire_names(p, pl)])
+        _b.runtime().forget_compression_state([n for p, pl in self._plans.items() for n in self._wire_names(p, pl)])
         self._register_hooks()
 
     # -- construction helpers ------------------------------------------------------------------
