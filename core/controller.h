@@ -18,6 +18,10 @@
 //     from every cache (a rank holding a pending request there sends it to the coordinator
 //     now); positions ready on every rank become responses, in position order. While some
 //     rank has joined, cached requests go to the coordinator (joined ranks set no bits).
+//     Scheduling: when ready positions carry priorities (Request::priority), they become
+//     responses most urgent first and only up to GRADCOMP_SCHEDULING_CREDIT_MB of payload a
+//     cycle; the rest stay pending and are ready again next cycle, so a more urgent tensor
+//     that arrives meanwhile overtakes them (the coordinator's responses are ordered alike).
 //  4. Slow path, only when some rank has requests for the coordinator (known from the flags
 //     and the erased positions, so every rank decides alike): each rank sends its serialized
 //     request list to rank 0 (gather). Rank 0 counts, per name, which ranks asked (joined
