@@ -179,7 +179,9 @@ std::vector<Response> Controller::TakeReadyFromCache(const std::vector<uint64_t>
     Pending& p = pending_[pos];
     if (p.active) {
       p.active = false;
-      p.request = Request{};
+      // Released by moving it out (assigning a fresh Request here trips GCC 12's
+      // -Wmaybe-uninitialized at -O3, a false positive).
+      Request done = std::move(p.request);
       --pending_count_;
     }
     const Response& r = cache_.Get(pos);
