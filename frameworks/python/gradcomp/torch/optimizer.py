@@ -114,6 +114,11 @@ class _Pending:
             self.once.wait()
 
 
+def _settings_of(group):
+    """A param group's hyperparameters (everything but its parameters)."""
+    return {k: v for k, v in group.items() if k != "params"}
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, overlap_forward=None):
@@ -337,7 +342,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         keep = set(params)
         saved = []
         for gi, group in enumerate(self.param_groups):
-            saved.append((group["params"], {k: v for k, v in group.items() if k != "params"}))
+            saved.append((group["params"], _settings_of(group)))
             group["params"] = [p for p in group["params"] if p in keep]
             if settings is not None:
                 group.update(settings[gi])
@@ -495,6 +500,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for gi in list(self._group_ready):
             self._start_group(gi)
 
+    def _take_handles(self):
+        """This step's pending exchanges, handed over; the next backward starts afresh."""
+        handles, self._handles = self._handles, {}
+        for p in handles:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        return handles
+
     def synchronize(self):
         """Waits for every gradient's allreduce and writes the results into .grad (with
         overlap_forward, first applies a previous step()'s updates still deferred)."""
@@ -510,9 +522,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     p.grad.copy_(approx.view_as(p.grad))
         if self._powersgd is not None:
             self._powersgd.step += 1
-        for p in self._handles:
-            self._allreduce_delay[p] = self.backward_passes_per_step
-        self._handles.clear()
+        self._take_handles()
         self._powersgd_started.clear()
         self._synchronized = True
 
@@ -532,11 +542,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "parameters at once); call synchronize() and step() inside skip_synchronize()")
             self._apply_deferred(list(self._deferred))  # no forward since the last step()
             self._start_all()
-            self._deferred = dict(self._handles)
-            self._deferred_settings = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-            for p in self._handles:
-                self._allreduce_delay[p] = self.backward_passes_per_step
-            self._handles.clear()
+            self._deferred = self._take_handles()
+            self._deferred_settings = [_settings_of(g) for g in self.param_groups]
             self._synchronized = False
             return None
         if self._should_synchronize:
