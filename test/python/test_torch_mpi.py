@@ -563,6 +563,11 @@ def test_overlap_forward_errors():
     model = make_wide_model()
     named = list(model.named_parameters())
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"allreduce of 'bad.priority': priority must be a 32-bit integer \(lower "
+                                         r"runs first\), got 1.5"):
+        hvd.allreduce_async_(torch.ones(4), name="bad.priority", priority=1.5)
+    with pytest.raises(ValueError, match="grouped allreduce 'bad.group': priority must be a 32-bit .*got 2147483648"):
+        hvd.grouped_allreduce_async_([torch.ones(4)], name="bad.group", priority=2**31)
     with pytest.raises(ValueError, match="torch.nn.Module"):
         hvd.DistributedOptimizer(sgd, named_parameters=named, overlap_forward=model.parameters())
     with pytest.raises(ValueError, match="groups"):
