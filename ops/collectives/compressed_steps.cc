@@ -95,6 +95,24 @@ CodecParams SraGatherParams(const CodecParams& p, int rank) {
   return StreamFor(p, 0x10000u + static_cast<uint32_t>(rank));
 }
 
+void ExchangeAll(Communicator& comm, int tag, const std::vector<std::pair<const uint8_t*, size_t>>& send,
+                 const std::vector<std::pair<uint8_t*, size_t>>& recv) {
+  std::vector<std::unique_ptr<PendingTransfer>> pending;
+  const int n = comm.size(), me = comm.rank();
+  for (int p = 0; p < n; ++p) {
+    if (p != me) pending.push_back(comm.Irecv(recv[p].first, recv[p].second, p, tag));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p != me) pending.push_back(comm.Isend(send[p].first, send[p].second, p, tag));
+  }
+  PollUntil([&] {
+    for (auto& t : pending) {
+      if (!t->Test()) return false;
+    }
+    return true;
+  });
+}
+
 bool WireOnDevice(const Communicator& comm, const CompressionWorkspace& ws) {
   return ws.device.space() == MemorySpace::kDevice && comm.device_memory() == &ws.device;
 }

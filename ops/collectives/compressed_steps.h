@@ -56,6 +56,14 @@ size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecPar
 void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const uint8_t* wire,
                   const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out);
 
+/// One message to and from every other rank of `comm` at once (send[p] / recv[p] = (data,
+/// bytes); the rank's own entries are ignored), polled to the end. Every message pays one
+/// latency together, where an MPI allgather's ring or an alltoall's pairwise steps pay one a
+/// peer, one after the other (32 simulated ranks, 2 MB 4-bit SRA: 0.4 ms against 1.5 ms).
+/// Needs comm.nonblocking().
+void ExchangeAll(Communicator& comm, int tag, const std::vector<std::pair<const uint8_t*, size_t>>& send,
+                 const std::vector<std::pair<uint8_t*, size_t>>& recv);
+
 /// Whether `comm` reads and writes the workspace's device memory itself (NCCL, CUDA-aware
 /// MPI): then encoded bytes go to it straight from the device, without host staging.
 bool WireOnDevice(const Communicator& comm, const CompressionWorkspace& ws);

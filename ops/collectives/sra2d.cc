@@ -25,25 +25,6 @@ constexpr uint64_t kColumnSeed = 0x2D5A2D5A2D5A2D5Aull;
 // Tags of the row steps' messages.
 constexpr int kRowScatterTag = 0x5400, kRowGatherTag = 0x5401;
 
-// One message to and from every other rank of `comm` at once: send[p] / recv[p] = (data, bytes).
-void ExchangeAll(Communicator& comm, int tag, const std::vector<std::pair<const uint8_t*, size_t>>& send,
-                 const std::vector<std::pair<uint8_t*, size_t>>& recv) {
-  std::vector<std::unique_ptr<PendingTransfer>> pending;
-  const int n = comm.size(), me = comm.rank();
-  for (int p = 0; p < n; ++p) {
-    if (p != me) pending.push_back(comm.Irecv(recv[p].first, recv[p].second, p, tag));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (p != me) pending.push_back(comm.Isend(send[p].first, send[p].second, p, tag));
-  }
-  PollUntil([&] {
-    for (auto& t : pending) {
-      if (!t->Test()) return false;
-    }
-    return true;
-  });
-}
-
 // The options of the column SRA of row chunk c.
 CompressedAllreduceOptions ColumnOptions(const CompressedAllreduceOptions& o, const SraPlan& row, size_t c) {
   CompressedAllreduceOptions sub = o;

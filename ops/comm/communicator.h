@@ -78,6 +78,8 @@ class Communicator {
   virtual std::unique_ptr<PendingTransfer> Isend(const void* data, size_t bytes, int peer, int tag);
   /// Starts receiving exactly `bytes` bytes from `peer`.
   virtual std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag);
+  /// Whether Isend and Irecv work on this transport.
+  virtual bool nonblocking() const { return false; }
 
   /// Returns once every rank has entered.
   virtual void Barrier() = 0;

@@ -153,6 +153,7 @@ class InProcessCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return world_->size(); }
   const char* kind() const override { return "inproc"; }
+  bool nonblocking() const override { return true; }
   InProcessWorld& world() { return *world_; }
 
   void Send(const void* data, size_t bytes, int peer, int tag) override {

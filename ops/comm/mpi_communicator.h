@@ -42,6 +42,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* kind() const override { return "mpi"; }
+  bool nonblocking() const override { return true; }
   Device* device_memory() const override { return device_memory_; }
   bool reduces(DataType dtype) const override {
     return device_memory_ == nullptr || (dtype != DataType::kFloat16 && dtype != DataType::kBFloat16);

@@ -28,6 +28,7 @@ class ShmCommunicator final : public Communicator {
   int rank() const override { return mpi_.rank(); }
   int size() const override { return mpi_.size(); }
   const char* kind() const override { return "shm"; }
+  bool nonblocking() const override { return true; }
 
   void Send(const void* data, size_t bytes, int peer, int tag) override { mpi_.Send(data, bytes, peer, tag); }
   void Recv(void* data, size_t bytes, int peer, int tag) override { mpi_.Recv(data, bytes, peer, tag); }

@@ -22,6 +22,9 @@ class DeviceMemory final : public Communicator {
   int size() const override { return inner_.size(); }
   const char* kind() const override { return "device-memory (tests)"; }
   Device* device_memory() const override { return &device_; }
+  // nonblocking() stays false, as NCCL's: the blocking SRA takes the transport's collectives
+  // here, and OnHostAndDevice compares them byte for byte with the host run's point-to-point
+  // exchange (Isend and Irecv below serve the striped SRA and the 2-D SRA's rows).
 
   void Send(const void* data, size_t bytes, int peer, int tag) override {
     inner_.Send(In(data, bytes).data(), bytes, peer, tag);
