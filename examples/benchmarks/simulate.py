@@ -20,7 +20,13 @@ share its network link. --host-slowdown s makes every simulated core s times slo
 machine's (to compare with an emulation that runs more ranks than it has cores).
 
 Prints, per world and variant, the simulated time, MPI_Allreduce's in the same run, the ratio,
-and the link-bound ideal (the bytes each node must send over its link at full rate).
+the ratio to float32's link-bound time (what no uncompressed allreduce can beat: a floor under
+the ratio to MPI where MPI's world is too large to simulate) and the link-bound ideal (the bytes
+each node must send over its link at full rate).
+
+--compose (fat tree) builds the 2-D SRA of a large world (sra2d; sra3d with several ranks a
+node) from simulations of two of its rows and of its columns (run_composed): 1024 nodes from
+worlds of at most 64.
 GRADCOMP_SIM_CODEC_SCALE=0 leaves codec time out (the network alone); the default counts it as
 measured on this machine's core. examples/benchmarks/plot_simulation.py plots --out files.
 """
@@ -107,7 +113,9 @@ def wire_ratio(variant):
     return (bits * 512 / 8 + 8) / (512 * 4)  # codes plus a float32 min and unit per bucket of 512
 
 
-def run_world(args, nodes, tmp):
+def run_world(args, nodes, tmp, variants=None, sizes_mb=None, grid_columns=0):
+    variants = variants or args.variants
+    sizes_mb = sizes_mb or args.sizes_mb
     ranks = nodes * args.ranks_per_node
     plat = os.path.join(tmp, f"platform-{nodes}.xml")
     hosts = os.path.join(tmp, f"hosts-{nodes}")
@@ -120,20 +128,20 @@ def run_world(args, nodes, tmp):
             f.write(f"node-{n}\n" * args.ranks_per_node)
     env = dict(os.environ)
     # Per-rank memory of the buffers: input and output, encodings, working copies.
-    per_rank = max(float(s) for s in args.sizes_mb.split(",")) * 4 * 2**20
+    per_rank = max(float(s) for s in sizes_mb.split(",")) * 4 * 2**20
     if ranks * per_rank > args.memory_gb * 2**30:
         env["GRADCOMP_SIM_SHARED_MB"] = "1"
     cmd = ["smpirun", "-no-privatize", "-np", str(ranks), "-platform", plat, "-hostfile", hosts,
            "--cfg=smpi/host-speed:1Gf", "--cfg=smpi/test:1e-6",
            f"--cfg=smpi/simulate-computation:{'yes' if args.computation == 'measured' else 'no'}", f"--cfg=network/model:{args.network_model}", f"--cfg=smpi/coll-selector:{args.coll_selector}",
            "--cfg=smpi/shared-malloc:global", "--cfg=smpi/shared-malloc-blocksize:" + str(64 << 20),
-           "--log=root.thres:warning", DRIVER, "--sizes-mb", args.sizes_mb, "--variants", args.variants,
+           *[f"--cfg={c}" for c in args.cfg], "--log=root.thres:warning", DRIVER, "--sizes-mb", sizes_mb, "--variants", variants,
            "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes),
-           "--warmup", str(args.warmup)]
+           "--warmup", str(args.warmup), "--grid-columns", str(grid_columns)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
     # smpirun exits 0 even when the simulated program aborted ("Execution failed with code N"):
     # a run without every result line is a failure too.
-    expected = len(args.variants.split(",")) * len(args.sizes_mb.split(","))
+    expected = len(variants.split(",")) * len(sizes_mb.split(","))
     if proc.returncode != 0 or sum(line.startswith("RESULT ") for line in proc.stdout.splitlines()) < expected:
         sys.stderr.write(proc.stdout + proc.stderr)
         sys.exit(f"simulate: smpirun failed on {nodes} nodes (exit {proc.returncode}): {' '.join(cmd)}")
@@ -146,6 +154,42 @@ def run_world(args, nodes, tmp):
                          "communicate_seconds": float(parts[6]),
                          "shared_buffers": "GRADCOMP_SIM_SHARED_MB" in env})
     return rows
+
+
+def most_square_grid(n):
+    """(rows, columns) of MakeGrid's most square grid of n ranks (ops/comm/topology.cc)."""
+    rows = max(r for r in range(1, math.isqrt(n) + 1) if n % r == 0)
+    return rows, n // rows
+
+
+def run_composed(args, nodes, variant, tmp):
+    """A 2-D SRA across `nodes` nodes of a non-blocking network, from three small runs.
+
+    One rank a node (sra2d): its rows run at once and apart (each node's link carries its own
+    row's messages only), then its columns, then its rows again. A world of two rows of the same
+    C nodes runs the same row steps on the same buffer with a column SRA of two nodes; so the
+    time is that world's, less a 2-node SRA of the column's chunk (size / C), plus an R-node SRA
+    of that chunk (the real column). L ranks a node (sra3d: node rows, the 2-D SRA across nodes
+    on the nodes' most square grid, R x C): the same with sra3d on two rows of C nodes, and the
+    columns as sra2dnode worlds of 2 and of R nodes on size / C (their steps inside the node
+    cancel). Every part is the real code simulated; checked against whole runs (docs/benchmarks.md)."""
+    rows, cols = most_square_grid(nodes)
+    algorithm, codec = variant.split(":", 1)
+    two_rows_variant, column_variant = (("sra2d", "sra") if algorithm == "sra2d" else ("sra3d", "sra2dnode"))
+    out = []
+    for mb_text in args.sizes_mb.split(","):
+        chunk = f"{float(mb_text) / cols:.9g}"
+        two_rows = run_world(args, 2 * cols, tmp, f"{two_rows_variant}:{codec}", mb_text, grid_columns=cols)[0]
+        column = run_world(args, rows, tmp, f"{column_variant}:{codec}", chunk)[0]
+        pair = run_world(args, 2, tmp, f"{column_variant}:{codec}", chunk)[0]
+        row = dict(two_rows)
+        row.update(nodes=nodes, ranks=nodes * args.ranks_per_node, variant=variant)
+        for key in ("seconds", "bytes_sent", "codec_seconds", "communicate_seconds"):
+            row[key] = two_rows[key] - pair[key] + column[key]
+        row["composed"] = {"grid": [rows, cols], "two_rows_seconds": two_rows["seconds"],
+                           "pair_seconds": pair["seconds"], "column_seconds": column["seconds"]}
+        out.append(row)
+    return out
 
 
 def main():
@@ -175,28 +219,46 @@ def main():
                     help="SimGrid's network model: SMPI (calibrated on TCP over Ethernet) or CM02 (no factors)")
     ap.add_argument("--memory-gb", type=float, default=6.0,
                     help="above this much buffer memory for all ranks, buffers are shared (times only)")
+    ap.add_argument("--compose", action="store_true",
+                    help="sra2d (one rank a node) and sra3d (several) from small runs of their rows and columns "
+                         "(run_composed): worlds too large to simulate whole (SimGrid's cost grows ~20x a "
+                         "doubling past 128 nodes); needs a non-blocking network (--topology fattree)")
+    ap.add_argument("--cfg", action="append", default=[],
+                    help="a further SimGrid setting (NAME:VALUE), repeatable: e.g. network/crosstraffic:0")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     rate_bytes(args.link), rate_bytes(args.intra_bw), seconds(args.latency), seconds(args.intra_latency)
     if args.ranks_per_node < 1:
         sys.exit(f"simulate: --ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    if args.compose and args.topology != "fattree":
+        sys.exit("simulate: --compose needs --topology fattree (rows and columns apart on a non-blocking network), "
+                 f"got --topology {args.topology}")
     build()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradcomp-sim-") as tmp:
         print(f"simulate: {args.topology} cluster, {args.ranks_per_node} rank(s)/node, links {args.link} "
               f"{args.latency}, backbone {args.backbone}, intra-node {args.intra_bw}, sizes {args.sizes_mb} MB, "
               f"computation {args.computation}, codec scale {os.environ.get('GRADCOMP_SIM_CODEC_SCALE', '1')}")
-        print(f"{'nodes':>6} {'ranks':>6} {'variant':<16} {'MB':>5} {'seconds':>9} {'vs mpi':>7} "
+        print(f"{'nodes':>6} {'ranks':>6} {'variant':<16} {'MB':>5} {'seconds':>9} {'vs mpi':>7} {'vs fp32':>7} "
               f"{'ideal s':>9} {'% ideal':>8} {'codec s':>8} {'comm s':>8}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
-            world = run_world(args, nodes, tmp)
+            composed = [v for v in args.variants.split(",")
+                        if args.compose and most_square_grid(nodes)[0] > 2
+                        and v.startswith("sra2d:" if args.ranks_per_node == 1 else "sra3d:")]
+            direct = ",".join(v for v in args.variants.split(",") if v not in composed)
+            world = run_world(args, nodes, tmp, direct) if direct else []
+            for v in composed:
+                world += run_composed(args, nodes, v, tmp)
             mpi = {r["mb"]: r["seconds"] for r in world if r["variant"] == "mpi"}
             for r in world:
                 r["ideal_seconds"] = ideal_seconds(args, nodes, r["mb"] * 2**20, wire_ratio(r["variant"]))
                 r["vs_mpi"] = mpi[r["mb"]] / r["seconds"] if r["mb"] in mpi else None
+                # Against any uncompressed allreduce: the least time float32 can take on the links.
+                r["vs_fp32_ideal"] = ideal_seconds(args, nodes, r["mb"] * 2**20, 1.0) / r["seconds"]
                 vs = f"{r['vs_mpi']:.2f}x" if r["vs_mpi"] else "-"
                 pct = 100 * r["ideal_seconds"] / r["seconds"] if r["seconds"] > 0 else 0
                 print(f"{nodes:>6} {r['ranks']:>6} {r['variant']:<16} {r['mb']:>5g} {r['seconds']:>9.4f} {vs:>7} "
+                      f"{r['vs_fp32_ideal']:>6.2f}x "
                       f"{r['ideal_seconds']:>9.4f} {pct:>7.0f}% {r['codec_seconds']:>8.4f} "
                       f"{r['communicate_seconds']:>8.4f}", flush=True)
             rows += world

@@ -248,7 +248,8 @@ void SraRun::RunBlocking(Pipeline& pipe) {
     if (comm_.nonblocking()) {
       // Every peer's reduced chunk into its place in ws.all (this rank's stays in ws.own).
       const std::vector<size_t> aoff = Offsets(plan_.bytes[0]);
-      std::vector<std::pair<const uint8_t*, size_t>> out_msgs(plan_.ranks, {ws_.own.wire(), plan_.bytes[0][plan_.mine]});
+      const std::pair<const uint8_t*, size_t> own{ws_.own.wire(), plan_.bytes[0][plan_.mine]};
+      std::vector<std::pair<const uint8_t*, size_t>> out_msgs(plan_.ranks, own);
       std::vector<std::pair<uint8_t*, size_t>> in_msgs(plan_.ranks);
       for (size_t p = 0; p < plan_.ranks; ++p) in_msgs[p] = {ws_.all.wire() + aoff[p], plan_.bytes[0][p]};
       ExchangeAll(comm_, kSraTagBase + 1, out_msgs, in_msgs);

@@ -64,3 +64,19 @@ def test_node_rows_keep_a_nodes_traffic_to_its_share():
     for v in ("sra2dnode:maxmin4", "sra3d:maxmin4"):
         assert abs(rows[v]["bytes_sent"] / flat["bytes_sent"] - 1) < 0.02, (v, rows[v], flat)
         assert rows[v]["seconds"] < 0.75 * flat["seconds"], (v, rows[v], flat)
+
+
+def test_a_grid_composed_from_its_rows_and_columns_predicts_the_whole_run():
+    # 64 nodes of one rank on the fat tree, the network alone: the 2-D SRA (8 x 8) run whole, and
+    # composed (--compose) from a world of two of its rows (16 nodes) and its column's SRA of 8
+    # and of 2 nodes, as simulate.py does for 1024 nodes.
+    args = ["--nodes", "64", "--topology", "fattree", "--sizes-mb", "64", "--variants", "sra2d:maxmin4",
+            "--reps", "1", "--warmup", "0"]
+    whole = simulate(*args, codec_scale="0")["sra2d:maxmin4"]
+    composed = simulate(*args, "--compose", codec_scale="0")["sra2d:maxmin4"]
+    assert "composed" not in whole
+    parts = composed["composed"]
+    assert parts["grid"] == [8, 8], parts
+    assert parts["two_rows_seconds"] > parts["column_seconds"] > 0, parts
+    assert abs(composed["seconds"] / whole["seconds"] - 1) < 0.1, (whole, composed)
+    assert abs(composed["bytes_sent"] / whole["bytes_sent"] - 1) < 0.01, (whole, composed)

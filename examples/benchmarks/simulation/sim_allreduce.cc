@@ -6,7 +6,7 @@
 //
 //   smpirun -no-privatize -platform P.xml -hostfile H -np N build-sim/.../sim_allreduce
 //       [--sizes-mb 64] [--variants mpi,sra:maxmin4,hier:maxmin4] [--reps 3] [--local-size 8]
-//       [--stripes 0] [--warmup 1]
+//       [--stripes 0] [--warmup 1] [--grid-columns 0]
 //
 // A variant is "mpi" (MPI_Allreduce of float32, SMPI's collective selection) or
 // "<algorithm>:<codec>": algorithm sra (flat), sra2d (2-D SRA over the most square grid),
@@ -17,6 +17,9 @@
 // hier2d (the same with the 2-D SRA across nodes); codec none, fp16, bf16 or maxmin<bits>.
 // --stripes 0 uses the runtime's choice across nodes (kAutoPipelineStripes). --warmup 0 skips
 // the untimed first repetition (it warms buffers; at 1024 ranks it doubles the wall time).
+// --grid-columns C gives sra2d rows of C ranks, and sra3d's grid across nodes rows of C nodes,
+// instead of the most square grid's (simulate.py's --compose runs the rows of a large grid on
+// a world of two rows).
 //
 // Prints, on rank 0, one line per (variant, size):
 //   RESULT <variant> <MB> <seconds> <bytes sent per rank> <codec seconds> <communicate seconds>
@@ -115,7 +118,7 @@ class Buffer {
 
 int Run(int argc, char** argv) {
   std::string sizes = "64", variants = "mpi,sra:maxmin4";
-  int reps = 3, local_size = 1, stripes = 0, warmup = 1;
+  int reps = 3, local_size = 1, stripes = 0, warmup = 1, grid_columns = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--sizes-mb") {
@@ -130,8 +133,11 @@ int Run(int argc, char** argv) {
       stripes = std::atoi(argv[i + 1]);
     } else if (flag == "--warmup") {
       warmup = std::atoi(argv[i + 1]);
+    } else if (flag == "--grid-columns") {
+      grid_columns = std::atoi(argv[i + 1]);
     } else {
-      GC_THROW("sim_allreduce: unknown flag ", flag, " (--sizes-mb, --variants, --reps, --local-size, --stripes, --warmup)");
+      GC_THROW("sim_allreduce: unknown flag ", flag,
+               " (--sizes-mb, --variants, --reps, --local-size, --stripes, --warmup, --grid-columns)");
     }
   }
   GC_ENFORCE(reps >= 1, "sim_allreduce: --reps must be at least 1, got ", reps);
@@ -141,8 +147,14 @@ int Run(int argc, char** argv) {
   gradcomp::Topology topo = gradcomp::BuildTopology(std::make_unique<gradcomp::MpiCommunicator>(MPI_COMM_WORLD),
                                                     local_size, gradcomp::LocalTransport::kMessages);
   const int n = topo.size(), rank = topo.rank();
-  const gradcomp::Grid world_grid = gradcomp::MakeGrid(*topo.world), cross_grid = gradcomp::MakeGrid(*topo.cross);
-  const gradcomp::Grid node_grid = gradcomp::MakeNodeGrid(topo), nested_grid = gradcomp::MakeNodeGrid(topo, 0);
+  GC_ENFORCE(grid_columns >= 0 && (grid_columns == 0 || n % grid_columns == 0), "sim_allreduce: --grid-columns ",
+             grid_columns, " does not divide the world of ", n, " ranks");
+  GC_ENFORCE(grid_columns == 0 || local_size == 1 || topo.cross_size() % grid_columns == 0,
+             "sim_allreduce: --grid-columns ", grid_columns, " does not divide the ", topo.cross_size(), " nodes");
+  const gradcomp::Grid world_grid = gradcomp::MakeGrid(*topo.world, grid_columns);
+  const gradcomp::Grid cross_grid = gradcomp::MakeGrid(*topo.cross);
+  const gradcomp::Grid node_grid = gradcomp::MakeNodeGrid(topo);
+  const gradcomp::Grid nested_grid = gradcomp::MakeNodeGrid(topo, grid_columns);
   if (rank == 0) {
     std::printf("sim_allreduce: %d ranks, %d per node x %d nodes, %d reps; grids %d x %d, across nodes %d x %d\n", n,
                 topo.local_size(), topo.cross_size(), reps, world_grid.rows(), world_grid.columns(), cross_grid.rows(),
