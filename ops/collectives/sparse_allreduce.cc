@@ -15,6 +15,9 @@ namespace gradcomp {
 
 namespace {
 
+// Tag of the encodings' point-to-point allgather.
+constexpr int kSparseGatherTag = 0x5500;
+
 // Every rank's encoding (this rank's `bytes` at ws.send's wire, at most `max_each` on any rank),
 // gathered into ws.all's wire, each rank's size first (topk's size depends on the data);
 // returns the sizes. The headers of the gathered encodings are read on the host: ws.all's host
@@ -43,7 +46,24 @@ std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace&
   const size_t total = Offsets(sizes).back() + sizes.back();
   // Room for every rank's largest encoding, so that steps of varying sizes allocate nothing.
   ws.all.Reserve(ws.device, std::max(total, ranks * max_each), wire_on_device);
-  comm.Allgatherv(ws.send.wire(), ws.all.wire(), sizes);
+  if (comm.nonblocking()) {
+    // Every message at once (ExchangeAll: MPI's allgather steps through the peers), this
+    // rank's own encoding copied into its slot.
+    const std::vector<size_t> at = Offsets(sizes);
+    const size_t me = static_cast<size_t>(comm.rank());
+    if (wire_on_device) {
+      ws.device.Copy(ws.all.wire() + at[me], ws.send.wire(), sizes[me], stream);
+      stream.Synchronize();
+    } else {
+      std::memcpy(ws.all.wire() + at[me], ws.send.wire(), sizes[me]);
+    }
+    const std::pair<const uint8_t*, size_t> mine{ws.send.wire(), sizes[me]};
+    std::vector<std::pair<uint8_t*, size_t>> in_msgs(ranks);
+    for (size_t r = 0; r < ranks; ++r) in_msgs[r] = {ws.all.wire() + at[r], sizes[r]};
+    ExchangeAll(comm, kSparseGatherTag, std::vector<std::pair<const uint8_t*, size_t>>(ranks, mine), in_msgs);
+  } else {
+    comm.Allgatherv(ws.send.wire(), ws.all.wire(), sizes);
+  }
   if (wire_on_device) {
     ws.all.ToHost(0, total, stream);
     stream.Synchronize();
