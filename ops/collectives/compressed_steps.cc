@@ -95,15 +95,20 @@ CodecParams SraGatherParams(const CodecParams& p, int rank) {
   return StreamFor(p, 0x10000u + static_cast<uint32_t>(rank));
 }
 
-void ExchangeAll(Communicator& comm, int tag, const std::vector<std::pair<const uint8_t*, size_t>>& send,
-                 const std::vector<std::pair<uint8_t*, size_t>>& recv) {
+namespace {
+
+// Peer p's message (from `in`: at p's offset in send_bytes, or all of it with same_to_all)
+// into p's offset in `out`; every receive and then every send posted at once.
+void ExchangeAll(Communicator& comm, int tag, const uint8_t* in, const std::vector<size_t>& send_bytes,
+                 bool same_to_all, uint8_t* out, const std::vector<size_t>& recv_bytes) {
+  const std::vector<size_t> send_at = Offsets(send_bytes), recv_at = Offsets(recv_bytes);
   std::vector<std::unique_ptr<PendingTransfer>> pending;
   const int n = comm.size(), me = comm.rank();
   for (int p = 0; p < n; ++p) {
-    if (p != me) pending.push_back(comm.Irecv(recv[p].first, recv[p].second, p, tag));
+    if (p != me) pending.push_back(comm.Irecv(out + recv_at[p], recv_bytes[p], p, tag));
   }
   for (int p = 0; p < n; ++p) {
-    if (p != me) pending.push_back(comm.Isend(send[p].first, send[p].second, p, tag));
+    if (p != me) pending.push_back(comm.Isend(in + (same_to_all ? 0 : send_at[p]), send_bytes[p], p, tag));
   }
   PollUntil([&] {
     for (auto& t : pending) {
@@ -111,6 +116,18 @@ void ExchangeAll(Communicator& comm, int tag, const std::vector<std::pair<const 
     }
     return true;
   });
+}
+
+}  // namespace
+
+void AlltoallAtOnce(Communicator& comm, int tag, const uint8_t* in, const std::vector<size_t>& send_bytes, uint8_t* out,
+                    const std::vector<size_t>& recv_bytes) {
+  ExchangeAll(comm, tag, in, send_bytes, false, out, recv_bytes);
+}
+
+void AllgatherAtOnce(Communicator& comm, int tag, const uint8_t* mine, uint8_t* out, const std::vector<size_t>& bytes) {
+  const std::vector<size_t> send_bytes(bytes.size(), bytes[static_cast<size_t>(comm.rank())]);
+  ExchangeAll(comm, tag, mine, send_bytes, true, out, bytes);
 }
 
 bool WireOnDevice(const Communicator& comm, const CompressionWorkspace& ws) {

@@ -56,13 +56,14 @@ size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecPar
 void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const uint8_t* wire,
                   const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out);
 
-/// One message to and from every other rank of `comm` at once (send[p] / recv[p] = (data,
-/// bytes); the rank's own entries are ignored), polled to the end. Every message pays one
-/// latency together, where an MPI allgather's ring or an alltoall's pairwise steps pay one a
-/// peer, one after the other (32 simulated ranks, 2 MB 4-bit SRA: 0.4 ms against 1.5 ms).
-/// Needs comm.nonblocking().
-void ExchangeAll(Communicator& comm, int tag, const std::vector<std::pair<const uint8_t*, size_t>>& send,
-                 const std::vector<std::pair<uint8_t*, size_t>>& recv);
+/// Communicator::Alltoallv and Allgatherv over point-to-point with every message posted at
+/// once, polled to the end (comm.nonblocking() required; `tag` tells them from other traffic).
+/// Every message pays one latency together, where an MPI allgather's ring or an alltoall's
+/// pairwise steps pay one a peer, one after the other (32 simulated ranks, 2 MB 4-bit SRA:
+/// 0.4 ms against 1.5 ms). Allgather leaves this rank's own slot of `out` untouched.
+void AlltoallAtOnce(Communicator& comm, int tag, const uint8_t* in, const std::vector<size_t>& send_bytes, uint8_t* out,
+                    const std::vector<size_t>& recv_bytes);
+void AllgatherAtOnce(Communicator& comm, int tag, const uint8_t* mine, uint8_t* out, const std::vector<size_t>& bytes);
 
 /// Whether `comm` reads and writes the workspace's device memory itself (NCCL, CUDA-aware
 /// MPI): then encoded bytes go to it straight from the device, without host staging.

@@ -47,20 +47,16 @@ std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace&
   // Room for every rank's largest encoding, so that steps of varying sizes allocate nothing.
   ws.all.Reserve(ws.device, std::max(total, ranks * max_each), wire_on_device);
   if (comm.nonblocking()) {
-    // Every message at once (ExchangeAll: MPI's allgather steps through the peers), this
-    // rank's own encoding copied into its slot.
-    const std::vector<size_t> at = Offsets(sizes);
-    const size_t me = static_cast<size_t>(comm.rank());
+    // Every message at once (MPI's allgather steps through the peers); this rank's own
+    // encoding copied into its slot.
+    const size_t me = static_cast<size_t>(comm.rank()), encoding_at = Offsets(sizes)[me];
     if (wire_on_device) {
-      ws.device.Copy(ws.all.wire() + at[me], ws.send.wire(), sizes[me], stream);
+      ws.device.Copy(ws.all.wire() + encoding_at, ws.send.wire(), sizes[me], stream);
       stream.Synchronize();
     } else {
-      std::memcpy(ws.all.wire() + at[me], ws.send.wire(), sizes[me]);
+      std::memcpy(ws.all.wire() + encoding_at, ws.send.wire(), sizes[me]);
     }
-    const std::pair<const uint8_t*, size_t> mine{ws.send.wire(), sizes[me]};
-    std::vector<std::pair<uint8_t*, size_t>> in_msgs(ranks);
-    for (size_t r = 0; r < ranks; ++r) in_msgs[r] = {ws.all.wire() + at[r], sizes[r]};
-    ExchangeAll(comm, kSparseGatherTag, std::vector<std::pair<const uint8_t*, size_t>>(ranks, mine), in_msgs);
+    AllgatherAtOnce(comm, kSparseGatherTag, ws.send.wire(), ws.all.wire(), sizes);
   } else {
     comm.Allgatherv(ws.send.wire(), ws.all.wire(), sizes);
   }

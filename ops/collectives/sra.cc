@@ -222,7 +222,7 @@ void SraRun::DecodeAll(size_t s) {
 }
 
 // One stripe: encode, alltoall, reduce, allgather, decode, one after the other. Both exchanges
-// post every message at once where the transport can (ExchangeAll): large worlds' columns of
+// post every message at once where the transport can (AlltoallAtOnce, AllgatherAtOnce): large worlds' columns of
 // the 2-D SRA run here, and the transport's collectives step through the peers one by one.
 void SraRun::RunBlocking(Pipeline& pipe) {
   const std::vector<size_t> send_bytes = plan_.ScatterBytes(0, true), recv_bytes = plan_.ScatterBytes(0, false);
@@ -230,14 +230,7 @@ void SraRun::RunBlocking(Pipeline& pipe) {
   {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
     if (comm_.nonblocking()) {
-      const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
-      std::vector<std::pair<const uint8_t*, size_t>> out_msgs(plan_.ranks);
-      std::vector<std::pair<uint8_t*, size_t>> in_msgs(plan_.ranks);
-      for (size_t p = 0; p < plan_.ranks; ++p) {
-        out_msgs[p] = {ws_.send.wire() + soff[p], send_bytes[p]};
-        in_msgs[p] = {ws_.recv.wire() + roff[p], recv_bytes[p]};
-      }
-      ExchangeAll(comm_, kSraTagBase, out_msgs, in_msgs);
+      AlltoallAtOnce(comm_, kSraTagBase, ws_.send.wire(), send_bytes, ws_.recv.wire(), recv_bytes);
     } else {
       comm_.Alltoallv(ws_.send.wire(), send_bytes, ws_.recv.wire(), recv_bytes);
     }
@@ -247,12 +240,7 @@ void SraRun::RunBlocking(Pipeline& pipe) {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
     if (comm_.nonblocking()) {
       // Every peer's reduced chunk into its place in ws.all (this rank's stays in ws.own).
-      const std::vector<size_t> aoff = Offsets(plan_.bytes[0]);
-      const std::pair<const uint8_t*, size_t> own{ws_.own.wire(), plan_.bytes[0][plan_.mine]};
-      std::vector<std::pair<const uint8_t*, size_t>> out_msgs(plan_.ranks, own);
-      std::vector<std::pair<uint8_t*, size_t>> in_msgs(plan_.ranks);
-      for (size_t p = 0; p < plan_.ranks; ++p) in_msgs[p] = {ws_.all.wire() + aoff[p], plan_.bytes[0][p]};
-      ExchangeAll(comm_, kSraTagBase + 1, out_msgs, in_msgs);
+      AllgatherAtOnce(comm_, kSraTagBase + 1, ws_.own.wire(), ws_.all.wire(), plan_.bytes[0]);
     } else {
       comm_.Allgatherv(ws_.own.wire(), ws_.all.wire(), plan_.bytes[0]);
     }

@@ -156,14 +156,7 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   });
   {
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
-    std::vector<std::pair<const uint8_t*, size_t>> out_msgs(b);
-    std::vector<std::pair<uint8_t*, size_t>> in_msgs(b);
-    for (size_t p = 0; p < b; ++p) {
-      out_msgs[p] = {ws.send.wire() + soff[p], send_bytes[p]};
-      in_msgs[p] = {ws.recv.wire() + roff[p], recv_bytes[p]};
-    }
-    ExchangeAll(row, kRowScatterTag, out_msgs, in_msgs);
+    AlltoallAtOnce(row, kRowScatterTag, ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
   }
   st->bytes_sent += rp.send_total;
 
@@ -207,10 +200,7 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   ws.recv.Reserve(d, blob_at.back() + blob_bytes.back(), wire_on_device);
   {
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    std::vector<std::pair<const uint8_t*, size_t>> out_msgs(b, {ws.all.wire(), blob_bytes[j]});
-    std::vector<std::pair<uint8_t*, size_t>> in_msgs(b);
-    for (size_t p = 0; p < b; ++p) in_msgs[p] = {ws.recv.wire() + blob_at[p], blob_bytes[p]};
-    ExchangeAll(row, kRowGatherTag, out_msgs, in_msgs);
+    AllgatherAtOnce(row, kRowGatherTag, ws.all.wire(), ws.recv.wire(), blob_bytes);
   }
   st->bytes_sent += (b - 1) * blob_bytes[j];
   codec_work.Submit([&] {
