@@ -122,10 +122,10 @@ void AutoCompression::ProbeLink() {
     for (int i = 0; i < 2; ++i) best = std::min(best, probe_(bytes));
     return best;
   };
-  constexpr size_t kSmall = size_t{64} << 10, kLarge = size_t{4} << 20;
-  const double small = least(kSmall), large = least(kLarge);
+  constexpr size_t kOne = sizeof(float), kSmall = size_t{64} << 10, kLarge = size_t{4} << 20;
+  const double one = least(kOne), small = least(kSmall), large = least(kLarge);
   std::lock_guard<std::mutex> lock(mu_);
-  link_ = LinkCost::Fit(kSmall, small, kLarge, large);
+  link_ = LinkCost::Fit(kSmall, small, kLarge, large, one);
 }
 
 LinkCost AutoCompression::link() const {

@@ -19,8 +19,9 @@
 // Cost model (GRADCOMP_AUTO_COST_MODEL): compression pays only where the link is slow next to
 // the codecs. At the first choice, and every kProbeEvery choices, the ranks time uncompressed
 // allreduces of 64 KB and 4 MB through the executor's own path (shared memory in a node, MPI
-// or SRA across nodes) and fit latency + bytes x cost per byte; the candidates' encode and
-// decode are timed on the gradients they are measured on. A candidate whose estimated
+// or SRA across nodes) and fit latency + bytes x cost per byte (the latency no less than a
+// one-value allreduce's, also timed); the candidates' encode and decode are timed on the
+// gradients they are measured on. A candidate whose estimated
 // allreduce (LinkCost::Seconds) is slower than none's is left out of that tensor's choice,
 // so on one node nothing is compressed while across slow links the bytes decide.
 //

@@ -110,8 +110,8 @@ const std::vector<Entry>& Registry() {
        "topkR (R in (0, 1]), comma-separated"},
       {"GRADCOMP_AUTO_COST_MODEL", nullptr, Kind::kBool, Of(&Settings::auto_cost_model), "1",
        "with GRADCOMP_COMPRESSION=auto, a tensor is compressed only where that is estimated to save time: timed "
-       "uncompressed allreduces of two sizes give the link's latency and cost per byte, the candidates' encoding and "
-       "decoding are timed on the gradients"},
+       "uncompressed allreduces of one value and of two sizes give the link's latency and cost per byte, the "
+       "candidates' encoding and decoding are timed on the gradients"},
       {"GRADCOMP_AUTO_INTERVAL", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_interval), "100",
        "with GRADCOMP_COMPRESSION=auto, steps between two choices (each choice measures every candidate on the "
        "step before it)",

@@ -194,10 +194,11 @@ CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<Co
   return out;
 }
 
-LinkCost LinkCost::Fit(double small_bytes, double small_seconds, double large_bytes, double large_seconds) {
+LinkCost LinkCost::Fit(double small_bytes, double small_seconds, double large_bytes, double large_seconds,
+                       double least_latency) {
   LinkCost c;
   if (large_bytes > small_bytes) c.per_byte = std::max(0.0, (large_seconds - small_seconds) / (large_bytes - small_bytes));
-  c.latency = std::max(0.0, small_seconds - small_bytes * c.per_byte);
+  c.latency = std::max({0.0, least_latency, small_seconds - small_bytes * c.per_byte});
   return c;
 }
 

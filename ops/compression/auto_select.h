@@ -77,7 +77,8 @@ CandidateErrors MeasureCandidates(const float* x, size_t n, const std::vector<Co
                                   const float* residual = nullptr);
 
 /// What sending a tensor costs on a communicator: seconds = latency + bytes x per_byte, fitted
-/// from timed uncompressed allreduces of two sizes (the executor's probe).
+/// from timed uncompressed allreduces of two sizes, the latency never under that of a
+/// one-value allreduce (the executor's probe).
 struct LinkCost {
   double latency = 0;
   double per_byte = 0;
@@ -89,8 +90,11 @@ struct LinkCost {
   double Seconds(double wire_bytes, double codec_seconds) const {
     return latency + wire_bytes * per_byte + 2 * codec_seconds;
   }
-  /// The line through two timed sizes (bytes, seconds), never negative.
-  static LinkCost Fit(double small_bytes, double small_seconds, double large_bytes, double large_seconds);
+  /// The line through two timed sizes (bytes, seconds), never negative; its latency at least
+  /// `least_latency` (a timed one-value allreduce: where the small size is already bound by
+  /// bandwidth, as at memory speed, noise can put the line's intercept at or under zero).
+  static LinkCost Fit(double small_bytes, double small_seconds, double large_bytes, double large_seconds,
+                      double least_latency = 0);
 };
 
 /// Bytes n values of `dtype` take on the wire under `spec` (for topk: the most).

@@ -183,6 +183,12 @@ TEST(AutoSelect, TheLinkIsTheLineThroughTwoTimings) {
   const LinkCost flat = LinkCost::Fit(1 << 16, 0.002, 4 << 20, 0.001);
   EXPECT_EQ(flat.per_byte, 0.0);
   EXPECT_EQ(flat.latency, 0.002);
+  // At memory speed the small size is bound by bandwidth and noise can put the intercept under
+  // zero: the timed one-value allreduce is the latency's floor.
+  const LinkCost steep = LinkCost::Fit(1 << 16, 0.0001, 4 << 20, 0.0070, 2e-6);
+  EXPECT_EQ(steep.latency, 2e-6);
+  EXPECT_GT(steep.per_byte, 0.0);
+  EXPECT_NEAR(LinkCost::Fit(1 << 16, 0.001, 4 << 20, 0.033, 2e-6).latency, c.latency, 1e-15) << "a floor only";
   EXPECT_FALSE(LinkCost{}.known());
 }
 
