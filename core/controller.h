@@ -40,6 +40,7 @@
 // A shutdown on any rank (or a stall shutdown decided by rank 0) ends the loop on every rank.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -155,9 +156,10 @@ class Controller {
   StallInspector stall_;
   Clock::time_point last_stall_check_;
   std::unique_ptr<Autotuner> tuner_;  // GRADCOMP_AUTOTUNE: one more agreement word, rank 0's
-  uint64_t cache_hits_ = 0;
-  uint64_t deferred_ = 0;
-  uint64_t coordinator_responses_ = 0;
+  // Written by the background thread, read by stats() on any thread.
+  std::atomic<uint64_t> cache_hits_{0};
+  std::atomic<uint64_t> deferred_{0};
+  std::atomic<uint64_t> coordinator_responses_{0};
 };
 
 }  // namespace gradcomp

@@ -233,8 +233,8 @@ def main():
                                         "efficiency": reference / seconds, "ranks": hvd.size(), "link": args.link,
                                         "params": params, "train_cpu": train_cpu, "other_cpu": other_cpu}) + "\n")
     if hvd.rank() == 0:
-        print(f"\n| variant | s/step | scaling efficiency | training thread CPU s/step | other threads CPU s/step |"
-              f"\n|---|---|---|---|---|")
+        print("\n| variant | s/step | scaling efficiency | training thread CPU s/step | other threads CPU s/step |"
+              "\n|---|---|---|---|---|")
         for variant, seconds, eff, train_cpu, other_cpu in rows:
             print(f"| {variant} | {seconds:.3f} | {100 * eff:.0f}% | {train_cpu:.3f} | {other_cpu:.3f} |")
     dist.destroy_process_group()
