@@ -497,6 +497,41 @@ def test_synchronize_then_step_and_zero_grad_guard():
     opt.zero_grad()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_wrapping_a_model_again_reduces_each_gradient_once(overlap):
+    """A new DistributedOptimizer on parameters whose earlier one is gone (a new trial, a
+    rebuilt optimizer) trains exactly as the single-process reference: the earlier one's hooks
+    went with it (Horovod's stay and reduce every gradient again, horovod#2017). While the
+    earlier one lives, wrapping the same names again is refused, naming the parameters."""
+    ref = make_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    model = make_model()
+
+    def wrap():
+        return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                        named_parameters=model.named_parameters(), compression=hvd.Compression.none,
+                                        overlap_forward=model if overlap else None)
+
+    opt = wrap()
+    lockstep(ref, [ref_opt], model, opt, 3)
+    model.state_dict()  # overlap_forward: applies the last step's deferred updates
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, 10)  # holds the optimizer
+    with pytest.raises(ValueError, match=r"'0.bias', '0.weight', '2.bias', '2.weight'.*LR scheduler"):
+        wrap()
+    del opt, scheduler
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)  # fresh momentum on both sides
+    opt = wrap()
+    lockstep(ref, [ref_opt], model, opt, 3)
+    model.state_dict()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+    # Other names for the same parameters are allowed (Horovod's behaviour: each optimizer
+    # reduces the gradient under its own names).
+    other = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=[("again." + n, p) for n, p in model.named_parameters()])
+    del other
+
+
 def make_wide_model(seed=0):
     """6.2M parameters; the middle layer's weight (18.9 MB) is larger than the default
     GRADCOMP_SCHEDULING_CREDIT_MB, so overlap_forward reduces it in two row slices."""

@@ -47,8 +47,10 @@ Overlap with the next forward (``overlap_forward=model``)
     parameter's previous update was applied is an error).
 """
 import contextlib
+import gc
 import math
 import warnings
+import weakref
 
 import torch
 
@@ -119,6 +121,27 @@ def _settings_of(group):
     return {k: v for k, v in group.items() if k != "params"}
 
 
+# id(parameter) -> weak reference to the DistributedOptimizer whose hooks reduce its gradient
+# (by id: tensors compare elementwise; an entry goes with its parameter)
+_OWNERS = {}
+
+
+def _owner(p):
+    ref = _OWNERS.get(id(p))
+    return ref[1]() if ref is not None and ref[0]() is p else None
+
+
+def _set_owner(p, opt):
+    key = id(p)
+    _OWNERS[key] = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.ref(opt))
+
+
+def _remove_hooks(handles):
+    for h in handles:
+        h.remove()
+    handles.clear()
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, overlap_forward=None):
@@ -177,6 +200,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._grad_accs = []
+        # Every hook this optimizer put on the gradient accumulators and the modules. The hooks
+        # hold the optimizer weakly and go when it does: wrapping a model's parameters again
+        # (a new optimizer, a new trial in the same process) does not leave the old hooks
+        # reducing each gradient a second time (Horovod's hooks stay: horovod#2017).
+        self._hook_handles = []
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
         # overlap_forward (module doc): updates deferred to the next forward.
         self._overlap = None
         self._deferred = {}  # param -> _Pending of a step() whose update is not applied yet
@@ -185,6 +214,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._priority = {}  # param -> its module's place in the forward, from 1
         self._modules_seen = 0
         self._parts = {}  # param -> row slices its gradient is reduced in
+        self._claim_parameters()
         if overlap_forward is not None:
             self._setup_overlap(overlap_forward)
         # Residuals and DGC momentum are kept by tensor name: a new optimizer starts fresh.
@@ -277,13 +307,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if "weight_decay" in group:
             group["weight_decay"] = 0.0
 
+    def _claim_parameters(self):
+        """Refuses a parameter whose gradient a live DistributedOptimizer already reduces under
+        the same name: both hooks would submit it, and the second would fail at the first
+        backward. An optimizer that is gone but not yet collected (a reference cycle) is
+        collected first."""
+        def clashes():
+            return [p for p in self._requires_update if (o := _owner(p)) is not None and o is not self
+                    and o._name_of.get(id(p)) == self._name_of[id(p)]]
+
+        clash = clashes()
+        if clash:
+            gc.collect()
+            clash = clashes()
+        if clash:
+            names = ", ".join(f"'{n}'" for n in sorted(self._name_of[id(p)] for p in clash)[:5])
+            raise ValueError(f"DistributedOptimizer: parameter(s) {names} are already reduced, under the same "
+                             f"name(s), by another DistributedOptimizer that still exists; drop every reference "
+                             "to it (an LR scheduler holds its optimizer) before wrapping the parameters again, "
+                             "or pass named_parameters with other names")
+        for p in self._requires_update:
+            _set_owner(p, self)
+
     def _register_hooks(self):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
                     p_tmp = p.expand_as(p)
                     grad_acc = p_tmp.grad_fn.next_functions[0][0]
-                    grad_acc.register_hook(self._make_hook(p))
+                    self._hook_handles.append(grad_acc.register_hook(self._make_hook(p)))
                     self._grad_accs.append(grad_acc)
 
     def _setup_overlap(self, module):
@@ -301,14 +353,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             mine = [p for p in m.parameters(recurse=False) if p in owned and p not in hooked]
             if mine:
                 hooked.update(mine)
-                m.register_forward_pre_hook(self._make_pre_hook(mine))
+                self._hook_handles.append(m.register_forward_pre_hook(self._make_pre_hook(mine)))
         missing = [self._name_of[id(p)] for p in self._plans if p in owned and p not in hooked]
         if missing:
             raise ValueError(f"overlap_forward: parameter(s) {', '.join(missing[:5])} of the optimizer are not in the "
                              "module given; its forward must use every parameter the optimizer updates")
-        module.register_forward_hook(lambda *_: self._apply_deferred(list(self._deferred)))
+        me = weakref.ref(self)
+
+        def apply_all(*_):
+            opt = me()
+            if opt is not None:
+                opt._apply_deferred(list(opt._deferred))
+
+        self._hook_handles.append(module.register_forward_hook(apply_all))
         if hasattr(module, "_register_state_dict_hook"):
-            module._register_state_dict_hook(lambda *_: self._apply_deferred(list(self._deferred)))
+            self._hook_handles.append(module._register_state_dict_hook(apply_all))
         part_bytes = _b.runtime().scheduling_credit_mb * 2**20
         for p in owned:
             rows = p.shape[0] if p.dim() >= 2 else 1
@@ -324,17 +383,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return [f"allreduce.{plan.name}.part{i}" for i in range(parts)]
 
     def _make_pre_hook(self, params):
+        me = weakref.ref(self)
+
         def pre_hook(module, inputs):
             del module, inputs
-            if params[0] not in self._priority:  # the first forward through this module
-                self._modules_seen += 1
-                for p in params:
-                    self._priority[p] = self._modules_seen
-            waiting = [p for p in params if p in self._deferred]
-            if waiting:
-                self._apply_deferred(waiting)
+            opt = me()
+            if opt is not None:
+                opt._module_forward(params)
 
         return pre_hook
+
+    def _module_forward(self, params):
+        """A module holding `params` is about to run its forward: their deferred update first."""
+        if params[0] not in self._priority:  # the first forward through this module
+            self._modules_seen += 1
+            for p in params:
+                self._priority[p] = self._modules_seen
+        waiting = [p for p in params if p in self._deferred]
+        if waiting:
+            self._apply_deferred(waiting)
 
     @contextlib.contextmanager
     def _only(self, params, settings=None):
@@ -372,26 +439,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -- communication ---------------------------------------------------------------------------
 
     def _make_hook(self, p):
+        me = weakref.ref(self)
+
         def hook(*ignore):
             del ignore
-            if p in self._deferred:
-                raise AssertionError(f"overlap_forward: parameter '{self._name_of[id(p)]}' got a gradient before the "
-                                     "update of the previous step() was applied; run the forward through the module "
-                                     "given as overlap_forward (or call optimizer.synchronize() before it)")
-            if p in self._handles and self._handles[p] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
-                                         "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                                         "locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                self._start(p)
-            else:
-                self._handles[p] = None
+            opt = me()
+            if opt is not None:
+                opt._gradient_ready(p)
 
         return hook
+
+    def _gradient_ready(self, p):
+        """Backward has produced p's gradient (one more local pass)."""
+        if p in self._deferred:
+            raise AssertionError(f"overlap_forward: parameter '{self._name_of[id(p)]}' got a gradient before the "
+                                 "update of the previous step() was applied; run the forward through the module "
+                                 "given as overlap_forward (or call optimizer.synchronize() before it)")
+        if p in self._handles and self._handles[p] is not None:
+            if self._allreduce_delay[p] <= 0:
+                raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
+                                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                                     "locally.")
+        assert not p.grad.requires_grad
+        assert self._allreduce_delay[p] > 0
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] == 0:
+            self._start(p)
+        else:
+            self._handles[p] = None
 
     def _to_send(self, p, plan):
         """The tensor to reduce for p: its gradient, or (DGC take-over) the locally
