@@ -529,6 +529,8 @@ def test_wrapping_a_model_again_reduces_each_gradient_once(overlap):
     # reduces the gradient under its own names).
     other = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                      named_parameters=[("again." + n, p) for n, p in model.named_parameters()])
+    with pytest.raises(ValueError, match="already reduced"):
+        wrap()  # `opt` still reduces them under these names
     del other
 
 

@@ -121,19 +121,23 @@ def _settings_of(group):
     return {k: v for k, v in group.items() if k != "params"}
 
 
-# id(parameter) -> weak reference to the DistributedOptimizer whose hooks reduce its gradient
-# (by id: tensors compare elementwise; an entry goes with its parameter)
+# id(parameter) -> (weak reference to it, weak set of the DistributedOptimizers whose hooks
+# reduce its gradient); by id, since tensors compare elementwise; an entry goes with its parameter
 _OWNERS = {}
 
 
-def _owner(p):
-    ref = _OWNERS.get(id(p))
-    return ref[1]() if ref is not None and ref[0]() is p else None
+def _owners(p):
+    entry = _OWNERS.get(id(p))
+    return list(entry[1]) if entry is not None and entry[0]() is p else []
 
 
-def _set_owner(p, opt):
+def _add_owner(p, opt):
     key = id(p)
-    _OWNERS[key] = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.ref(opt))
+    entry = _OWNERS.get(key)
+    if entry is None or entry[0]() is not p:
+        entry = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.WeakSet())
+        _OWNERS[key] = entry
+    entry[1].add(opt)
 
 
 def _remove_hooks(handles):
@@ -214,7 +218,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._priority = {}  # param -> its module's place in the forward, from 1
         self._modules_seen = 0
         self._parts = {}  # param -> row slices its gradient is reduced in
-        self._claim_parameters()
+        self._refuse_clashes()
         if overlap_forward is not None:
             self._setup_overlap(overlap_forward)
         # Residuals and DGC momentum are kept by tensor name: a new optimizer starts fresh.
@@ -307,14 +311,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if "weight_decay" in group:
             group["weight_decay"] = 0.0
 
-    def _claim_parameters(self):
+    def _refuse_clashes(self):
         """Refuses a parameter whose gradient a live DistributedOptimizer already reduces under
         the same name: both hooks would submit it, and the second would fail at the first
         backward. An optimizer that is gone but not yet collected (a reference cycle) is
         collected first."""
         def clashes():
-            return [p for p in self._requires_update if (o := _owner(p)) is not None and o is not self
-                    and o._name_of.get(id(p)) == self._name_of[id(p)]]
+            return [p for p in self._requires_update
+                    if any(o._name_of.get(id(p)) == self._name_of[id(p)] for o in _owners(p))]
 
         clash = clashes()
         if clash:
@@ -326,8 +330,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              f"name(s), by another DistributedOptimizer that still exists; drop every reference "
                              "to it (an LR scheduler holds its optimizer) before wrapping the parameters again, "
                              "or pass named_parameters with other names")
-        for p in self._requires_update:
-            _set_owner(p, self)
 
     def _register_hooks(self):
         for group in self.param_groups:
@@ -337,6 +339,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     grad_acc = p_tmp.grad_fn.next_functions[0][0]
                     self._hook_handles.append(grad_acc.register_hook(self._make_hook(p)))
                     self._grad_accs.append(grad_acc)
+                    _add_owner(p, self)
 
     def _setup_overlap(self, module):
         if not isinstance(module, torch.nn.Module):
