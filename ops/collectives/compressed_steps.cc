@@ -122,10 +122,12 @@ void ExchangeAll(Communicator& comm, int tag, const uint8_t* in, const std::vect
 
 void AlltoallAtOnce(Communicator& comm, int tag, const uint8_t* in, const std::vector<size_t>& send_bytes, uint8_t* out,
                     const std::vector<size_t>& recv_bytes) {
+  if (!comm.nonblocking()) return comm.Alltoallv(in, send_bytes, out, recv_bytes);
   ExchangeAll(comm, tag, in, send_bytes, false, out, recv_bytes);
 }
 
 void AllgatherAtOnce(Communicator& comm, int tag, const uint8_t* mine, uint8_t* out, const std::vector<size_t>& bytes) {
+  if (!comm.nonblocking()) return comm.Allgatherv(mine, out, bytes);
   const std::vector<size_t> send_bytes(bytes.size(), bytes[static_cast<size_t>(comm.rank())]);
   ExchangeAll(comm, tag, mine, send_bytes, true, out, bytes);
 }

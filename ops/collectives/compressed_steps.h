@@ -57,10 +57,12 @@ void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParam
                   const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out);
 
 /// Communicator::Alltoallv and Allgatherv over point-to-point with every message posted at
-/// once, polled to the end (comm.nonblocking() required; `tag` tells them from other traffic).
-/// Every message pays one latency together, where an MPI allgather's ring or an alltoall's
-/// pairwise steps pay one a peer, one after the other (32 simulated ranks, 2 MB 4-bit SRA:
-/// 0.4 ms against 1.5 ms). Allgather leaves this rank's own slot of `out` untouched.
+/// once, polled to the end (`tag` tells them from other traffic). Every message pays one
+/// latency together, where an MPI allgather's ring or an alltoall's pairwise steps pay one a
+/// peer, one after the other (32 simulated ranks, 2 MB 4-bit SRA: 0.4 ms against 1.5 ms). A
+/// transport without nonblocking transfers (NCCL) runs its own Alltoallv / Allgatherv instead.
+/// Allgather may leave this rank's own slot of `out` untouched: callers do not read it, or fill
+/// it themselves.
 void AlltoallAtOnce(Communicator& comm, int tag, const uint8_t* in, const std::vector<size_t>& send_bytes, uint8_t* out,
                     const std::vector<size_t>& recv_bytes);
 void AllgatherAtOnce(Communicator& comm, int tag, const uint8_t* mine, uint8_t* out, const std::vector<size_t>& bytes);

@@ -46,20 +46,16 @@ std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace&
   const size_t total = Offsets(sizes).back() + sizes.back();
   // Room for every rank's largest encoding, so that steps of varying sizes allocate nothing.
   ws.all.Reserve(ws.device, std::max(total, ranks * max_each), wire_on_device);
-  if (comm.nonblocking()) {
-    // Every message at once (MPI's allgather steps through the peers); this rank's own
-    // encoding copied into its slot.
-    const size_t me = static_cast<size_t>(comm.rank()), encoding_at = Offsets(sizes)[me];
-    if (wire_on_device) {
-      ws.device.Copy(ws.all.wire() + encoding_at, ws.send.wire(), sizes[me], stream);
-      stream.Synchronize();
-    } else {
-      std::memcpy(ws.all.wire() + encoding_at, ws.send.wire(), sizes[me]);
-    }
-    AllgatherAtOnce(comm, kSparseGatherTag, ws.send.wire(), ws.all.wire(), sizes);
+  // Every message at once (MPI's allgather steps through the peers); this rank's own encoding
+  // copied into its slot.
+  const size_t me = static_cast<size_t>(comm.rank()), encoding_at = Offsets(sizes)[me];
+  if (wire_on_device) {
+    ws.device.Copy(ws.all.wire() + encoding_at, ws.send.wire(), sizes[me], stream);
+    stream.Synchronize();
   } else {
-    comm.Allgatherv(ws.send.wire(), ws.all.wire(), sizes);
+    std::memcpy(ws.all.wire() + encoding_at, ws.send.wire(), sizes[me]);
   }
+  AllgatherAtOnce(comm, kSparseGatherTag, ws.send.wire(), ws.all.wire(), sizes);
   if (wire_on_device) {
     ws.all.ToHost(0, total, stream);
     stream.Synchronize();

@@ -4,10 +4,12 @@
 #include "ops/collectives/sra.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "ops/collectives/context.h"
 #include "ops/collectives/pipeline.h"
+#include "ops/common/enforce.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -104,23 +106,26 @@ namespace {
 class SraRun {
  public:
   SraRun(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-         CompressionWorkspace& ws, CompressedAllreduceStats* st)
+         CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings)
       : comm_(comm), o_(o), codec_(*o.codec), x_(x), scale_(scale), out_(out), ws_(ws), st_(st),
         plan_(SraPlan::Make(o, static_cast<size_t>(comm.size()), static_cast<size_t>(comm.rank()))),
         p1_(SraScatterParams(o.params, comm.rank())),
         p2_(SraGatherParams(o.params, comm.rank())),
-        rr_(o.reduced_residual ? o.reduced_residual + plan_.chunk_offsets[plan_.mine] : nullptr) {
+        rr_(o.reduced_residual ? o.reduced_residual + plan_.chunk_offsets[plan_.mine] : nullptr),
+        raw_(&codec_ == &NoneCodec() && !keep_encodings && o.residual == nullptr && rr_ == nullptr &&
+             comm.nonblocking() && (ws.device.space() == MemorySpace::kHost || WireOnDevice(comm, ws))) {
     Device& d = ws.device;
     const bool wire_on_device = WireOnDevice(comm, ws);
-    ws.send.Reserve(d, plan_.send_total, wire_on_device);
     ws.recv.Reserve(d, plan_.recv_total, wire_on_device);
+    if (raw_) return;
+    ws.send.Reserve(d, plan_.send_total, wire_on_device);
     ws.own.Reserve(d, plan_.own_total, wire_on_device);
     ws.all.Reserve(d, plan_.all_total, wire_on_device);
   }
 
   void Run() {
     Pipeline pipe(plan_.stripes == 1);
-    if (plan_.stripes == 1) {
+    if (plan_.stripes == 1 && !raw_) {
       RunBlocking(pipe);
     } else {
       RunStriped(pipe);
@@ -131,6 +136,7 @@ class SraRun {
  private:
   void EncodePeers(size_t s);
   void ReduceOwn(size_t s);
+  void ReduceOwnRaw(size_t s);
   void DecodeAll(size_t s);
   void RunBlocking(Pipeline& pipe);
   void RunStriped(Pipeline& pipe);
@@ -148,11 +154,33 @@ class SraRun {
   const CodecParams p1_;  // this rank's stream in the scatter
   const CodecParams p2_;  // and in the gather
   float* rr_;             // reduced residual of this rank's chunk, or null
+  // Raw float32 on the wire (the none codec, no error feedback) over a transport that reads
+  // this memory: the scatter sends straight from x, the owner sums its chunk into out and sends
+  // it from there, and every reduced chunk lands in out. Encoding and decoding the identity
+  // were a copy each way of every value on the exchange's helper thread (perf, 25.2M-parameter
+  // MLP at 1 Gbit/s), where gloo sends from and receives into the buffer.
+  const bool raw_;
+
+  // Where stripe s's messages leave from and land: peer p's scatter (at `at`, its offset in the
+  // stripe's send buffer), this rank's reduced chunk, chunk c's (at `at` in the gather buffer).
+  const uint8_t* ScatterFrom(size_t s, size_t p, size_t at) const {
+    if (raw_) return reinterpret_cast<const uint8_t*>(x_ + plan_.StripeBegin(p, s));
+    return ws_.send.wire() + plan_.send_at[s] + at;
+  }
+  const uint8_t* GatherFrom(size_t s) const {
+    if (raw_) return reinterpret_cast<const uint8_t*>(out_ + plan_.StripeBegin(plan_.mine, s));
+    return ws_.own.wire() + plan_.own_at[s];
+  }
+  uint8_t* GatherInto(size_t s, size_t c, size_t at) const {
+    if (raw_) return reinterpret_cast<uint8_t*>(out_ + plan_.StripeBegin(c, s));
+    return ws_.all.wire() + plan_.all_at[s] + at;
+  }
 };
 
 // 1. Encodes every peer's stripe (and keeps what that encoding lost, for error feedback), and
 // stages the encodings for the network (unless the communicator reads device memory).
 void SraRun::EncodePeers(size_t s) {
+  if (raw_) return;  // sent as they are
   Phase phase(o_, "COMPRESS", &st_->compress_seconds);
   Device& d = ws_.device;
   Stream& stream = *ws_.stream;
@@ -174,6 +202,7 @@ void SraRun::EncodePeers(size_t s) {
 // 2 + 3. Sums this rank's stripe in float32 (own values, then the peers' in rank order),
 // scales, compensates and encodes once: block by block, so the sum never leaves the cache.
 void SraRun::ReduceOwn(size_t s) {
+  if (raw_) return ReduceOwnRaw(s);
   Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
   Device& d = ws_.device;
   Stream& stream = *ws_.stream;
@@ -208,8 +237,33 @@ void SraRun::ReduceOwn(size_t s) {
   stream.Synchronize();
 }
 
+// 2 + 3, raw: out = x + the peers' values in rank order, scaled, block by block (the same sums
+// as ReduceOwn's: decoding the identity is exact).
+void SraRun::ReduceOwnRaw(size_t s) {
+  Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
+  Device& d = ws_.device;
+  Stream& stream = *ws_.stream;
+  const size_t mine = plan_.mine;
+  const std::vector<size_t> off = Offsets(plan_.ScatterBytes(s, false));
+  size_t wire_at = 0;  // of this block in every peer's message (read where it landed: raw_)
+  for (const Piece& pc : plan_.pieces[s][mine]) {
+    float* result = out_ + pc.start;
+    const float* own = x_ + pc.start;
+    for (size_t p = 0; p < plan_.ranks; ++p) {
+      if (p == mine) continue;
+      const uint8_t* peer = ws_.recv.device() + plan_.recv_at[s] + off[p] + wire_at;
+      d.Reduce(result, own, peer, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);
+      own = result;
+    }
+    d.Scale(result, pc.len, DataType::kFloat32, scale_, stream);
+    wire_at += pc.len * sizeof(float);
+  }
+  stream.Synchronize();
+}
+
 // 5. Decodes every other rank's stripe into the output (this rank's is decoded already).
 void SraRun::DecodeAll(size_t s) {
+  if (raw_) return;  // the gather wrote them in place
   Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
   const std::vector<size_t> off = Offsets(plan_.bytes[s]);
   for (size_t c = 0; c < plan_.ranks; ++c) {
@@ -229,21 +283,13 @@ void SraRun::RunBlocking(Pipeline& pipe) {
   pipe.Wait(pipe.Submit([&] { EncodePeers(0); }));
   {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    if (comm_.nonblocking()) {
-      AlltoallAtOnce(comm_, kSraTagBase, ws_.send.wire(), send_bytes, ws_.recv.wire(), recv_bytes);
-    } else {
-      comm_.Alltoallv(ws_.send.wire(), send_bytes, ws_.recv.wire(), recv_bytes);
-    }
+    AlltoallAtOnce(comm_, kSraTagBase, ws_.send.wire(), send_bytes, ws_.recv.wire(), recv_bytes);
   }
   pipe.Wait(pipe.Submit([&] { ReduceOwn(0); }));
   {
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    if (comm_.nonblocking()) {
-      // Every peer's reduced chunk into its place in ws.all (this rank's stays in ws.own).
-      AllgatherAtOnce(comm_, kSraTagBase + 1, ws_.own.wire(), ws_.all.wire(), plan_.bytes[0]);
-    } else {
-      comm_.Allgatherv(ws_.own.wire(), ws_.all.wire(), plan_.bytes[0]);
-    }
+    // Every peer's reduced chunk into its place in ws.all (this rank's is in ws.own).
+    AllgatherAtOnce(comm_, kSraTagBase + 1, ws_.own.wire(), ws_.all.wire(), plan_.bytes[0]);
   }
   pipe.Wait(pipe.Submit([&] { DecodeAll(0); }));
 }
@@ -276,16 +322,28 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
   std::vector<Transfers> scatter_in(stripes), gather_in(stripes), scatter_out(stripes), gather_out(stripes);
   const auto tag = [](size_t s, int step) { return kSraTagBase + static_cast<int>(2 * s) + step; };
   for (size_t s = 0; s < stripes; ++s) {
-    const std::vector<size_t> roff = Offsets(plan_.ScatterBytes(s, false)), aoff = Offsets(plan_.bytes[s]);
+    const std::vector<size_t> roff = Offsets(plan_.ScatterBytes(s, false));
     for (size_t p = 0; p < ranks; ++p) {
       if (p == mine) continue;
-      const int peer = static_cast<int>(p);
-      scatter_in[s].push_back(
-          comm_.Irecv(ws_.recv.wire() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine], peer, tag(s, 0)));
-      gather_in[s].push_back(
-          comm_.Irecv(ws_.all.wire() + plan_.all_at[s] + aoff[p], plan_.bytes[s][p], peer, tag(s, 1)));
+      scatter_in[s].push_back(comm_.Irecv(ws_.recv.wire() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine],
+                                          static_cast<int>(p), tag(s, 0)));
     }
   }
+  // The gather's receives are posted up front too, unless they land on values this rank still
+  // sends (raw and in place: peer p's reduced stripe s overwrites the x values of it that the
+  // scatter sends to p); then once that stripe's scatter has left.
+  const auto post_gather = [&](size_t s) {
+    const std::vector<size_t> aoff = Offsets(plan_.bytes[s]);
+    for (size_t p = 0; p < ranks; ++p) {
+      if (p == mine) continue;
+      gather_in[s].push_back(comm_.Irecv(GatherInto(s, p, aoff[p]), plan_.bytes[s][p], static_cast<int>(p), tag(s, 1)));
+    }
+  };
+  const std::less<const float*> before_ptr;
+  const bool gather_after_scatter =
+      raw_ && before_ptr(out_, x_ + o_.count) && before_ptr(x_, out_ + o_.count);  // out overlaps x
+  size_t gather_posted = 0;
+  for (; !gather_after_scatter && gather_posted < stripes; ++gather_posted) post_gather(gather_posted);
   // Stops at the first transfer still in flight: a finished one costs no transport call, and
   // one call progresses every transfer, so a poll costs a few calls instead of one per peer
   // (at 64 ranks, hundreds of progress calls a poll made the exchange slower than the link).
@@ -309,17 +367,17 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
   size_t scattered = 0, reducing = 0, gathered = 0, decoding = 0;
   Poller poller;
   while (true) {
-    const size_t before = scattered + reducing + gathered + decoding;
+    const size_t before = scattered + reducing + gathered + decoding + gather_posted;
     if (scattered < stripes && window_free(scatter_out, scattered) && pipe.Done(encoded[scattered])) {
       const std::vector<size_t> soff = Offsets(plan_.ScatterBytes(scattered, true));
       for (size_t p = 0; p < ranks; ++p) {
         if (p == mine) continue;
-        scatter_out[scattered].push_back(comm_.Isend(ws_.send.wire() + plan_.send_at[scattered] + soff[p],
-                                                     plan_.bytes[scattered][p], static_cast<int>(p),
-                                                     tag(scattered, 0)));
+        scatter_out[scattered].push_back(comm_.Isend(ScatterFrom(scattered, p, soff[p]), plan_.bytes[scattered][p],
+                                                     static_cast<int>(p), tag(scattered, 0)));
       }
       ++scattered;
     }
+    while (gather_posted < scattered && all_done(scatter_out[gather_posted])) post_gather(gather_posted++);
     if (reducing < stripes && all_done(scatter_in[reducing])) {
       reduced[reducing] = pipe.Submit([this, s = reducing] { ReduceOwn(s); });
       ++reducing;
@@ -327,17 +385,17 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
     if (gathered < reducing && window_free(gather_out, gathered) && pipe.Done(reduced[gathered])) {
       for (size_t p = 0; p < ranks; ++p) {
         if (p == mine) continue;
-        gather_out[gathered].push_back(comm_.Isend(ws_.own.wire() + plan_.own_at[gathered],
-                                                   plan_.bytes[gathered][mine], static_cast<int>(p), tag(gathered, 1)));
+        gather_out[gathered].push_back(
+            comm_.Isend(GatherFrom(gathered), plan_.bytes[gathered][mine], static_cast<int>(p), tag(gathered, 1)));
       }
       ++gathered;
     }
-    if (decoding < stripes && all_done(gather_in[decoding])) {
+    if (decoding < gather_posted && all_done(gather_in[decoding])) {
       (*decoded)[decoding] = pipe.Submit([this, s = decoding] { DecodeAll(s); });
       ++decoding;
     }
     // Done once every stripe came in and went out.
-    const bool progressed = scattered + reducing + gathered + decoding != before;
+    const bool progressed = scattered + reducing + gathered + decoding + gather_posted != before;
     if (scattered == stripes && gathered == stripes && decoding == stripes && all_sent()) return;
     poller.Pause(progressed);
   }
@@ -346,14 +404,21 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
 }  // namespace
 
 void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-         CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+         CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings) {
   if (comm.size() == 1) {  // nothing crosses a wire: exact
     ws.device.Copy(out, x, o.count * sizeof(float), *ws.stream);
     ws.device.Scale(out, o.count, DataType::kFloat32, scale, *ws.stream);
     if (o.residual) ws.device.Fill(o.residual, 0, o.count * sizeof(float), *ws.stream);
     return;
   }
-  SraRun(comm, o, x, scale, out, ws, st).Run();
+  if (o.pipeline_stripes > 1 && !comm.nonblocking()) {
+    // Stripes travel point to point; a transport without it (NCCL) takes one exchange of each.
+    GC_ENFORCE(!keep_encodings, "the caller plans the encodings' layout: it must ask for one stripe");
+    CompressedAllreduceOptions one_stripe = o;
+    one_stripe.pipeline_stripes = 1;
+    return SraRun(comm, one_stripe, x, scale, out, ws, st, false).Run();
+  }
+  SraRun(comm, o, x, scale, out, ws, st, keep_encodings).Run();
 }
 
 CompressedAllreduceStats RunDenseAllreduce(const char* what, const CompressedAllreduceOptions& o, int ranks,

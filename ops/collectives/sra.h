@@ -63,8 +63,10 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
 
 /// SRA of the o.count float32 values x (already prescaled and compensated) into float32 `out`
 /// (which may alias x), scaled by `scale`; o.residual and o.reduced_residual receive the
-/// errors of the two compressions. Adds to `st`.
+/// errors of the two compressions. Adds to `st`. The none codec's values travel from x and into
+/// out as they are, unless the caller reads the encodings afterwards (`keep_encodings`: this
+/// rank's reduced chunk in ws.own, every other's in ws.all, in the plan's layout).
 void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-         CompressionWorkspace& ws, CompressedAllreduceStats* st);
+         CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings = false);
 
 }  // namespace gradcomp

@@ -94,7 +94,7 @@ void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, f
     Sra2dOn(*grid.column_grid, mine, v, scale, v, ws, st, true);
     return;
   }
-  Sra(*grid.column, mine, v, scale, v, ws, st);
+  Sra(*grid.column, mine, v, scale, v, ws, st, true);
   // ws.all holds every other column rank's encodings; this rank's own are in ws.own.
   Device& d = ws.device;
   Stream& stream = *ws.stream;
@@ -222,10 +222,22 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   }
 }
 
+// Whether every communicator of the grid (nested ones too) has point-to-point transfers.
+bool PointToPoint(const Grid& grid) {
+  return grid.row->nonblocking() && grid.column->nonblocking() && (!grid.column_grid || PointToPoint(*grid.column_grid));
+}
+
 }  // namespace
 
 void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
            CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+  if (o.pipeline_stripes > 1 && !PointToPoint(grid)) {
+    // Stripes travel point to point; a transport without it (NCCL) takes one exchange of each
+    // (chosen here: every level plans the layout of the columns' encodings alike).
+    CompressedAllreduceOptions one_stripe = o;
+    one_stripe.pipeline_stripes = 1;
+    return Sra2dOn(grid, one_stripe, x, scale, out, ws, st, false);
+  }
   Sra2dOn(grid, o, x, scale, out, ws, st, false);
 }
 

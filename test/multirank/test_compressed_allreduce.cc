@@ -35,12 +35,13 @@ void SraBoth(Communicator& comm, const CompressedAllreduceOptions& o) {
     CompressedAllreduce(device_comm ? *DeviceMemoryCommunicator(comm, TestDevice()) : comm, q);
   });
 }
-// `grid` with communicators that take device memory, its column's grid too.
-Grid OnDevice(const Grid& grid) {
+// `grid` with communicators that take device memory, its column's grid too (`nonblocking`
+// false: without point-to-point transfers, as NCCL).
+Grid OnDevice(const Grid& grid, bool nonblocking = true) {
   Grid g;
-  g.row = DeviceMemoryCommunicator(*grid.row, TestDevice());
-  g.column = DeviceMemoryCommunicator(*grid.column, TestDevice());
-  if (grid.column_grid) g.column_grid = std::make_unique<Grid>(OnDevice(*grid.column_grid));
+  g.row = DeviceMemoryCommunicator(*grid.row, TestDevice(), nonblocking);
+  g.column = DeviceMemoryCommunicator(*grid.column, TestDevice(), nonblocking);
+  if (grid.column_grid) g.column_grid = std::make_unique<Grid>(OnDevice(*grid.column_grid, nonblocking));
   g.rank = grid.rank;
   return g;
 }
@@ -251,6 +252,59 @@ TEST(Sra, PipelinedStripesGiveTheSameBytes) {
         EXPECT_EQ(BitIdentical(results[k]), "");
         EXPECT_EQ(results[k], results[0]) << "world " << world << " feedback " << feedback << " stripes " << kStripes[k];
         EXPECT_EQ(residuals[k], residuals[0]) << "world " << world << " feedback " << feedback << " stripes " << kStripes[k];
+      }
+    }
+  }
+}
+
+// The none codec without error feedback sends float32 straight from the input and gathers
+// straight into the output (no encode or decode copies). Blocking and striped, in place and
+// not, on the host and through the separate-memory device (OnHostAndDevice), it gives the
+// sums of the encode/decode path (which a residual, zero throughout, selects) bit for bit:
+// the chunk owner's value plus the others' in rank order.
+TEST(Sra, RawFloat32TravelsFromAndIntoTheBuffersWithTheSameSums) {
+  for (int world : {2, 3, 4}) {
+    for (size_t count : {size_t{4097}, (size_t{1} << 20) + 4097}) {
+      const auto parts = Inputs(world, count, 1e4);
+      std::vector<float> want(count);
+      const std::vector<size_t> chunks = EvenSplit(count, world);
+      for (size_t c = 0, i = 0; c < chunks.size(); ++c) {
+        for (const size_t end = i + chunks[c]; i < end; ++i) {
+          float a = parts[c][i];
+          for (size_t p = 0; p < parts.size(); ++p) {
+            if (p != c) a += parts[p][i];
+          }
+          want[i] = a;
+        }
+      }
+      for (size_t stripes : {size_t{1}, size_t{48}}) {
+        for (bool in_place : {false, true}) {
+          for (bool feedback : {false, true}) {
+            const std::string where = "world " + std::to_string(world) + " count " + std::to_string(count) +
+                                      " stripes " + std::to_string(stripes) + (in_place ? " in place" : "") +
+                                      (feedback ? " with a residual" : "");
+            std::vector<std::vector<float>> residuals(static_cast<size_t>(world));
+            const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+              std::vector<float> buffer = in, residual(count, 0.0f);
+              CompressedAllreduceOptions o;
+              o.input = buffer.data();
+              o.output = in_place ? buffer.data() : out.data();
+              o.count = count;
+              o.dtype = DataType::kFloat32;
+              o.op = ReduceOp::kSum;
+              o.codec = &FindCodec("none");
+              o.pipeline_stripes = stripes;
+              o.name = "raw";
+              if (feedback) o.residual = residual.data();
+              SraBoth(comm, o);
+              if (in_place) out = buffer;
+              residuals[static_cast<size_t>(comm.rank())] = residual;
+            });
+            ASSERT_EQ(BitIdentical(outs), "") << where;
+            ASSERT_TRUE(outs[0] == want) << where;
+            for (const auto& r : residuals) ASSERT_TRUE(r == std::vector<float>(count, 0.0f)) << where;
+          }
+        }
       }
     }
   }
@@ -584,6 +638,38 @@ TEST(Sra, ErrorFeedbackMakesTheAverageOverStepsConverge) {
     } else {
       EXPECT_GT(e, 0.05);  // without it the quantization bias stays
     }
+  }
+}
+
+// A transport without point-to-point transfers (NCCL: Isend throws) runs every algorithm
+// through its own collectives: requested stripes become one exchange, the 2-D SRA's rows and the
+// top-k allgather take its Alltoallv / Allgatherv. The same bytes as the host's point-to-point
+// run (OnHostAndDevice compares them).
+TEST(CompressedAllreduce, ATransportWithoutPointToPointTakesItsOwnCollectives) {
+  const size_t count = (size_t{1} << 20) + 4097;
+  for (int world : {3, 4}) {
+    RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
+      const auto rows = world == 4 ? std::make_unique<Grid>(MakeGrid(comm, 2)) : nullptr;
+      for (const char* codec : {"none", "maxmin", "topk"}) {
+        CompressedAllreduceOptions o = AverageWith(in, out, codec, 4, 512);
+        o.params.topk_ratio = 0.01;
+        o.pipeline_stripes = 8;
+        o.segments = {1000, count - 1000};
+        OnHostAndDevice(o, [&](const CompressedAllreduceOptions& q, bool device_comm) {
+          if (q.codec->sparse()) {
+            std::unique_ptr<Communicator> nccl_like = DeviceMemoryCommunicator(comm, TestDevice(), false);
+            SparseAllreduce(device_comm ? *nccl_like : comm, q);
+          } else if (rows && device_comm) {  // a 2-D SRA, rows of 2
+            CompressedAllreduce2d(OnDevice(*rows, false), q);
+          } else if (rows) {
+            CompressedAllreduce2d(*rows, q);
+          } else {
+            std::unique_ptr<Communicator> nccl_like = DeviceMemoryCommunicator(comm, TestDevice(), false);
+            CompressedAllreduce(device_comm ? *nccl_like : comm, q);
+          }
+        });
+      }
+    });
   }
 }
 

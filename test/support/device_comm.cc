@@ -15,16 +15,20 @@ size_t Sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.e
 
 class DeviceMemory final : public Communicator {
  public:
-  DeviceMemory(Communicator& inner, std::unique_ptr<Communicator> owned, Device& device)
-      : owned_(std::move(owned)), inner_(inner), device_(device), stream_(device.NewStream()) {}
+  DeviceMemory(Communicator& inner, std::unique_ptr<Communicator> owned, Device& device, bool nonblocking)
+      : owned_(std::move(owned)),
+        inner_(inner),
+        device_(device),
+        stream_(device.NewStream()),
+        nonblocking_(nonblocking) {}
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   const char* kind() const override { return "device-memory (tests)"; }
   Device* device_memory() const override { return &device_; }
-  // nonblocking() stays false, as NCCL's: the blocking SRA takes the transport's collectives
-  // here, and OnHostAndDevice compares them byte for byte with the host run's point-to-point
-  // exchange (Isend and Irecv below serve the striped SRA and the 2-D SRA's rows).
+  // CUDA-aware MPI's point-to-point transfers, or none, as NCCL's (Isend and Irecv throw, as
+  // the base class's do): the collectives must then take the transport's own.
+  bool nonblocking() const override { return nonblocking_; }
 
   void Send(const void* data, size_t bytes, int peer, int tag) override {
     inner_.Send(In(data, bytes).data(), bytes, peer, tag);
@@ -41,11 +45,13 @@ class DeviceMemory final : public Communicator {
     Out(recv, tmp);
   }
   std::unique_ptr<PendingTransfer> Isend(const void* data, size_t bytes, int peer, int tag) override {
+    if (!nonblocking_) return Communicator::Isend(data, bytes, peer, tag);
     auto t = std::make_unique<Staged>(*this, nullptr, In(data, bytes));
     t->inner = inner_.Isend(t->host.data(), bytes, peer, tag);
     return t;
   }
   std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override {
+    if (!nonblocking_) return Communicator::Irecv(data, bytes, peer, tag);
     auto t = std::make_unique<Staged>(*this, data, std::vector<char>(bytes));
     t->inner = inner_.Irecv(t->host.data(), bytes, peer, tag);
     return t;
@@ -125,7 +131,7 @@ class DeviceMemory final : public Communicator {
   std::unique_ptr<Communicator> Wrap(std::unique_ptr<Communicator> c) {
     if (!c) return nullptr;
     Communicator& ref = *c;
-    return std::make_unique<DeviceMemory>(ref, std::move(c), device_);
+    return std::make_unique<DeviceMemory>(ref, std::move(c), device_, nonblocking_);
   }
   // The device bytes at `data`, on the host.
   std::vector<char> In(const void* data, size_t bytes) {
@@ -144,14 +150,15 @@ class DeviceMemory final : public Communicator {
   Communicator& inner_;
   Device& device_;
   std::unique_ptr<Stream> stream_;
+  const bool nonblocking_;
 };
 
 }  // namespace
 
 size_t DeviceMemoryCommunicatorBytes() { return moved.load(); }
 
-std::unique_ptr<Communicator> DeviceMemoryCommunicator(Communicator& inner, Device& device) {
-  return std::make_unique<DeviceMemory>(inner, nullptr, device);
+std::unique_ptr<Communicator> DeviceMemoryCommunicator(Communicator& inner, Device& device, bool nonblocking) {
+  return std::make_unique<DeviceMemory>(inner, nullptr, device, nonblocking);
 }
 
 }  // namespace gradcomp::testing

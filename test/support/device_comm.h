@@ -13,8 +13,9 @@
 
 namespace gradcomp::testing {
 
-/// `inner` (borrowed; it must outlive the result), taking `device`'s memory.
-std::unique_ptr<Communicator> DeviceMemoryCommunicator(Communicator& inner, Device& device);
+/// `inner` (borrowed; it must outlive the result), taking `device`'s memory, with point-to-point
+/// transfers (Isend, Irecv) as CUDA-aware MPI, or without them (`nonblocking` false) as NCCL.
+std::unique_ptr<Communicator> DeviceMemoryCommunicator(Communicator& inner, Device& device, bool nonblocking = true);
 /// Bytes moved through every such communicator of the process so far (tests check that a
 /// path really used one).
 size_t DeviceMemoryCommunicatorBytes();
