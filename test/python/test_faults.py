@@ -187,17 +187,35 @@ SRA = ["--elements", str(16 << 20)]
 SRA_ENV = ["GRADCOMP_COMPRESSION=maxmin", "GRADCOMP_BITS=4", "GRADCOMP_MIN_SIZE=1024"]
 
 
-@pytest.mark.parametrize("recovery", [False, True], ids=["mpirun", "enable-recovery"])
+# Open MPI's TCP eager limit: gradcomp's 2 MB (MPI init; a ~1 MB stripe goes eagerly) or Open
+# MPI's own 64 KB (`rendezvous`: the user's setting wins; stripes wait for an acknowledgement).
+@pytest.mark.parametrize("recovery", [None, "eager", "rendezvous"],
+                         ids=["mpirun", "enable-recovery", "enable-recovery-rendezvous"])
 def test_kill_in_the_middle_of_a_striped_sra_across_nodes(tmp_path, cluster, recovery):
     _, prefix = cluster
+    env = SRA_ENV + (["OMPI_MCA_btl_tcp_eager_limit=65536"] if recovery == "rendezvous" else [])
     job = run(tmp_path, ["--fault", "kill", "--at", "allreduce", "--kill-after", "0.5"] + SRA, prefix=prefix,
-              mpi_args=["--enable-recovery"] if recovery else [], env=SRA_ENV)
+              mpi_args=["--enable-recovery"] if recovery else [], env=env)
     killed = job.event(1, "SIGKILL")
     assert killed, job.describe()
-    if recovery:
-        # The survivors were inside the allreduce itself, not in a negotiation round.
-        assert_survivors_exit_on_their_own(job, (0, 2), killed, "the allreduce of 'w3' has not completed",
-                                           "a peer rank died, stopped or lost its network link")
+    needles = ("the allreduce of 'w3' has not completed", "a peer rank died, stopped or lost its network link")
+    if recovery == "rendezvous":
+        # The survivors were inside the allreduce itself, not in a negotiation round, waiting for
+        # the dead rank's acknowledgements: their watchdogs end them.
+        assert_survivors_exit_on_their_own(job, (0, 2), killed, *needles)
+    elif recovery == "eager":
+        # A survivor whose eager send to the dead rank fails is ended by Open MPI at once (ob1
+        # aborts on a failed send: status 255, mpirun's output names the peer host); one that
+        # was not sending to it, by its watchdog, as above.
+        for r in (0, 2):
+            status, log = job.exit(r), job.logs.get(r, "")
+            assert status is not None, f"rank {r} did not exit\n{job.describe()}"
+            if status[0] == 1:
+                assert all(n in log for n in needles), f"rank {r}\n{job.describe()}"
+                assert status[1] - killed <= TIMEOUT + SLACK, f"rank {r}\n{job.describe()}"
+            else:
+                assert status[0] == 255 and "pml_ob1_sendreq.c" in log and "FATAL" in log, job.describe()
+                assert status[1] - killed <= SLACK, f"rank {r}\n{job.describe()}"
     else:
         assert job.rc != 0 and re.search(r"process rank 1 with PID \d+ on node \S+ exited on signal 9",
                                           job.output), job.describe()
