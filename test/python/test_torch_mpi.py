@@ -510,6 +510,16 @@ def wide_batch(step, per_rank=16):
     return torch.randn(per_rank, 256, generator=g), torch.randint(0, 10, (per_rank,), generator=g)
 
 
+def assert_trained_alike(model, reference):
+    """`model`'s parameters equal `reference`'s (bit for bit at 2 ranks) and are the same on every rank."""
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        if hvd.size() == 2:  # a + b is exact whatever the algorithm and slicing
+            assert torch.equal(p, q), name
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
+    assert_same_on_every_rank(params_digest(model))
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_wrapping_a_model_again_reduces_each_gradient_once(overlap):
     """A new DistributedOptimizer on parameters whose earlier one is gone (a new trial, a
@@ -547,12 +557,7 @@ def test_wrapping_a_model_again_reduces_each_gradient_once(overlap):
     del opt, scheduler
     opt = wrap()
     train(opt, 3)
-    for (name, p), q in zip(model.named_parameters(), kept_model.parameters()):
-        if hvd.size() == 2:  # a + b is exact whatever the algorithm and slicing
-            assert torch.equal(p, q), name
-        else:
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
-    assert_same_on_every_rank(params_digest(model))
+    assert_trained_alike(model, kept_model)
     # Other names for the same parameters are allowed (Horovod's behaviour: each optimizer
     # reduces the gradient under its own names).
     other = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -600,12 +605,7 @@ def test_overlap_forward_updates_each_module_in_the_next_forward_exactly_as_step
             assert not torch.equal(state["4.weight"], before)
     model(wide_batch(99)[0])
     assert not opt._deferred
-    for (name, p), q in zip(model.named_parameters(), plain_model.parameters()):
-        if hvd.size() == 2:  # a + b is exact whatever the algorithm and slicing
-            assert torch.equal(p, q), name
-        else:
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
-    assert_same_on_every_rank(params_digest(model))
+    assert_trained_alike(model, plain_model)
     # Zeroed gradients stay zero (set_to_none=False) once the deferred updates are applied.
     opt.zero_grad(set_to_none=False)
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
