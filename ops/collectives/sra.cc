@@ -417,8 +417,7 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
   if (o.pipeline_stripes > 1 && !comm.nonblocking()) {
     // Stripes travel point to point; a transport without it (NCCL) takes one exchange of each.
     GC_ENFORCE(!keep_encodings, "the caller plans the encodings' layout: it must ask for one stripe");
-    CompressedAllreduceOptions one_stripe = o;
-    one_stripe.pipeline_stripes = 1;
+    const CompressedAllreduceOptions one_stripe = OneStripe(o);
     return SraRun(comm, one_stripe, x, scale, out, ws, st, false).Run();
   }
   SraRun(comm, o, x, scale, out, ws, st, keep_encodings).Run();

@@ -21,6 +21,13 @@ constexpr size_t kPipelineMinValues = size_t{1} << 20;
 constexpr size_t kStripeBytes = size_t{1} << 20;
 constexpr size_t kMaxStripes = 64;
 
+/// `o` unstriped: one exchange of each step.
+inline CompressedAllreduceOptions OneStripe(const CompressedAllreduceOptions& o) {
+  CompressedAllreduceOptions one = o;
+  one.pipeline_stripes = 1;
+  return one;
+}
+
 /// Where SRA's bytes go. The buffer is cut into one chunk per rank, each chunk into stripes
 /// at bucket boundaries (so striping never changes the quantization: the same bytes), each
 /// (stripe, chunk) into pieces, one encoded segment each. Buffers hold stripe after stripe,

@@ -42,9 +42,7 @@ CompressedAllreduceOptions ColumnOptions(const CompressedAllreduceOptions& o, co
 // The row scatter's plan of `o` over a row of `b` ranks, seen from rank j: one stripe (the row
 // steps post every message at once).
 SraPlan RowPlan(const CompressedAllreduceOptions& o, size_t b, size_t j) {
-  CompressedAllreduceOptions one_stripe = o;
-  one_stripe.pipeline_stripes = 1;
-  return SraPlan::Make(one_stripe, b, j);
+  return SraPlan::Make(OneStripe(o), b, j);
 }
 
 // Bytes of the encodings a column of `ranks` ranks (on `grid`, or flat) leaves in ws.all after
@@ -234,9 +232,7 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
   if (o.pipeline_stripes > 1 && !PointToPoint(grid)) {
     // Stripes travel point to point; a transport without it (NCCL) takes one exchange of each
     // (chosen here: every level plans the layout of the columns' encodings alike).
-    CompressedAllreduceOptions one_stripe = o;
-    one_stripe.pipeline_stripes = 1;
-    return Sra2dOn(grid, one_stripe, x, scale, out, ws, st, false);
+    return Sra2dOn(grid, OneStripe(o), x, scale, out, ws, st, false);
   }
   Sra2dOn(grid, o, x, scale, out, ws, st, false);
 }
