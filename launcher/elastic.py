@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,11 +35,15 @@ RESTART_EXIT = 75  # the ranks' status when they stop at a commit for a change o
 
 # Who failed, most reliable first: Open MPI's report of a rank killed by a signal; a rank's own
 # report of an exception in the training function (gradcomp/elastic.py: ranks that stop
-# because a collective failed say something else, they are not to blame); Open MPI's report of
-# the first rank with a non-zero status (printed only in some cases, e.g. not when every rank
-# fails before MPI starts: then no host is blamed, and the reset limit bounds the retries).
+# because a collective failed say something else, they are not to blame); a survivor's report
+# that its TCP peer disconnected, naming the dead rank's host (when a survivor's eager send to
+# the dead rank fails, Open MPI aborts it at once, and mpirun may report that abort instead of
+# the killed rank: the survivor's exit status must not blame its own host); Open MPI's report
+# of the first rank with a non-zero status (printed only in some cases, e.g. not when every
+# rank fails before MPI starts: then no host is blamed, and the reset limit bounds the retries).
 _KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _RAISED = re.compile(r"gradcomp elastic: rank (\d+) failed: ")
+_DISCONNECTED = re.compile(r"peer process has unexpectedly disconnected\..*?Peer host:\s*(\S+)", re.S)
 _FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
 
 
@@ -86,6 +91,21 @@ class Discovery:
                 say(f"host discovery failed ({e}); keeping the last hosts found: {fmt(self.last)}")
                 self.complained = str(e)
         return dict(self.last)
+
+
+def address(host):
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
+
+
+def same_host(peer, used):
+    """The host in `used` that Open MPI's `peer` names (it prints a name or an address), or None."""
+    if peer in used:
+        return peer
+    wanted = address(peer)
+    return next((h for h in used if wanted is not None and address(h) == wanted), None)
 
 
 def fmt(hosts):
@@ -229,7 +249,12 @@ class Elastic:
     def blame(self, lines, used):
         """The host of the rank mpirun reports as failed first, or None."""
         text = "".join(lines)
-        m = _KILLED.search(text) or _RAISED.search(text) or _FAILED.search(text)
+        m = _KILLED.search(text) or _RAISED.search(text)
+        if not m:
+            peer = _DISCONNECTED.search(text)
+            if peer:
+                return same_host(peer.group(1), used)
+            m = _FAILED.search(text)
         if m:
             rank = int(m.group(1))
             for h, n in used.items():

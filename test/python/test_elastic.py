@@ -70,6 +70,17 @@ def test_a_failed_host_cools_down_then_is_blacklisted_and_min_np_wins():
                    used) == "b"
     assert e.blame(["  Process name: [[4011,1],1]\n  Exit code: 1\n"], used) == "a"
     assert e.blame(["nothing useful\n"], used) is None
+    # A survivor's eager send to the killed rank failed and Open MPI aborted it first (CI, session
+    # 21): the disconnect report names the dead rank's host (an address or a name), and a
+    # survivor's non-zero status printed after it must not be blamed.
+    disconnect = ["An MPI communication peer process has unexpectedly disconnected.  This\n",
+                  "usually indicates a failure in the peer process (e.g., a crash or\n",
+                  "  Local host: gf97dc53-n1\n", "  Local PID:  3826\n", "  Peer host:  {}\n",
+                  "  Process name: [[25125,1],2]\n", "  Exit code: 255\n"]
+    nodes = {"10.199.0.11": 1, "10.199.0.12": 1, "10.199.0.13": 1}
+    assert e.blame([line.format("10.199.0.12") for line in disconnect], nodes) == "10.199.0.12"
+    assert e.blame([line.format("127.0.0.1") for line in disconnect], {"a.invalid": 1, "localhost": 2}) == "localhost"
+    assert e.blame([line.format("10.199.0.99") for line in disconnect], nodes) is None
 
 
 def test_the_reset_limit_ends_a_job_that_keeps_failing():
