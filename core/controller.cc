@@ -14,6 +14,7 @@ constexpr uint64_t kNoShutdown = 1;   // flag bits of word 0, stored so that AND
 constexpr uint64_t kNoUncached = 2;
 constexpr uint64_t kNoJoin = 4;
 constexpr uint64_t kIdle = 8;
+constexpr uint64_t kNoCallerWaiting = 16;
 
 size_t Words(size_t bits) { return (bits + 63) / 64; }
 void SetBit(std::vector<uint64_t>& w, size_t offset, size_t bit) { w[offset + bit / 64] |= uint64_t{1} << (bit % 64); }
@@ -140,8 +141,8 @@ std::vector<uint64_t> Controller::CycleWords(CycleInput& input, Clock::time_poin
   if (rank_ == 0 && !table_.empty() && std::chrono::duration<double>(now - last_stall_check_).count() >= 0.1) {
     want_slow = true;
   }
-  words[0] = (input.shutdown ? 0 : kNoShutdown) | (want_slow ? 0 : kNoUncached) |
-             (joined_ ? 0 : kNoJoin) | (busy ? 0 : kIdle);
+  words[0] = (input.shutdown ? 0 : kNoShutdown) | (want_slow ? 0 : kNoUncached) | (joined_ ? 0 : kNoJoin) |
+             (busy ? 0 : kIdle) | (input.caller_waiting ? 0 : kNoCallerWaiting);
   return words;
 }
 
@@ -158,6 +159,21 @@ std::vector<Response> Controller::TakeReadyFromCache(const std::vector<uint64_t>
       prioritized = prioritized || cache_.Get(pos).Priority() != 0;
     }
   }
+  // Too little for a collective of its own while no caller waits: wait for more (every rank
+  // decides alike: same ready set, same cache, same flags).
+  if (!ready.empty() && (words[0] & kNoCallerWaiting) && batch_cycles_ < kMaxBatchCycles &&
+      settings_.batch_min_kb > 0) {
+    int64_t bytes = 0;
+    for (size_t pos : ready) bytes += cache_.Get(pos).PayloadBytes();
+    if (bytes < static_cast<int64_t>(settings_.batch_min_kb * 1024)) {
+      for (size_t pos : ready) pending_[pos].since = Clock::now();  // ready everywhere: not a stall
+      ++batch_cycles_;
+      ++batch_waits_;
+      batch_bytes_ = bytes;
+      return {};
+    }
+  }
+  batch_cycles_ = 0;
   // With priorities, the most urgent first, and only up to the scheduling credit this cycle:
   // the rest stay pending (their bits are set again next cycle), so that a more urgent tensor
   // that becomes ready while these run goes before them. The cache is identical on every

@@ -13,7 +13,8 @@
 //     also clears its keep bit, so a tensor missing on some rank reaches the stall inspector.
 //  2. One bitwise-AND allreduce of [flags | ready bits | keep bits] (uint64 words). Flags are
 //     stored inverted so AND acts as OR where needed: "nobody shuts down", "nobody has
-//     requests for the coordinator", "nobody has joined", "nobody is busy".
+//     requests for the coordinator", "nobody has joined", "nobody is busy", "nobody has a
+//     caller blocked on a handle".
 //  3. From the result, identically on every rank: positions whose keep bit is 0 are erased
 //     from every cache (a rank holding a pending request there sends it to the coordinator
 //     now); positions ready on every rank become responses, in position order. While some
@@ -22,6 +23,11 @@
 //     responses most urgent first and only up to GRADCOMP_SCHEDULING_CREDIT_MB of payload a
 //     cycle; the rest stay pending and are ready again next cycle, so a more urgent tensor
 //     that arrives meanwhile overtakes them (the coordinator's responses are ordered alike).
+//     Batching: ready positions totalling less than GRADCOMP_BATCH_MIN_KB stay pending too,
+//     unless some rank has a caller blocked on a pending handle (a flag: the producer has
+//     submitted what it will for now, e.g. the optimizer's step after a backward pass) or
+//     they have waited kMaxBatchCycles cycles; a backward pass of many small tensors, ready a
+//     few at a time, then runs as a few collectives instead of one or two a tensor.
 //  4. Slow path, only when some rank has requests for the coordinator (known from the flags
 //     and the erased positions, so every rank decides alike): each rank sends its serialized
 //     request list to rank 0 (gather). Rank 0 counts, per name, which ranks asked (joined
@@ -71,6 +77,7 @@ class Controller {
   struct CycleInput {
     std::vector<Request> fresh;  ///< requests enqueued since the last cycle
     bool shutdown = false;       ///< this rank wants to stop
+    bool caller_waiting = false;  ///< a caller blocks on a pending handle: run what is ready
   };
   /// What every rank does next.
   struct CycleOutput {
@@ -99,6 +106,15 @@ class Controller {
   uint64_t cache_hits() const { return cache_hits_; }
   /// Ready cached tensors left for a later cycle by the scheduling credit (so far).
   uint64_t deferred() const { return deferred_; }
+  /// Cycles whose ready cached tensors all waited for a larger batch (so far).
+  uint64_t batch_waits() const { return batch_waits_; }
+  /// The last cycle left ready tensors waiting for a larger batch: a caller that now blocks
+  /// on a handle should start a cycle at once (its flag releases them).
+  bool batching() const { return batch_cycles_ > 0; }
+  /// Bytes of the ready tensors waiting for a larger batch (after the last cycle).
+  int64_t batch_bytes() const { return batching() ? batch_bytes_ : 0; }
+  /// Most cycles ready tensors wait for a larger batch.
+  static constexpr int kMaxBatchCycles = 16;
   uint64_t coordinator_responses() const { return coordinator_responses_; }
   const ResponseCache& cache() const { return cache_; }
   /// The fusion threshold and cycle time in force (GRADCOMP_AUTOTUNE changes them; thread-safe).
@@ -159,6 +175,9 @@ class Controller {
   // Written by the background thread, read by stats() on any thread.
   std::atomic<uint64_t> cache_hits_{0};
   std::atomic<uint64_t> deferred_{0};
+  std::atomic<uint64_t> batch_waits_{0};
+  int batch_cycles_ = 0;  // consecutive cycles the ready tensors waited for a larger batch
+  int64_t batch_bytes_ = 0;
   std::atomic<uint64_t> coordinator_responses_{0};
 };
 

@@ -26,6 +26,8 @@ namespace gradcomp {
 
 namespace {
 
+// Cycle times between two rounds while the ready tensors wait for a larger batch.
+constexpr double kBatchPacing = 4;
 // The longest an idle rank sleeps between heartbeat cycles: it bounds the wait of a rank
 // that gets work while its peers are idle, and keeps stall detection alive.
 constexpr double kMaxIdleWaitSeconds = 0.05;
@@ -370,6 +372,7 @@ RuntimeStats Runtime::stats() const {
   RuntimeStats s = stats_;
   s.cache_hits = controller_.cache_hits();
   s.scheduling_deferrals = controller_.deferred();
+  s.batch_waits = controller_.batch_waits();
   s.compressed_bytes_in = executor_.compressed_bytes_in();
   s.compressed_bytes_on_wire = executor_.compressed_bytes_on_wire();
   s.uncompressed_sra_responses = executor_.uncompressed_sra_responses();
@@ -457,17 +460,22 @@ void Runtime::BackgroundLoop() {
   std::string reason;
   try {
     while (true) {
-      const auto start = steady_clock::now();
       const duration<double> cycle(controller_.cycle_time_ms() / 1000.0);  // autotune may change it
       Controller::CycleInput in;
       in.fresh = queue_->TakeNewRequests();
       in.shutdown = stop_requested_.load();
+      in.caller_waiting = queue_->CallerWaiting();
       Controller::CycleOutput out;
       {
         Watchdog::Step step(watchdog_, in.shutdown ? "the shutdown round of the negotiation"
                                                    : "a negotiation round (exchanging which tensors are ready)");
         out = controller_.RunCycle(std::move(in));
       }
+      // The cycle is timed from the end of its negotiation round, which every rank leaves at
+      // about the same moment, not from this rank's entry: timed from the entry, a rank that
+      // entered a round late would enter every later timed round late by as much, and the
+      // others would poll for it in each.
+      const auto start = steady_clock::now();
       {
         std::lock_guard<std::mutex> lock(state_mu_);
         ++stats_.cycles;
@@ -483,6 +491,14 @@ void Runtime::BackgroundLoop() {
         }
         break;
       }
+      // Ready tensors waiting for a larger batch are not urgent: cycle less often, and only
+      // when enough new bytes come or a caller blocks (pushes of single small gradients
+      // would otherwise start a round each).
+      const bool batching = controller_.batching();
+      queue_->WakeOnWait(batching);
+      queue_->WakeAtBytes(batching ? std::max<int64_t>(1, static_cast<int64_t>(settings_.batch_min_kb * 1024) -
+                                                              controller_.batch_bytes())
+                                   : 0);
       ExecuteAll(out.responses, out.from_cache);
       {
         // The gauges of what the background thread holds, read here where it owns them.
@@ -495,7 +511,7 @@ void Runtime::BackgroundLoop() {
         // Some rank has work: cycle again at once if tensors are already waiting, else as
         // soon as this rank gets one.
         idle_cycles = 0;
-        const duration<double> left = (start + cycle) - steady_clock::now();
+        const duration<double> left = (start + (batching ? kBatchPacing * cycle : cycle)) - steady_clock::now();
         if (!queue_->WaitForNew(std::max(left, duration<double>(0)))) continue;
       } else {
         // Every rank is idle: back off (alone, sleep until work arrives).

@@ -56,6 +56,7 @@ struct RuntimeStats {
   uint64_t cycles = 0;
   uint64_t cache_hits = 0;
   uint64_t scheduling_deferrals = 0;  ///< ready tensors left for a later cycle by the credit
+  uint64_t batch_waits = 0;           ///< cycles whose ready tensors waited for a larger batch
   uint64_t coordinator_responses = 0;
   uint64_t executed_responses = 0;  ///< fused responses count once
   uint64_t executed_tensors = 0;

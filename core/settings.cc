@@ -72,6 +72,11 @@ const std::vector<Entry>& Registry() {
        "urgent up to this many MB and leaves the rest for the next, so a more urgent tensor that becomes ready "
        "meanwhile goes first (0: all ready tensors every cycle)",
        0, 65536},
+      {"GRADCOMP_BATCH_MIN_KB", nullptr, Kind::kFloat, Of(&Settings::batch_min_kb), "256",
+       "cached tensors ready on every rank wait for more until they total this many KB, a caller blocks on a "
+       "pending tensor, or they waited 16 negotiation rounds (~64 cycle times): fewer, larger collectives for "
+       "models of many small tensors (0: run whatever is ready every cycle)",
+       0, 1048576},
       {"GRADCOMP_CACHE_CAPACITY", nullptr, Kind::kInt, Of(&Settings::cache_capacity), "1024",
        "entries of the response cache that skips coordinator round trips in steady state (0 disables it)", 0,
        1e9},

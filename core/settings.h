@@ -19,6 +19,7 @@ struct Settings {
   double fusion_threshold_mb = 0;
   double cycle_time_ms = 0;
   double scheduling_credit_mb = 0;
+  double batch_min_kb = 0;
   int64_t cache_capacity = 0;
   /// What tensors that pass the layer filter (min_size, more than one dimension) are
   /// compressed with; its fields are GRADCOMP_COMPRESSION, GRADCOMP_BITS, ...

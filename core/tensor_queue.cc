@@ -1,6 +1,7 @@
 #include "core/tensor_queue.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 
 #include "ops/common/enforce.h"
@@ -16,6 +17,10 @@ void TensorQueue::ThrowPending(const Request& request, RequestType pending_type)
 void TensorQueue::Add(Request request, TensorEntry entry) {
   entry.type = request.type;
   entries_.emplace(request.name, std::make_unique<TensorEntry>(std::move(entry)));
+  fresh_bytes_ = request.type != RequestType::kAllreduce
+                     ? INT64_MAX
+                     : std::min<int64_t>(INT64_MAX / 2, fresh_bytes_) +
+                           request.NumElements() * static_cast<int64_t>(DataTypeSize(request.dtype));
   fresh_.push_back(std::move(request));
   ++pushes_;
 }
@@ -25,7 +30,7 @@ void TensorQueue::Push(Request request, TensorEntry entry) {
   auto it = entries_.find(request.name);
   if (it != entries_.end()) ThrowPending(request, it->second->type);
   Add(std::move(request), std::move(entry));
-  if (consumer_waiting_for_new_) cv_.notify_one();
+  if (consumer_waiting_for_new_ && FreshEnough()) cv_.notify_one();
 }
 
 void TensorQueue::PushGroup(std::vector<Request> requests, std::vector<TensorEntry> entries) {
@@ -38,7 +43,7 @@ void TensorQueue::PushGroup(std::vector<Request> requests, std::vector<TensorEnt
     if (!names.insert(request.name).second) ThrowPending(request, request.type);
   }
   for (size_t i = 0; i < requests.size(); ++i) Add(std::move(requests[i]), std::move(entries[i]));
-  if (consumer_waiting_for_new_) cv_.notify_one();
+  if (consumer_waiting_for_new_ && FreshEnough()) cv_.notify_one();
 }
 
 void TensorQueue::WaitForBurstEnd(std::chrono::duration<double> quiet, std::chrono::duration<double> longest) {
@@ -61,7 +66,27 @@ void TensorQueue::WaitForBurstEnd(std::chrono::duration<double> quiet, std::chro
 void TensorQueue::WaitBegins() {
   std::lock_guard<std::mutex> lock(mu_);
   ++blocked_callers_;
-  if (consumer_gathering_) cv_.notify_one();
+  if (wake_on_wait_ && consumer_waiting_for_new_) {
+    woken_ = true;
+    cv_.notify_one();
+  } else if (consumer_gathering_) {
+    cv_.notify_one();
+  }
+}
+
+bool TensorQueue::CallerWaiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocked_callers_ > 0;
+}
+
+void TensorQueue::WakeOnWait(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_on_wait_ = on;
+}
+
+void TensorQueue::WakeAtBytes(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_bytes_ = bytes;
 }
 
 void TensorQueue::WaitEnds() {
@@ -73,6 +98,7 @@ std::vector<Request> TensorQueue::TakeNewRequests() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Request> out;
   out.swap(fresh_);
+  fresh_bytes_ = 0;
   return out;
 }
 
@@ -103,7 +129,7 @@ void TensorQueue::FailAll(const std::string& message) {
 bool TensorQueue::WaitForNew(std::chrono::duration<double> timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   consumer_waiting_for_new_ = true;
-  cv_.wait_for(lock, timeout, [&] { return !fresh_.empty() || woken_; });
+  cv_.wait_for(lock, timeout, [&] { return FreshEnough() || woken_; });
   consumer_waiting_for_new_ = false;
   woken_ = false;
   return !fresh_.empty();

@@ -47,7 +47,8 @@ class TensorQueue final : public WaitObserver {
   size_t size() const;
   /// Fails and removes every pending entry.
   void FailAll(const std::string& message);
-  /// Blocks until a new request is pushed, Wake() is called, or `timeout` passes.
+  /// Blocks until a new request is pushed (while WakeAtBytes(b) holds, until new allreduces
+  /// total b bytes or another kind of request comes), Wake() is called, or `timeout` passes.
   /// Returns true when there are new requests.
   bool WaitForNew(std::chrono::duration<double> timeout);
   /// Wakes WaitForNew (shutdown, timeline changes).
@@ -56,6 +57,15 @@ class TensorQueue final : public WaitObserver {
   /// blocks on a pending handle (WaitBegins: it submits nothing more for now), Wake() is
   /// called, or `longest` passes.
   void WaitForBurstEnd(std::chrono::duration<double> quiet, std::chrono::duration<double> longest);
+
+  /// Whether a caller blocks on a pending handle now.
+  bool CallerWaiting() const;
+  /// While on, a caller that begins to block on a handle also wakes WaitForNew (the
+  /// controller holds ready tensors for a larger batch: a waiting caller releases them).
+  void WakeOnWait(bool on);
+  /// Pushes wake WaitForNew only once new allreduces total `bytes` (0: any push), or a
+  /// request of another kind comes.
+  void WakeAtBytes(int64_t bytes);
 
   // WaitObserver: callers blocking on pending handles.
   void WaitBegins() override;
@@ -78,6 +88,10 @@ class TensorQueue final : public WaitObserver {
   // blocking callers notify (a notify per push would wake it once per tensor of a burst).
   bool consumer_waiting_for_new_ = false;
   bool consumer_gathering_ = false;
+  bool wake_on_wait_ = false;
+  int64_t wake_bytes_ = 0;
+  int64_t fresh_bytes_ = 0;  // of the allreduces in fresh_; any other request counts as "enough"
+  bool FreshEnough() const { return !fresh_.empty() && fresh_bytes_ >= wake_bytes_; }
 };
 
 }  // namespace gradcomp

@@ -195,6 +195,7 @@ py::dict StatsDict(const Runtime& rt) {
   d["cycles"] = s.cycles;
   d["cache_hits"] = s.cache_hits;
   d["scheduling_deferrals"] = s.scheduling_deferrals;
+  d["batch_waits"] = s.batch_waits;
   d["coordinator_responses"] = s.coordinator_responses;
   d["executed_responses"] = s.executed_responses;
   d["executed_tensors"] = s.executed_tensors;

@@ -372,6 +372,68 @@ TEST(Runtime, AnUrgentTensorOvertakesABacklogOfLessUrgentOnesUnderTheSchedulingC
   }
 }
 
+// Batching (GRADCOMP_BATCH_MIN_KB): small cached tensors that become ready one at a time, the
+// way a backward pass of many small layers produces them, wait for one another while no caller
+// blocks, and run as a few collectives; a caller blocking on one releases them at once; a
+// caller that only polls still gets them (after at most Controller::kMaxBatchCycles cycles).
+// With batching off, each runs in its own collective.
+TEST(Runtime, SmallReadyTensorsRunTogetherUntilACallerBlocksAndPollersStillGetThem) {
+  constexpr int kTensors = 24, kSteps = 4;
+  constexpr size_t kCount = 256;  // 1 KB of float32 each: 24 KB a step, under the 256 KB default
+  for (const char* batch_kb : {"256", "0"}) {
+    Settings settings = Settings::FromMap({{"GRADCOMP_BATCH_MIN_KB", batch_kb}});
+    const auto results = WithRuntimes(
+        3,
+        [&](Runtime& rt) -> std::string {
+          const float me = static_cast<float>(rt.rank());
+          std::vector<std::vector<float>> grads(kTensors);
+          uint64_t responses = 0;
+          for (int step = 0; step < kSteps; ++step) {  // the first step fills the response cache
+            const uint64_t before = rt.stats().executed_responses;
+            std::vector<std::shared_ptr<Handle>> handles;
+            for (int i = 0; i < kTensors; ++i) {
+              grads[i].assign(kCount, me + static_cast<float>(i + step));
+              handles.push_back(rt.Allreduce("g." + std::to_string(i), DataType::kFloat32,
+                                             {static_cast<int64_t>(kCount)}, grads[i].data(), grads[i].data(),
+                                             ReduceOp::kSum));
+              std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a layer's backward
+            }
+            if (step == kSteps - 1) {
+              // Only polling: the batch must still run.
+              const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+              while (!handles.back()->Poll()) {
+                if (std::chrono::steady_clock::now() > deadline) return "a polled batch never ran";
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+              }
+            }
+            for (auto& h : handles) h->Wait();
+            for (int i = 0; i < kTensors; ++i) {
+              const float want = 3.0f * static_cast<float>(i + step) + 3.0f;  // ranks 0 + 1 + 2
+              if (grads[i][kCount - 1] != want) {
+                return "step " + std::to_string(step) + " g." + std::to_string(i) + ": " +
+                       std::to_string(grads[i][kCount - 1]) + " != " + std::to_string(want);
+              }
+            }
+            if (step > 0 && step < kSteps - 1) responses += rt.stats().executed_responses - before;
+          }
+          const uint64_t steps = kSteps - 2, waits = rt.stats().batch_waits;
+          if (std::string(batch_kb) == "0") {
+            // 2 ms apart, a 1 ms cycle: most tensors go alone.
+            if (responses < steps * kTensors / 2)
+              return "unbatched: only " + std::to_string(responses) + " collectives";
+            return waits == 0 ? "" : "batch waits with batching off";
+          }
+          // The whole step's tensors, 24 KB, wait for one another until the caller blocks (or
+          // kMaxBatchCycles cycles of 4 cycle times pass: at most a few collectives a step).
+          if (responses > steps * 4)
+            return "batched: " + std::to_string(responses) + " collectives in " + std::to_string(steps) + " steps";
+          return waits > 0 ? "" : "no batch waits";
+        },
+        settings);
+    EXPECT_EQ(Failures(results), "") << "GRADCOMP_BATCH_MIN_KB " << batch_kb;
+  }
+}
+
 TEST(Runtime, JoinedRanksContributeZerosAndJoinReturnsTheLastRank) {
   const auto results = WithRuntimes(3, [&](Runtime& rt) -> std::string {
     const int me = rt.rank();
