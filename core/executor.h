@@ -109,8 +109,12 @@ class Executor {
   /// Whether an uncompressed allreduce runs as the "none" codec's scatter-reduce-allgather
   /// (GRADCOMP_UNCOMPRESSED_ALGORITHM) instead of the communicator's allreduce: across nodes,
   /// MPI's own allreduce over TCP reaches from 60% to 90% of the link from one run to the next.
+  /// From 256 KB, where MpiCommunicator stops polling MPI's allreduce with naps: above, MPI's
+  /// blocking allreduce spins on a core while the link carries the data (2 ranks across
+  /// nodes, ResNet-20's batched gradients: 1.1 ms of the background thread's CPU a collective
+  /// through MPI, 0.37 ms through the SRA, whose waits nap).
   bool OwnUncompressedAllreduce(const Response& r, size_t total) const;
-  static constexpr size_t kOwnUncompressedMinBytes = size_t{1} << 20;
+  static constexpr size_t kOwnUncompressedMinBytes = size_t{256} << 10;
   /// Uncompressed allreduce of entries on a device: through host staging.
   void RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o);
   /// Uncompressed allreduce of entries on a device over a communicator that takes its memory.

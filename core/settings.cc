@@ -160,7 +160,7 @@ const std::vector<Entry>& Registry() {
        0, 64},
       {"GRADCOMP_UNCOMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::uncompressed_algorithm), "auto",
        "uncompressed allreduces: mpi (MPI_Allreduce, or shared memory in a node), sra (gradcomp's scatter-reduce-"
-       "allgather over point-to-point, float32 sum/average), auto (sra for float32 sum/average of 1 MB or more "
+       "allgather over point-to-point, float32 sum/average), auto (sra for float32 sum/average of 256 KB or more "
        "when the world spans nodes, hierarchical on nodes of several ranks; else mpi)",
        -kInf, kInf, false, kNoExtra, "auto|mpi|sra"},
       {"GRADCOMP_COMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::compressed_algorithm), "auto",
