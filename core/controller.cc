@@ -163,13 +163,13 @@ std::vector<Response> Controller::TakeReadyFromCache(const std::vector<uint64_t>
   // decides alike: same ready set, same cache, same flags).
   if (!ready.empty() && (words[0] & kNoCallerWaiting) && batch_cycles_ < kMaxBatchCycles &&
       settings_.batch_min_kb > 0) {
-    int64_t bytes = 0;
-    for (size_t pos : ready) bytes += cache_.Get(pos).PayloadBytes();
-    if (bytes < static_cast<int64_t>(settings_.batch_min_kb * 1024)) {
+    int64_t missing = static_cast<int64_t>(settings_.batch_min_kb * 1024);
+    for (size_t pos : ready) missing -= cache_.Get(pos).PayloadBytes();
+    if (missing > 0) {
       for (size_t pos : ready) pending_[pos].since = Clock::now();  // ready everywhere: not a stall
       ++batch_cycles_;
       ++batch_waits_;
-      batch_bytes_ = bytes;
+      batch_missing_bytes_ = missing;
       return {};
     }
   }

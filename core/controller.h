@@ -111,8 +111,8 @@ class Controller {
   /// The last cycle left ready tensors waiting for a larger batch: a caller that now blocks
   /// on a handle should start a cycle at once (its flag releases them).
   bool batching() const { return batch_cycles_ > 0; }
-  /// Bytes of the ready tensors waiting for a larger batch (after the last cycle).
-  int64_t batch_bytes() const { return batching() ? batch_bytes_ : 0; }
+  /// Bytes the ready tensors waiting for a larger batch lack (at least 1), 0 when none wait.
+  int64_t batch_missing_bytes() const { return batching() ? batch_missing_bytes_ : 0; }
   /// Most cycles ready tensors wait for a larger batch.
   static constexpr int kMaxBatchCycles = 16;
   uint64_t coordinator_responses() const { return coordinator_responses_; }
@@ -177,7 +177,7 @@ class Controller {
   std::atomic<uint64_t> deferred_{0};
   std::atomic<uint64_t> batch_waits_{0};
   int batch_cycles_ = 0;  // consecutive cycles the ready tensors waited for a larger batch
-  int64_t batch_bytes_ = 0;
+  int64_t batch_missing_bytes_ = 0;
   std::atomic<uint64_t> coordinator_responses_{0};
 };
 

@@ -495,10 +495,7 @@ void Runtime::BackgroundLoop() {
       // when enough new bytes come or a caller blocks (pushes of single small gradients
       // would otherwise start a round each).
       const bool batching = controller_.batching();
-      queue_->WakeOnWait(batching);
-      queue_->WakeAtBytes(batching ? std::max<int64_t>(1, static_cast<int64_t>(settings_.batch_min_kb * 1024) -
-                                                              controller_.batch_bytes())
-                                   : 0);
+      queue_->WaitForBatch(controller_.batch_missing_bytes());
       ExecuteAll(out.responses, out.from_cache);
       {
         // The gauges of what the background thread holds, read here where it owns them.

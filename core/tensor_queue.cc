@@ -66,7 +66,7 @@ void TensorQueue::WaitForBurstEnd(std::chrono::duration<double> quiet, std::chro
 void TensorQueue::WaitBegins() {
   std::lock_guard<std::mutex> lock(mu_);
   ++blocked_callers_;
-  if (wake_on_wait_ && consumer_waiting_for_new_) {
+  if (wake_bytes_ > 0 && consumer_waiting_for_new_) {
     woken_ = true;
     cv_.notify_one();
   } else if (consumer_gathering_) {
@@ -79,14 +79,9 @@ bool TensorQueue::CallerWaiting() const {
   return blocked_callers_ > 0;
 }
 
-void TensorQueue::WakeOnWait(bool on) {
+void TensorQueue::WaitForBatch(int64_t missing_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  wake_on_wait_ = on;
-}
-
-void TensorQueue::WakeAtBytes(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  wake_bytes_ = bytes;
+  wake_bytes_ = missing_bytes;
 }
 
 void TensorQueue::WaitEnds() {

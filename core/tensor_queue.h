@@ -47,8 +47,9 @@ class TensorQueue final : public WaitObserver {
   size_t size() const;
   /// Fails and removes every pending entry.
   void FailAll(const std::string& message);
-  /// Blocks until a new request is pushed (while WakeAtBytes(b) holds, until new allreduces
-  /// total b bytes or another kind of request comes), Wake() is called, or `timeout` passes.
+  /// Blocks until a new request is pushed (while WaitForBatch(b > 0) holds, until new
+  /// allreduces total b bytes or another kind of request comes, or a caller begins to block
+  /// on a handle), Wake() is called, or `timeout` passes.
   /// Returns true when there are new requests.
   bool WaitForNew(std::chrono::duration<double> timeout);
   /// Wakes WaitForNew (shutdown, timeline changes).
@@ -60,12 +61,11 @@ class TensorQueue final : public WaitObserver {
 
   /// Whether a caller blocks on a pending handle now.
   bool CallerWaiting() const;
-  /// While on, a caller that begins to block on a handle also wakes WaitForNew (the
-  /// controller holds ready tensors for a larger batch: a waiting caller releases them).
-  void WakeOnWait(bool on);
-  /// Pushes wake WaitForNew only once new allreduces total `bytes` (0: any push), or a
-  /// request of another kind comes.
-  void WakeAtBytes(int64_t bytes);
+  /// The controller holds ready tensors for a larger batch that lacks `missing_bytes` (0:
+  /// none held): pushes wake WaitForNew only once new allreduces total that much (or a request
+  /// of another kind comes), and a caller that begins to block on a handle wakes it too (its
+  /// flag releases the batch). With 0, any push wakes it.
+  void WaitForBatch(int64_t missing_bytes);
 
   // WaitObserver: callers blocking on pending handles.
   void WaitBegins() override;
@@ -88,8 +88,7 @@ class TensorQueue final : public WaitObserver {
   // blocking callers notify (a notify per push would wake it once per tensor of a burst).
   bool consumer_waiting_for_new_ = false;
   bool consumer_gathering_ = false;
-  bool wake_on_wait_ = false;
-  int64_t wake_bytes_ = 0;
+  int64_t wake_bytes_ = 0;   // WaitForBatch's missing bytes
   int64_t fresh_bytes_ = 0;  // of the allreduces in fresh_; any other request counts as "enough"
   bool FreshEnough() const { return !fresh_.empty() && fresh_bytes_ >= wake_bytes_; }
 };
