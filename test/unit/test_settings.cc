@@ -71,6 +71,8 @@ TEST(Settings, OtherKindsAreRejectedClearly) {
   ExpectRejected("GRADCOMP_LOG_LEVEL", "loud", "one of trace,debug,info,warning,error,fatal,off");
   ExpectRejected("GRADCOMP_LOCAL_SIZE", "-2", "an integer in 0..1000000");
   ExpectRejected("GRADCOMP_STALL_CHECK_TIME_SECONDS", "soon", "a number >= 0");
+  ExpectRejected("GRADCOMP_BATCH_MIN_KB", "-1", "a number in [0, 1048576]");
+  ExpectRejected("GRADCOMP_BATCH_MIN_KB", "lots", "a number in [0, 1048576]");
 }
 
 TEST(Settings, ValuesAreParsedCaseAndSpaceInsensitively) {
