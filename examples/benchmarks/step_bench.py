@@ -29,6 +29,11 @@ Variants (--variants, comma-separated; default all):
                        first on nodes of several ranks, its default)
   hook4_flat           the same with node_rows=False (one exchange over all ranks)
 
+--interleave builds every variant's model at once and runs them one step each in turn, every
+step started together on all ranks: within one job this machine's step time drifts by up to
+25%, which sequential rows take as a difference between variants; interleaved, the drift falls
+on every variant alike.
+
 CPU: the training thread's CPU time per step and that of every other thread of the process
 (gradcomp's background and pipeline threads, gloo's, MPI's), averaged over ranks: where the
 exchange's work runs, and how much of the cores it takes from training when they are shared.
@@ -128,7 +133,9 @@ def build(variant, model, gloo):
         return model, opt
     if variant in COMPRESSIONS or variant in OVERLAPPED:
         overlap = model if variant in OVERLAPPED else None
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+        # Named after the variant: with --interleave several DistributedOptimizers share the runtime.
+        named = [(f"{variant}.{n}", p) for n, p in model.named_parameters()]
+        opt = hvd.DistributedOptimizer(opt, named_parameters=named,
                                        compression=COMPRESSIONS[OVERLAPPED.get(variant, variant)](),
                                        overlap_forward=overlap)
         return model, opt
@@ -155,28 +162,63 @@ def build(variant, model, gloo):
     return ddp, opt
 
 
+class Runner:
+    """One variant's fresh model, optimizer and batches; step() times one training step."""
+
+    def __init__(self, variant, args, gloo):
+        make, batch_of, self.loss_of, default_batch = MODELS[args.model]
+        torch.manual_seed(0)
+        self.variant = variant
+        self.model, self.opt = build(variant, make(), gloo)
+        g = torch.Generator().manual_seed(1 + hvd.rank())
+        self.batches = [batch_of(args.batch_size or default_batch, g) for _ in range(2)]
+        self.steps = 0
+        self.times, self.train_cpu, self.other_cpu = [], 0.0, 0.0
+
+    def step(self, timed):
+        cpu = (time.thread_time(), time.process_time())
+        start = time.perf_counter()
+        self.opt.zero_grad()
+        self.loss_of(self.model, self.batches[self.steps % 2]).backward()
+        self.opt.step()
+        seconds = time.perf_counter() - start
+        self.steps += 1
+        if timed:
+            train = time.thread_time() - cpu[0]
+            self.times.append(seconds)
+            self.train_cpu += train
+            self.other_cpu += time.process_time() - cpu[1] - train
+
+    def finish(self):
+        """(median step of the slowest rank, training thread CPU, other threads' CPU) a step,
+        the CPU averaged over ranks. Collective: every rank calls it."""
+        self.opt.state_dict()  # overlap_forward: applies the last step's deferred updates
+        n = len(self.times)
+        every = hvd.allgather_object((self.times, self.train_cpu / n, self.other_cpu / n))
+        step = statistics.median(max(rank[0][i] for rank in every) for i in range(n))
+        return step, statistics.mean(r[1] for r in every), statistics.mean(r[2] for r in every)
+
+
 def run(variant, args, gloo, warmup):
-    make, batch_of, loss_of, default_batch = MODELS[args.model]
-    torch.manual_seed(0)
-    model, opt = build(variant, make(), gloo)
-    g = torch.Generator().manual_seed(1 + hvd.rank())
-    batches = [batch_of(args.batch_size or default_batch, g) for _ in range(2)]
-    times = []
+    """One variant alone: warm-up steps, then --steps timed steps back to back."""
+    runner = Runner(variant, args, gloo)
     hvd.barrier()
     for step in range(warmup + args.steps):
-        if step == warmup:
-            cpu = (time.thread_time(), time.process_time())
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss_of(model, batches[step % 2]).backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    opt.state_dict()  # overlap_forward: applies the last step's deferred updates
-    train_cpu = time.thread_time() - cpu[0]
-    other_cpu = time.process_time() - cpu[1] - train_cpu
-    every = hvd.allgather_object((times[warmup:], train_cpu / args.steps, other_cpu / args.steps))
-    step = statistics.median(max(rank[0][i] for rank in every) for i in range(args.steps))
-    return step, statistics.mean(r[1] for r in every), statistics.mean(r[2] for r in every)
+        runner.step(timed=step >= warmup)
+    return runner.finish()
+
+
+def run_interleaved(variants, args, gloo, warmup):
+    """Every variant at once, one step each in turn (the order rotating every round), every
+    step started together on all ranks (a gloo barrier, outside the timing): slow drifts of the
+    machine (clocks, other load, the allocator) fall on every variant alike."""
+    runners = [Runner(v, args, gloo) for v in variants]
+    for round_ in range(warmup + args.steps):
+        for i in range(len(runners)):
+            runner = runners[(round_ + i) % len(runners)]
+            dist.barrier(group=gloo)
+            runner.step(timed=round_ >= warmup)
+    return [runner.finish() for runner in runners]
 
 
 def main():
@@ -188,6 +230,9 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--interleave", action="store_true",
+                   help="build every variant at once and run them one step each in turn (compare rows whose "
+                        "differences are smaller than the machine's drift within a job)")
     p.add_argument("--link", default="", help="a label for the records (the driver passes the link)")
     p.add_argument("--json", default="", help="append one JSON record per variant to this file")
     p.add_argument("--list-variants", action="store_true", help="print every variant and exit")
@@ -200,6 +245,8 @@ def main():
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variants {unknown} (one of {', '.join(VARIANTS)})")
+    if args.interleave:  # one runner a variant: a repeat would only clash with itself
+        variants = list(dict.fromkeys(variants))
     if "compute" in variants:  # the reference first
         variants.remove("compute")
     variants.insert(0, "compute")
@@ -216,9 +263,11 @@ def main():
               f"per rank, {hvd.size()} ranks, {args.threads} torch thread(s) each{', ' + args.link if args.link else ''}",
               flush=True)
     rows = []
+    results = iter(run_interleaved(variants, args, gloo, args.warmup) if args.interleave else ())
     for variant in variants:
         # The first row also warms the process (allocator, page faults, clocks): 3x the warm-up.
-        seconds, train_cpu, other_cpu = run(variant, args, gloo, args.warmup * (1 if rows else 3))
+        seconds, train_cpu, other_cpu = (next(results) if args.interleave else
+                                         run(variant, args, gloo, args.warmup * (1 if rows else 3)))
         reference = rows[0][1] if rows else seconds
         rows.append((variant, seconds, reference / seconds, train_cpu, other_cpu))
         if hvd.rank() == 0:

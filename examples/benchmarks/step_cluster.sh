@@ -5,7 +5,8 @@
 #
 #   sudo bash examples/benchmarks/step_cluster.sh [--rate 1gbit] [--nodes 2] [--ranks-per-node 1]
 #        [--models mlp,resnet20,resnet18,gpt2] [--variants LIST] [--steps 8] [--warmup 3]
-#        [--hierarchical] [--queue 20ms] [--no-ingress] [--auto-interval 3] [--out build/steps]
+#        [--hierarchical] [--queue 20ms] [--no-ingress] [--auto-interval 3] [--interleave]
+#        [--out build/steps]
 #
 # Appends one JSON record per (model, variant) to OUT/steps.jsonl and prints each model's
 # table. The runtime's compression setting is maxmin 4 bits (what the backend4 row uses); the
@@ -14,6 +15,7 @@
 set -euo pipefail
 
 RATE=1gbit NODES=2 RPN=1 MODELS=mlp,resnet20,resnet18,gpt2 VARIANTS="" STEPS=8 WARMUP=3 HIER=0 OUT="" AUTO=3
+INTERLEAVE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
@@ -27,6 +29,7 @@ while [ $# -gt 0 ]; do
     --queue) export CLUSTER_QUEUE=$2; shift 2 ;;
     --no-ingress) export CLUSTER_INGRESS=0; shift ;;
     --auto-interval) AUTO=$2; shift 2 ;;
+    --interleave) INTERLEAVE=(--interleave); shift ;;  # step_bench.py --interleave
     --out) OUT=$2; shift 2 ;;
     *) echo "step_cluster: unknown flag $1 (see the header of this script)" >&2; exit 2 ;;
   esac
@@ -58,7 +61,7 @@ bench() {  # bench MODEL VARIANTS
   port=$((port + 1))
   "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
     /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$1" --steps "$STEPS" --warmup "$WARMUP" --auto-interval "$AUTO" \
-    --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' | tee -a "$OUT/steps.txt"
+    "${INTERLEAVE[@]}" --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' | tee -a "$OUT/steps.txt"
 }
 ALL=$(PYTHONPATH="$BUILD/python" /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --list-variants)
 for model in ${MODELS//,/ }; do
