@@ -130,6 +130,18 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     return _b.register(native, staged.write_back)
 
 
+def host_allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, spec, priority):
+    """allreduce_async_ of a contiguous CPU tensor whose arguments the caller checked once
+    (`op` a checked op, `name` a string, `spec` from runtime_spec, `priority` a 32-bit int):
+    DistributedOptimizer's gradient hooks, which run on the training thread once per gradient
+    a step, where every Python call of allreduce_async_'s general path (staging, checks,
+    automatic names) is the training thread's time."""
+    ptr = tensor.data_ptr()
+    native = _b.runtime().allreduce_async(ptr, ptr, dtype_code(tensor, name), list(tensor.shape), name, op,
+                                          prescale_factor, postscale_factor, spec, tensor, -1, 0, priority)
+    return _b.register(native, lambda: tensor)
+
+
 @_b.submits
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     compression=None):

@@ -56,8 +56,9 @@ import torch
 
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
-from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK
-from gradcomp.torch.mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async
+from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK, runtime_spec
+from gradcomp.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_, host_allreduce_async_,
+                                    sparse_allreduce_async)
 from gradcomp.torch.powersgd import PowerSGDState
 
 _NAMED_PARAMETERS_ERROR = ("named_parameters should be a sequence of tuples (name, parameter), usually produced "
@@ -82,6 +83,12 @@ class _Plan:
         if self.powersgd:
             return Compression.none
         return self.spec_override if self.spec_override is not None else self.choice
+
+    def runtime_spec(self):
+        """runtime_spec(self.compression), computed once (the plan is fixed once made)."""
+        if not hasattr(self, "_spec"):
+            self._spec = runtime_spec(self.compression)
+        return self._spec
 
 
 class _Once:
@@ -514,6 +521,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         priority = self._priority.get(p, 1_000_000 + plan.index) if self._overlap is not None else 0
         names = self._wire_names(p, plan)
+        if len(names) == 1 and send.device.type == "cpu" and send.is_contiguous():
+            # The common case, without allreduce_async_'s general path: this runs once per
+            # gradient on the training thread, inside backward.
+            handle = host_allreduce_async_(send, names[0], self._op, self._prescale, self._postscale,
+                                           plan.runtime_spec(), priority)
+            self._handles[p] = _Pending(_Once(handle), send)
+            return
         pieces = [send] if len(names) == 1 else send.tensor_split(len(names))
         handles = [allreduce_async_(piece, name=name, op=self._op, prescale_factor=self._prescale,
                                     postscale_factor=self._postscale, compression=plan.compression, priority=priority)
