@@ -6,7 +6,7 @@
 #   sudo bash examples/benchmarks/step_cluster.sh [--rate 1gbit] [--nodes 2] [--ranks-per-node 1]
 #        [--models mlp,resnet20,resnet18,gpt2] [--variants LIST] [--steps 8] [--warmup 3]
 #        [--hierarchical] [--queue 20ms] [--no-ingress] [--auto-interval 3] [--interleave]
-#        [--out build/steps]
+#        [--batch-size N] [--out build/steps]
 #
 # Appends one JSON record per (model, variant) to OUT/steps.jsonl and prints each model's
 # table. The runtime's compression setting is maxmin 4 bits (what the backend4 row uses); the
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 RATE=1gbit NODES=2 RPN=1 MODELS=mlp,resnet20,resnet18,gpt2 VARIANTS="" STEPS=8 WARMUP=3 HIER=0 OUT="" AUTO=3
-INTERLEAVE=()
+INTERLEAVE=() BATCH=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
     --no-ingress) export CLUSTER_INGRESS=0; shift ;;
     --auto-interval) AUTO=$2; shift 2 ;;
     --interleave) INTERLEAVE=(--interleave); shift ;;  # step_bench.py --interleave
+    --batch-size) BATCH=(--batch-size "$2"); shift 2 ;;  # per rank (default: each model's own)
     --out) OUT=$2; shift 2 ;;
     *) echo "step_cluster: unknown flag $1 (see the header of this script)" >&2; exit 2 ;;
   esac
@@ -61,7 +62,7 @@ bench() {  # bench MODEL VARIANTS
   port=$((port + 1))
   "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
     /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$1" --steps "$STEPS" --warmup "$WARMUP" --auto-interval "$AUTO" \
-    "${INTERLEAVE[@]}" --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' | tee -a "$OUT/steps.txt"
+    "${INTERLEAVE[@]}" "${BATCH[@]}" --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' | tee -a "$OUT/steps.txt"
 }
 ALL=$(PYTHONPATH="$BUILD/python" /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --list-variants)
 for model in ${MODELS//,/ }; do
