@@ -450,6 +450,42 @@ def test_distributed_optimizer_equals_single_process_training(opt_name, groups):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_distributed_optimizer_with_channels_last_gradients_equals_single_process_training():
+    """A channels_last model's convolution gradients are not contiguous: they take the general
+    path to the runtime, the linear layer's the direct one (host_allreduce_async_); both must
+    give single-process training's parameters."""
+    def make():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                                  torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 4))
+        return net.to(memory_format=torch.channels_last)
+
+    def batch(step, per_rank=4):
+        g = torch.Generator().manual_seed(2000 + step)
+        x = torch.randn(per_rank * hvd.size(), 3, 8, 8, generator=g).to(memory_format=torch.channels_last)
+        return x, torch.randint(0, 4, (per_rank * hvd.size(),), generator=g)
+
+    ref, model = make(), make()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), compression=hvd.Compression.none)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    me = slice(hvd.rank() * 4, (hvd.rank() + 1) * 4)
+    for step in range(6):
+        x, y = batch(step)
+        ref_opt.zero_grad()
+        loss_fn(ref(x), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss_fn(model(x[me]), y[me]).backward()
+        if step == 0:
+            layout = {name: p.grad.is_contiguous() for name, p in model.named_parameters()}
+            assert not layout["0.weight"] and layout["4.weight"], layout  # both paths are taken
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_backward_passes_per_step_accumulates_locally():
     ref = make_model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
