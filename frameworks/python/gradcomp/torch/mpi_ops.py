@@ -136,9 +136,12 @@ def host_allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, s
     DistributedOptimizer's gradient hooks, which run on the training thread once per gradient
     a step, where every Python call of allreduce_async_'s general path (staging, checks,
     automatic names) is the training thread's time."""
+    code = _DTYPES.get(tensor.dtype)
+    if code is None:
+        dtype_code(tensor, f"allreduce of '{name}'")  # raises, naming the tensor and the dtype
     ptr = tensor.data_ptr()
-    native = _b.runtime().allreduce_async(ptr, ptr, dtype_code(tensor, name), list(tensor.shape), name, op,
-                                          prescale_factor, postscale_factor, spec, tensor, -1, 0, priority)
+    native = _b.runtime().allreduce_async(ptr, ptr, code, list(tensor.shape), name, op, prescale_factor,
+                                          postscale_factor, spec, tensor, -1, 0, priority)
     return _b.register(native, lambda: tensor)
 
 
