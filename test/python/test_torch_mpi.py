@@ -486,6 +486,15 @@ def test_distributed_optimizer_with_channels_last_gradients_equals_single_proces
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_distributed_optimizer_rejects_an_unsupported_gradient_dtype_naming_it():
+    w = torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), named_parameters=[("complex.w", w)])
+    with pytest.raises(ValueError, match=r"allreduce of 'allreduce\.complex\.w': dtype torch\.complex64 is not "
+                                         r"supported \(uint8, .*float32"):
+        (w * w).abs().sum().backward()
+    del opt
+
+
 def test_backward_passes_per_step_accumulates_locally():
     ref = make_model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
