@@ -11,6 +11,7 @@ time measured between its MPI calls; ops/common/simulation.h).
         [--link 25Gbps] [--latency 5us] [--backbone 3.2Tbps] [--topology flat|fattree]
         [--intra-bw 20GBps] [--intra-latency 1us] [--sizes-mb 64]
         [--variants mpi,sra:maxmin4] [--reps 2] [--warmup 1] [--host-slowdown 1] [--out FILE.json]
+        [--compose [--cross-columns C]]
 
 Platforms: `flat` is one switch (a SimGrid cluster: each node's full-duplex link to a backbone
 of --backbone); `fattree` is a two-level fat tree of 16-port leaves, each leaf's uplinks
@@ -162,6 +163,16 @@ def most_square_grid(n):
     return rows, n // rows
 
 
+def composed_grid(args, nodes):
+    """(rows, columns) of the grid across `nodes` nodes that --compose simulates: rows of
+    --cross-columns nodes, else the most square grid (the runtime's own choice)."""
+    if not args.cross_columns:
+        return most_square_grid(nodes)
+    if nodes % args.cross_columns:
+        sys.exit(f"simulate: --cross-columns {args.cross_columns} does not divide {nodes} nodes")
+    return nodes // args.cross_columns, args.cross_columns
+
+
 def run_composed(args, nodes, variant, tmp):
     """A 2-D SRA across `nodes` nodes of a non-blocking network, from three small runs.
 
@@ -170,10 +181,10 @@ def run_composed(args, nodes, variant, tmp):
     C nodes runs the same row steps on the same buffer with a column SRA of two nodes; so the
     time is that world's, less a 2-node SRA of the column's chunk (size / C), plus an R-node SRA
     of that chunk (the real column). L ranks a node (sra3d: node rows, the 2-D SRA across nodes
-    on the nodes' most square grid, R x C): the same with sra3d on two rows of C nodes, and the
-    columns as sra2dnode worlds of 2 and of R nodes on size / C (their steps inside the node
-    cancel). Every part is the real code simulated; checked against whole runs (docs/benchmarks.md)."""
-    rows, cols = most_square_grid(nodes)
+    on the nodes' most square grid R x C, or rows of C = --cross-columns nodes): the same with
+    sra3d on two rows of C nodes, and the columns as sra2dnode worlds of 2 and of R nodes on
+    size / C (their steps inside the node cancel). Every part is the real code simulated; checked against whole runs (docs/benchmarks.md)."""
+    rows, cols = composed_grid(args, nodes)
     algorithm, codec = variant.split(":", 1)
     two_rows_variant, column_variant = (("sra2d", "sra") if algorithm == "sra2d" else ("sra3d", "sra2dnode"))
     out = []
@@ -223,6 +234,9 @@ def main():
                     help="sra2d (one rank a node) and sra3d (several) from small runs of their rows and columns "
                          "(run_composed): worlds too large to simulate whole (SimGrid's cost grows ~20x a "
                          "doubling past 128 nodes); needs a non-blocking network (--topology fattree)")
+    ap.add_argument("--cross-columns", type=int, default=0,
+                    help="with --compose: rows of this many nodes across nodes (default: the most square grid, "
+                         "as the runtime makes it)")
     ap.add_argument("--cfg", action="append", default=[],
                     help="a further SimGrid setting (NAME:VALUE), repeatable: e.g. network/crosstraffic:0")
     ap.add_argument("--out", default="")
@@ -233,6 +247,8 @@ def main():
     if args.compose and args.topology != "fattree":
         sys.exit("simulate: --compose needs --topology fattree (rows and columns apart on a non-blocking network), "
                  f"got --topology {args.topology}")
+    if args.cross_columns and not args.compose:
+        sys.exit(f"simulate: --cross-columns {args.cross_columns} needs --compose (whole runs take the runtime's grid)")
     build()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradcomp-sim-") as tmp:
@@ -243,7 +259,7 @@ def main():
               f"{'ideal s':>9} {'% ideal':>8} {'codec s':>8} {'comm s':>8}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
             composed = [v for v in args.variants.split(",")
-                        if args.compose and most_square_grid(nodes)[0] > 2
+                        if args.compose and composed_grid(args, nodes)[0] > 2
                         and v.startswith("sra2d:" if args.ranks_per_node == 1 else "sra3d:")]
             direct = ",".join(v for v in args.variants.split(",") if v not in composed)
             world = run_world(args, nodes, tmp, direct) if direct else []
