@@ -168,8 +168,6 @@ def composed_grid(args, nodes):
     --cross-columns nodes, else the most square grid (the runtime's own choice)."""
     if not args.cross_columns:
         return most_square_grid(nodes)
-    if nodes % args.cross_columns:
-        sys.exit(f"simulate: --cross-columns {args.cross_columns} does not divide {nodes} nodes")
     return nodes // args.cross_columns, args.cross_columns
 
 
@@ -183,7 +181,8 @@ def run_composed(args, nodes, variant, tmp):
     of that chunk (the real column). L ranks a node (sra3d: node rows, the 2-D SRA across nodes
     on the nodes' most square grid R x C, or rows of C = --cross-columns nodes): the same with
     sra3d on two rows of C nodes, and the columns as sra2dnode worlds of 2 and of R nodes on
-    size / C (their steps inside the node cancel). Every part is the real code simulated; checked against whole runs (docs/benchmarks.md)."""
+    size / C (their steps inside the node cancel). Every part is the real code simulated;
+    checked against whole runs (docs/benchmarks.md)."""
     rows, cols = composed_grid(args, nodes)
     algorithm, codec = variant.split(":", 1)
     two_rows_variant, column_variant = (("sra2d", "sra") if algorithm == "sra2d" else ("sra3d", "sra2dnode"))
@@ -249,6 +248,10 @@ def main():
                  f"got --topology {args.topology}")
     if args.cross_columns and not args.compose:
         sys.exit(f"simulate: --cross-columns {args.cross_columns} needs --compose (whole runs take the runtime's grid)")
+    for nodes in [int(n) for n in args.nodes.split(",")] if args.cross_columns else []:
+        if args.cross_columns < 2 or nodes % args.cross_columns:
+            sys.exit(f"simulate: --cross-columns {args.cross_columns} must be at least 2 and divide the nodes, "
+                     f"got --nodes {nodes}")
     build()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradcomp-sim-") as tmp:

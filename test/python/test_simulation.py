@@ -80,3 +80,16 @@ def test_a_grid_composed_from_its_rows_and_columns_predicts_the_whole_run():
     assert parts["two_rows_seconds"] > parts["column_seconds"] > 0, parts
     assert abs(composed["seconds"] / whole["seconds"] - 1) < 0.1, (whole, composed)
     assert abs(composed["bytes_sent"] / whole["bytes_sent"] - 1) < 0.01, (whole, composed)
+
+
+def test_cross_columns_is_checked_before_anything_runs():
+    # Each is rejected before the simulation target is built, naming the option and the value.
+    for args, message in (
+            (["--nodes", "64", "--cross-columns", "8"], "--cross-columns 8 needs --compose"),
+            (["--nodes", "64", "--topology", "fattree", "--compose", "--cross-columns", "7"],
+             "--cross-columns 7 must be at least 2 and divide the nodes, got --nodes 64"),
+            (["--nodes", "64", "--topology", "fattree", "--compose", "--cross-columns", "1"],
+             "--cross-columns 1 must be at least 2 and divide the nodes, got --nodes 64")):
+        proc = subprocess.run([sys.executable, SIMULATE, *args], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, GRADCOMP_SIM_BUILD_DIR="/nonexistent-gradcomp-sim"))
+        assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr)
