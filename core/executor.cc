@@ -640,9 +640,18 @@ const Grid* Executor::GridFor(const Topology& topo, Communicator& across) {
   if (!node_rows && !WantsGrid(across.size())) return nullptr;
   std::unique_ptr<Grid>& grid = grids_[&across];
   if (!grid) {
-    // The columns across nodes run a grid of their own when they are long enough.
-    grid = std::make_unique<Grid>(node_rows ? MakeNodeGrid(topo, WantsGrid(topo.cross_size()) ? 0 : -1)
-                                            : MakeGrid(across));
+    // The columns across nodes run a grid of their own when they are long enough, nested again
+    // when a node's ranks would post too many messages at once on the most square one
+    // (GridShape). Every rank of a node runs one such SRA at once across nodes (the node grid's
+    // columns, the hierarchical SRA's shards); a grid over a world of one node crosses no link.
+    const int per_node = node_rows || &across == topo.cross.get() ? topo.local_size() : 1;
+    const auto shape = [&](int ranks) {
+      return GridShape(ranks, per_node, static_cast<int>(settings_.grid_min_ranks),
+                       static_cast<int>(settings_.grid_node_messages));
+    };
+    grid = std::make_unique<Grid>(node_rows ? MakeNodeGrid(topo, WantsGrid(topo.cross_size()) ? shape(topo.cross_size())
+                                                                                               : std::vector<int>{})
+                                            : MakeNestedGrid(across, shape(across.size())));
   }
   // A prime number of ranks makes one row: flat SRA.
   return grid->rows() > 1 ? grid.get() : nullptr;

@@ -173,6 +173,11 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_GRID_MIN_RANKS", nullptr, Kind::kInt, Of(&Settings::grid_min_ranks), "32",
        "with GRADCOMP_COMPRESSED_ALGORITHM=auto, the number of ranks the SRA spans from which it runs on a grid",
        4, 1 << 20},
+      {"GRADCOMP_GRID_NODE_MESSAGES", nullptr, Kind::kInt, Of(&Settings::grid_node_messages), "128",
+       "the most messages a node's ranks together post at once in a row step of a grid across nodes: its rows are "
+       "at most this over the ranks a node long, and a column longer than that and at least GRADCOMP_GRID_MIN_RANKS "
+       "runs a grid of its own (1024 nodes of 8 ranks: rows of 16 nodes, their 64-node columns on 8 x 8 grids)",
+       2, 1 << 20},
       {"GRADCOMP_AUTOTUNE", "HOROVOD_AUTOTUNE", Kind::kBool, Of(&Settings::autotune), "0",
        "tune the fusion threshold and the cycle time while training: rank 0 scores each by the bytes reduced per "
        "second over a window, every threshold then every cycle time, keeps the best and logs each score"},

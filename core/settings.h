@@ -37,6 +37,7 @@ struct Settings {
   std::string uncompressed_algorithm;
   std::string compressed_algorithm;
   int64_t grid_min_ranks = 0;
+  int64_t grid_node_messages = 0;
   bool auto_cost_model = true;
   bool autotune = false;
   double autotune_window_seconds = 2.0;

@@ -1,5 +1,6 @@
 #include "ops/comm/topology.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -46,15 +47,30 @@ Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_siz
   return topo;
 }
 
+namespace {
+
+// The row length of the most square grid of n ranks with rows at least as long as columns.
+int MostSquareColumns(int n) {
+  int rows = 1;
+  for (int r = 1; r * r <= n; ++r) {
+    if (n % r == 0) rows = r;
+  }
+  return n / rows;
+}
+
+// The grid `column` runs on (MakeNestedGrid), or null where its first level has one row or column.
+std::unique_ptr<Grid> ColumnGrid(Communicator& column, const std::vector<int>& columns) {
+  if (columns.empty()) return nullptr;
+  auto inner = std::make_unique<Grid>(MakeNestedGrid(column, columns));
+  if (inner->rows() > 1 && inner->columns() > 1) return inner;
+  return nullptr;
+}
+
+}  // namespace
+
 Grid MakeGrid(Communicator& comm, int columns) {
   const int n = comm.size();
-  if (columns <= 0) {
-    int rows = 1;
-    for (int r = 1; r * r <= n; ++r) {
-      if (n % r == 0) rows = r;
-    }
-    columns = n / rows;
-  }
+  if (columns <= 0) columns = MostSquareColumns(n);
   GC_ENFORCE(n % columns == 0, "a grid of rows of ", columns, " ranks does not divide ", n, " ranks");
   Grid g;
   g.rank = comm.rank();
@@ -63,7 +79,15 @@ Grid MakeGrid(Communicator& comm, int columns) {
   return g;
 }
 
-Grid MakeNodeGrid(const Topology& topo, int cross_columns) {
+Grid MakeNestedGrid(Communicator& comm, const std::vector<int>& columns) {
+  Grid g = MakeGrid(comm, columns.empty() ? comm.size() : columns[0]);
+  if (columns.size() > 1 && g.rows() > 1 && g.columns() > 1) {
+    g.column_grid = ColumnGrid(*g.column, std::vector<int>(columns.begin() + 1, columns.end()));
+  }
+  return g;
+}
+
+Grid MakeNodeGrid(const Topology& topo, const std::vector<int>& cross_columns) {
   GC_ENFORCE(topo.homogeneous, "a grid whose rows are the nodes needs the same number of ranks on every node");
   // Copies of the node's and the cross-node communicator (their own tags' space; a shared-memory
   // node's copy is its point-to-point communicator, which the row steps use).
@@ -71,11 +95,31 @@ Grid MakeNodeGrid(const Topology& topo, int cross_columns) {
   g.rank = topo.rank();
   g.row = topo.local->Split(0, topo.local_rank());
   g.column = topo.cross->Split(0, topo.cross_rank());
-  if (cross_columns >= 0) {
-    auto inner = std::make_unique<Grid>(MakeGrid(*g.column, cross_columns));
-    if (inner->rows() > 1 && inner->columns() > 1) g.column_grid = std::move(inner);
-  }
+  g.column_grid = ColumnGrid(*g.column, cross_columns);
   return g;
+}
+
+std::vector<int> GridShape(int ranks, int ranks_per_node, int nest_min_ranks, int node_messages) {
+  GC_ENFORCE(ranks >= 1 && ranks_per_node >= 1, "GridShape of ", ranks, " ranks, ", ranks_per_node, " a node");
+  const int longest = std::max(2, node_messages / ranks_per_node);
+  std::vector<int> shape;
+  for (int n = ranks;;) {
+    int b = MostSquareColumns(n);
+    if (b > longest) {
+      // The longest row that divides n and keeps the node's messages in bounds (none: a prime
+      // n keeps one row, flat SRA).
+      for (int d = longest; d >= 2; --d) {
+        if (n % d == 0) {
+          b = d;
+          break;
+        }
+      }
+    }
+    shape.push_back(b);
+    n /= b;
+    if (n <= longest || n < nest_min_ranks) break;
+  }
+  return shape;
 }
 
 }  // namespace gradcomp

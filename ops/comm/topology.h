@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ops/comm/communicator.h"
 
@@ -46,10 +47,31 @@ struct Grid {
 /// 0 picks the most square grid with rows at least as long as columns (for a prime size, one row).
 Grid MakeGrid(Communicator& comm, int columns = 0);
 
+/// Collective over `comm`: MakeGrid(comm, columns[0]), its column on MakeGrid(column,
+/// columns[1]), and so on, one level per entry (0: that level's most square grid); nesting stops
+/// before a level whose grid would have one row or one column. Empty `columns`: one row.
+Grid MakeNestedGrid(Communicator& comm, const std::vector<int>& columns);
+
 /// Collective over topo.world (homogeneous): the grid whose rows are the nodes and whose columns
-/// are the ranks of one local rank across nodes. With `cross_columns` >= 0 each column runs on
-/// its own grid, MakeGrid(column, cross_columns), unless that grid has one row.
-Grid MakeNodeGrid(const Topology& topo, int cross_columns = -1);
+/// are the ranks of one local rank across nodes. With `cross_columns` each column runs on a
+/// grid of its own, MakeNestedGrid(column, cross_columns) (levels of one row left out); empty:
+/// flat SRA across nodes.
+Grid MakeNodeGrid(const Topology& topo, const std::vector<int>& cross_columns = {});
+
+/// GRADCOMP_GRID_NODE_MESSAGES' default: a node's ranks together post at most about this many
+/// messages in one row step of a grid across nodes (GridShape). Simulated 25 Gbit/s fat tree,
+/// 1024 nodes x 8, 4 bits on 64 MB: rows of 32 nodes (8 x 31 messages a node at once, 33 KB
+/// each) took 9.65 ms for the row steps, rows of 16 (8 x 15) 7.78 ms (docs/benchmarks.md "At scale").
+constexpr int kNodeRowMessages = 128;
+
+/// Row lengths, one per level, of the nested grid (MakeNestedGrid) an SRA over `ranks` ranks
+/// runs on when `ranks_per_node` ranks of every node run one such SRA each at once (the columns
+/// of a node grid, or one rank a node): the most square grid, with rows of at most
+/// node_messages / ranks_per_node ranks; its column runs a grid of its own, by the same rule,
+/// when it is longer than that and at least `nest_min_ranks` long (flat SRA's 2 (n - 1)
+/// messages a rank of 1/n^2 of the buffer are latency-bound there). 1024 x 1: {32} (32 x 32);
+/// 1024 x 8: {16, 8} (rows of 16 nodes, 64-node columns on an 8 x 8 grid).
+std::vector<int> GridShape(int ranks, int ranks_per_node, int nest_min_ranks, int node_messages = kNodeRowMessages);
 
 /// Collective over `world`: builds the node and cross communicators. forced_local_size > 0
 /// forces nodes of that many consecutive ranks (GRADCOMP_LOCAL_SIZE; it must divide the

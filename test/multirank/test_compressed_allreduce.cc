@@ -348,11 +348,11 @@ TEST(Sra, StochasticRoundingStaysWithinItsBound) {
   }
 }
 
-struct GridShape {
+struct WorldGrid {
   int world, columns;
 };
 
-class Sra2dSweep : public ::testing::TestWithParam<GridShape> {};
+class Sra2dSweep : public ::testing::TestWithParam<WorldGrid> {};
 
 TEST_P(Sra2dSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
   const int world = GetParam().world, columns = GetParam().columns;
@@ -376,25 +376,34 @@ TEST_P(Sra2dSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grids, Sra2dSweep,
-                         ::testing::Values(GridShape{4, 2}, GridShape{6, 3}, GridShape{6, 2}, GridShape{8, 4},
-                                           GridShape{9, 3}, GridShape{12, 4}, GridShape{16, 4}),
-                         [](const ::testing::TestParamInfo<GridShape>& s) {
+                         ::testing::Values(WorldGrid{4, 2}, WorldGrid{6, 3}, WorldGrid{6, 2}, WorldGrid{8, 4},
+                                           WorldGrid{9, 3}, WorldGrid{12, 4}, WorldGrid{16, 4}),
+                         [](const ::testing::TestParamInfo<WorldGrid>& s) {
                            return "world" + std::to_string(s.param.world) + "_columns" +
                                   std::to_string(s.param.columns);
                          });
 
 struct NodeGridShape {
-  int world, local, cross_columns;  // cross_columns -1: flat SRA across nodes
+  int world, local;
+  std::vector<int> cross;  // row lengths of the grids across nodes, one per level; empty: flat SRA
 };
+
+// "2x4": the levels' row lengths; "flat" for none.
+std::string Levels(const std::vector<int>& cross) {
+  std::string s;
+  for (int c : cross) s += (s.empty() ? "" : "x") + std::to_string(c);
+  return s.empty() ? "flat" : s;
+}
 
 class NodeGridSweep : public ::testing::TestWithParam<NodeGridShape> {};
 
 TEST_P(NodeGridSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
   // Rows are the nodes; the columns across nodes run flat SRA or a grid of their own (three
-  // levels), every level's bound composed (NestedSraBound).
-  const auto [world, local, cross_columns] = GetParam();
+  // levels), whose columns may run a grid of their own again (four, five), every level's bound
+  // composed (NestedSraBound).
+  const auto& [world, local, cross] = GetParam();
   std::vector<int> columns = {local};
-  if (cross_columns > 0) columns.push_back(cross_columns);
+  columns.insert(columns.end(), cross.begin(), cross.end());
   for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{50001}}) {
     const auto parts = Inputs(world, count, 1e4);
     const std::vector<double> exact = ExactSum(parts, 1.0 / world);
@@ -404,8 +413,11 @@ TEST_P(NodeGridSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
       const size_t bucket = setting.second;
       std::vector<std::vector<float>> outs(static_cast<size_t>(world));
       const auto errors = RunTopology(world, local, [&](Topology& topo) {
-        const Grid grid = MakeNodeGrid(topo, cross_columns);
-        if ((grid.column_grid != nullptr) != (cross_columns > 0)) return std::string("unexpected column grid");
+        const Grid grid = MakeNodeGrid(topo, cross);
+        // The grids nest as deep as asked: every level has two dimensions.
+        size_t depth = 0;
+        for (const Grid* g = grid.column_grid.get(); g; g = g->column_grid.get()) ++depth;
+        if (depth != cross.size()) return "nested " + std::to_string(depth) + " levels deep";
         const std::vector<float> in = Gradient(count, topo.rank(), 1e4);
         std::vector<float> out(count, -1.0f);
         GridBoth(grid, Maxmin(in, out, bits, bucket));
@@ -413,9 +425,8 @@ TEST_P(NodeGridSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
         return std::string();
       });
       const std::string where = " world " + std::to_string(world) + " local " + std::to_string(local) +
-                                " cross columns " + std::to_string(cross_columns) + " count " +
-                                std::to_string(count) + " bits " + std::to_string(bits) + " bucket " +
-                                std::to_string(bucket);
+                                " across " + Levels(cross) + " count " + std::to_string(count) + " bits " +
+                                std::to_string(bits) + " bucket " + std::to_string(bucket);
       ASSERT_EQ(Failures(errors), "") << where;
       ASSERT_EQ(BitIdentical(outs), "") << where;
       ASSERT_EQ(WithinBound(outs[0], exact, NestedSraBound(parts, 1.0 / world, bits, bucket, false, columns)), "")
@@ -425,14 +436,35 @@ TEST_P(NodeGridSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grids, NodeGridSweep,
-                         ::testing::Values(NodeGridShape{12, 3, -1}, NodeGridShape{8, 2, 2}, NodeGridShape{16, 2, 2},
-                                           NodeGridShape{16, 4, 2}, NodeGridShape{18, 2, 3},
-                                           NodeGridShape{24, 2, 3}, NodeGridShape{32, 2, 4}),
+                         ::testing::Values(NodeGridShape{12, 3, {}}, NodeGridShape{8, 2, {2}},
+                                           NodeGridShape{16, 2, {2}}, NodeGridShape{16, 4, {2}},
+                                           NodeGridShape{18, 2, {3}}, NodeGridShape{24, 2, {3}},
+                                           NodeGridShape{32, 2, {4}}, NodeGridShape{16, 2, {2, 2}},
+                                           NodeGridShape{48, 2, {2, 3}}, NodeGridShape{64, 2, {2, 2, 2}}),
                          [](const ::testing::TestParamInfo<NodeGridShape>& s) {
                            return "world" + std::to_string(s.param.world) + "_local" + std::to_string(s.param.local) +
-                                  (s.param.cross_columns > 0 ? "_cross_columns" + std::to_string(s.param.cross_columns)
-                                                             : std::string("_flat_across"));
+                                  "_across_" + Levels(s.param.cross);
                          });
+
+TEST(GridShape, RowsAcrossNodesKeepANodesMessagesBoundedAndLongColumnsNest) {
+  // One rank a node: the most square grid up to 128 x 128 (rows of up to 128).
+  EXPECT_EQ(GridShape(1024, 1, 32), (std::vector<int>{32}));
+  EXPECT_EQ(GridShape(512, 1, 32), (std::vector<int>{32}));
+  EXPECT_EQ(GridShape(64, 1, 32), (std::vector<int>{8}));
+  // Eight: rows of at most 16 nodes; a column longer than 16 and at least 32 nests.
+  EXPECT_EQ(GridShape(1024, 8, 32), (std::vector<int>{16, 8}));
+  EXPECT_EQ(GridShape(512, 8, 32), (std::vector<int>{16, 8}));
+  EXPECT_EQ(GridShape(256, 8, 32), (std::vector<int>{16}));
+  EXPECT_EQ(GridShape(64, 8, 32), (std::vector<int>{8}));
+  EXPECT_EQ(GridShape(32, 8, 32), (std::vector<int>{8}));
+  // Below GRADCOMP_GRID_MIN_RANKS a long column stays flat; a prime count makes one row.
+  EXPECT_EQ(GridShape(1024, 8, 128), (std::vector<int>{16}));
+  EXPECT_EQ(GridShape(31, 8, 4), (std::vector<int>{31}));
+  // The bound, and a bound below two ranks a row (rows of 2).
+  EXPECT_EQ(GridShape(16, 2, 4, 4), (std::vector<int>{2, 2, 2}));
+  EXPECT_EQ(GridShape(16, 2, 4, 64), (std::vector<int>{4}));
+  EXPECT_EQ(GridShape(64, 200, 4), (std::vector<int>{2, 2, 2, 2, 2}));
+}
 
 TEST(Sra2d, StochasticRoundingAndErrorFeedbackAndTensorBoundaries) {
   // Stochastic rounding stays within twice the nearest bound; tensors restart buckets inside
@@ -512,26 +544,41 @@ TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
       const auto grid = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
         CompressedAllreduce2d(MakeGrid(comm), Maxmin(in, out, 4, 512));
       });
-      // Nodes of 8 ranks: the node rows, the columns across nodes on a grid of their own.
-      std::vector<std::vector<float>> nested(static_cast<size_t>(world));
-      RunTopology(world, 8, [&](Topology& topo) {
-        const std::vector<float> in = Gradient(count, topo.rank(), noise);
-        std::vector<float> out(count);
-        CompressedAllreduce2d(MakeNodeGrid(topo, 0), Maxmin(in, out, 4, 512));
-        nested[static_cast<size_t>(topo.rank())] = std::move(out);
-        return std::string();
-      });
+      // Nodes of 8 ranks: the node rows, the columns across nodes on a grid of their own (its
+      // levels' row lengths `cross`: {0}, the most square).
+      const auto on_nodes = [&](const std::vector<int>& cross) {
+        std::vector<std::vector<float>> outs(static_cast<size_t>(world));
+        RunTopology(world, 8, [&](Topology& topo) {
+          const std::vector<float> in = Gradient(count, topo.rank(), noise);
+          std::vector<float> out(count);
+          CompressedAllreduce2d(MakeNodeGrid(topo, cross), Maxmin(in, out, 4, 512));
+          outs[static_cast<size_t>(topo.rank())] = std::move(out);
+          return std::string();
+        });
+        return outs;
+      };
+      const auto nested = on_nodes({0});
+      // Four levels (the grid across nodes' columns on grids of their own, as GridShape nests
+      // them at 1024 nodes x 8): rows of 2 or 4 nodes on 8 and 32 nodes, of 8 on 128.
+      const int nodes = world / 8;
+      const std::vector<int> deeper_shape = nodes >= 128 ? std::vector<int>{8, 4}
+                                            : nodes >= 32 ? std::vector<int>{4, 4}
+                                                          : std::vector<int>{2, 2};
+      const auto deeper = nodes >= 8 ? on_nodes(deeper_shape) : nested;
       const double e_flat = RelativeL2(flat[0], exact), e_grid = RelativeL2(grid[0], exact),
-                   e_nested = RelativeL2(nested[0], exact);
+                   e_nested = RelativeL2(nested[0], exact), e_deeper = RelativeL2(deeper[0], exact);
       std::printf("4-bit, world %d, %s inputs: relative L2 error flat SRA %.4f, 2-D SRA %.4f, nodes of 8 with a "
-                  "2-D grid across %.4f\n",
-                  world, noise > 1 ? "independent" : "correlated", e_flat, e_grid, e_nested);
+                  "2-D grid across %.4f, with nested columns across %.4f\n",
+                  world, noise > 1 ? "independent" : "correlated", e_flat, e_grid, e_nested, e_deeper);
       EXPECT_EQ(BitIdentical(grid), "") << "world " << world;
       EXPECT_EQ(BitIdentical(nested), "") << "world " << world;
+      EXPECT_EQ(BitIdentical(deeper), "") << "world " << world;
       EXPECT_LE(e_grid, 0.3) << "world " << world;
       EXPECT_LE(e_grid, 1.5 * e_flat) << "world " << world;
       EXPECT_LE(e_nested, 0.3) << "world " << world;
       EXPECT_LE(e_nested, 1.7 * e_flat) << "world " << world;  // one quantization more than the 2-D SRA
+      EXPECT_LE(e_deeper, 0.3) << "world " << world;
+      EXPECT_LE(e_deeper, 2.0 * e_flat) << "world " << world;  // two more than the 2-D SRA
     }
   }
 }

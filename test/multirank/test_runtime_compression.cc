@@ -203,38 +203,59 @@ TEST(RuntimeCompression, CompressedAlgorithmPicksTheGridFromItsSizeOn) {
   EXPECT_EQ(ThroughRuntime(world, {{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}, {"GRADCOMP_GRID_MIN_RANKS", "4"}}), flat);
 }
 
+// Every rank's result of one max-min allreduce of a 256 x 64 gradient on `local` ranks a node:
+// on the grid whose rows are the nodes, its columns across nodes on the nested grid of `cross`
+// (MakeNodeGrid), or with `node_rows` false flat SRA over the world.
+std::vector<std::vector<float>> OnNodeGrid(int world, int local, bool node_rows, const std::vector<int>& cross = {}) {
+  std::vector<std::vector<float>> outs(static_cast<size_t>(world));
+  RunTopology(world, local, [&](Topology& topo) {
+    const std::vector<float> g = Gradient(256 * 64, topo.rank(), 1e4);
+    std::vector<float> out(g.size());
+    if (node_rows) {
+      CompressedAllreduce2d(MakeNodeGrid(topo, cross), AverageWith(g, out));
+    } else {
+      CompressedAllreduce(*topo.world, AverageWith(g, out));
+    }
+    outs[static_cast<size_t>(topo.rank())] = out;
+    return std::string();
+  });
+  return outs;
+}
+
 // On nodes of several ranks the runtime's grid has the nodes as rows (whatever the world's
 // size), and its columns across the nodes run a grid of their own once they reach
 // GRADCOMP_GRID_MIN_RANKS; GRADCOMP_COMPRESSED_ALGORITHM=sra is flat SRA: 8 nodes of 2 ranks.
 TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
   const int world = 16, local = 2;
-  // cross_columns as MakeNodeGrid takes it; -2: flat SRA over the world.
-  const auto direct = [&](int cross_columns) {
-    std::vector<std::vector<float>> outs(world);
-    RunTopology(world, local, [&](Topology& topo) {
-      const std::vector<float> g = Gradient(256 * 64, topo.rank(), 1e4);
-      std::vector<float> out(g.size());
-      if (cross_columns < -1) {
-        CompressedAllreduce(*topo.world, AverageWith(g, out));
-      } else {
-        CompressedAllreduce2d(MakeNodeGrid(topo, cross_columns), AverageWith(g, out));
-      }
-      outs[static_cast<size_t>(topo.rank())] = out;
-      return std::string();
-    });
-    return outs;
-  };
   const auto on_nodes = [&](std::map<std::string, std::string> vars) {
     vars["GRADCOMP_LOCAL_SIZE"] = std::to_string(local);
     return ThroughRuntime(world, vars);
   };
-  const auto nested = direct(0), flat_across = direct(-1), flat = direct(-2);
+  const auto nested = OnNodeGrid(world, local, true, {0}), flat_across = OnNodeGrid(world, local, true),
+             flat = OnNodeGrid(world, local, false);
   ASSERT_NE(nested[0], flat_across[0]);
   ASSERT_NE(flat[0], flat_across[0]);
   EXPECT_EQ(on_nodes({}), flat_across);  // 16 ranks, 8 nodes: below 32, node rows all the same
   EXPECT_EQ(on_nodes({{"GRADCOMP_GRID_MIN_RANKS", "8"}}), nested);  // 8 nodes: a grid across
   EXPECT_EQ(on_nodes({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra2d"}}), nested);
   EXPECT_EQ(on_nodes({{"GRADCOMP_COMPRESSED_ALGORITHM", "sra"}}), flat);
+}
+
+// The grid across nodes keeps a node's messages in a row step under GRADCOMP_GRID_NODE_MESSAGES
+// (rows of at most that over the ranks a node) and nests its columns by the same rule (GridShape):
+// 16 nodes of 2 ranks with at most 4 messages a node run rows of 2 nodes at three levels across
+// them (16 = 2 x 8, 8 = 2 x 4, 4 = 2 x 2), five in all; at the default, the most square 4 x 4.
+TEST(RuntimeCompression, GridsAcrossNodesNestAsTheNodesMessagesBoundSays) {
+  const int world = 32, local = 2;
+  const auto on_nodes = [&](std::map<std::string, std::string> vars) {
+    vars["GRADCOMP_LOCAL_SIZE"] = std::to_string(local);
+    vars["GRADCOMP_GRID_MIN_RANKS"] = "4";
+    return ThroughRuntime(world, vars);
+  };
+  const auto deepest = OnNodeGrid(world, local, true, {2, 2, 2}), square = OnNodeGrid(world, local, true, {4});
+  ASSERT_NE(deepest[0], square[0]);
+  EXPECT_EQ(on_nodes({{"GRADCOMP_GRID_NODE_MESSAGES", "4"}}), deepest);
+  EXPECT_EQ(on_nodes({}), square);
 }
 
 TEST(RuntimeCompression, FourBitSendsAboutAnEighthOfTheBytes) {

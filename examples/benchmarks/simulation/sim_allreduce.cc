@@ -6,20 +6,22 @@
 //
 //   smpirun -no-privatize -platform P.xml -hostfile H -np N build-sim/.../sim_allreduce
 //       [--sizes-mb 64] [--variants mpi,sra:maxmin4,hier:maxmin4] [--reps 3] [--local-size 8]
-//       [--stripes 0] [--warmup 1] [--grid-columns 0]
+//       [--stripes 0] [--warmup 1] [--grid-columns C1[,C2...]]
 //
 // A variant is "mpi" (MPI_Allreduce of float32, SMPI's collective selection) or
 // "<algorithm>:<codec>": algorithm sra (flat), sra2d (2-D SRA over the most square grid),
 // sra2dnode (2-D SRA whose rows are the nodes: --local-size columns, flat SRA across nodes),
-// sra3d (rows are the nodes, the 2-D SRA across nodes on the most square grid of the nodes:
-// MakeNodeGrid; what the runtime runs on nodes of several ranks from 32 nodes on), hier
+// sra3d (rows are the nodes, the 2-D SRA across nodes on the grid of the nodes the runtime
+// chooses, GridShape, nested again where it says: MakeNodeGrid; what the runtime runs on nodes
+// of several ranks from 32 nodes on), hier
 // (--local-size consecutive ranks per node, reduced inside the node, flat SRA across nodes) or
 // hier2d (the same with the 2-D SRA across nodes); codec none, fp16, bf16 or maxmin<bits>.
 // --stripes 0 uses the runtime's choice across nodes (kAutoPipelineStripes). --warmup 0 skips
 // the untimed first repetition (it warms buffers; at 1024 ranks it doubles the wall time).
-// --grid-columns C gives sra2d rows of C ranks, and sra3d's grid across nodes rows of C nodes,
-// instead of the most square grid's (simulate.py's --compose runs the rows of a large grid on
-// a world of two rows).
+// The grids' shapes are the runtime's (GridShape; GRADCOMP_GRID_MIN_RANKS at its default):
+// --grid-columns C1,C2,... gives them instead, one row length per level (MakeNestedGrid): sra2d's
+// over the world's ranks, sra3d's and hier2d's across nodes (simulate.py's --compose runs the
+// rows of a large grid on a world of two rows, and its columns on grids of their own).
 //
 // Prints, on rank 0, one line per (variant, size):
 //   RESULT <variant> <MB> <seconds> <bytes sent per rank> <codec seconds> <communicate seconds>
@@ -89,6 +91,17 @@ Variant ParseVariant(const std::string& text) {
   return v;
 }
 
+// GRADCOMP_GRID_MIN_RANKS's default: from this many ranks on a column runs a grid of its own.
+constexpr int kGridMinRanks = 32;
+
+// "rows x columns", a nested column's grid in brackets: "64 x 8 [8 x 8]"; empty for no grid.
+std::string Shape(const gradcomp::Grid& g) {
+  std::string s = std::to_string(g.rows()) + " x " + std::to_string(g.columns());
+  return g.column_grid ? s + " [" + Shape(*g.column_grid) + "]" : s;
+}
+
+std::string Describe(const char* label, const gradcomp::Grid* g) { return g ? label + Shape(*g) : std::string(); }
+
 double Slowest(double t) {
   double m = 0;
   MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -118,7 +131,8 @@ class Buffer {
 
 int Run(int argc, char** argv) {
   std::string sizes = "64", variants = "mpi,sra:maxmin4";
-  int reps = 3, local_size = 1, stripes = 0, warmup = 1, grid_columns = 0;
+  int reps = 3, local_size = 1, stripes = 0, warmup = 1;
+  std::vector<int> grid_columns;  // empty: the runtime's shapes
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--sizes-mb") {
@@ -134,7 +148,7 @@ int Run(int argc, char** argv) {
     } else if (flag == "--warmup") {
       warmup = std::atoi(argv[i + 1]);
     } else if (flag == "--grid-columns") {
-      grid_columns = std::atoi(argv[i + 1]);
+      for (const std::string& c : SplitList(argv[i + 1], ',')) grid_columns.push_back(std::atoi(c.c_str()));
     } else {
       GC_THROW("sim_allreduce: unknown flag ", flag,
                " (--sizes-mb, --variants, --reps, --local-size, --stripes, --warmup, --grid-columns)");
@@ -147,18 +161,40 @@ int Run(int argc, char** argv) {
   gradcomp::Topology topo = gradcomp::BuildTopology(std::make_unique<gradcomp::MpiCommunicator>(MPI_COMM_WORLD),
                                                     local_size, gradcomp::LocalTransport::kMessages);
   const int n = topo.size(), rank = topo.rank();
-  GC_ENFORCE(grid_columns >= 0 && (grid_columns == 0 || n % grid_columns == 0), "sim_allreduce: --grid-columns ",
-             grid_columns, " does not divide the world of ", n, " ranks");
-  GC_ENFORCE(grid_columns == 0 || local_size == 1 || topo.cross_size() % grid_columns == 0,
-             "sim_allreduce: --grid-columns ", grid_columns, " does not divide the ", topo.cross_size(), " nodes");
-  const gradcomp::Grid world_grid = gradcomp::MakeGrid(*topo.world, grid_columns);
-  const gradcomp::Grid cross_grid = gradcomp::MakeGrid(*topo.cross);
-  const gradcomp::Grid node_grid = gradcomp::MakeNodeGrid(topo);
-  const gradcomp::Grid nested_grid = gradcomp::MakeNodeGrid(topo, grid_columns);
+  const auto uses = [&](const char* algorithm) {
+    return std::any_of(parsed.begin(), parsed.end(), [&](const Variant& v) { return v.algorithm == algorithm; });
+  };
+  // One row length per level, each at least 2 and dividing the column the level above leaves.
+  const auto shape_over = [&](int ranks, int per_node, const char* what) {
+    if (grid_columns.empty()) return gradcomp::GridShape(ranks, per_node, kGridMinRanks);
+    int left = ranks;
+    for (int c : grid_columns) {
+      GC_ENFORCE(c >= 2 && left % c == 0, "sim_allreduce: --grid-columns ", c, " is not at least 2 dividing the ",
+                 left, " ", what, " its level spans");
+      left /= c;
+    }
+    return grid_columns;
+  };
+  // Only the grids the variants run on (collective: every rank parses the same variants).
+  std::unique_ptr<gradcomp::Grid> world_grid, cross_grid, node_grid, nested_grid;
+  if (uses("sra2d")) {
+    world_grid = std::make_unique<gradcomp::Grid>(gradcomp::MakeNestedGrid(*topo.world, shape_over(n, 1, "ranks")));
+  }
+  const int nodes = topo.cross_size();
+  if (uses("hier2d")) {
+    cross_grid = std::make_unique<gradcomp::Grid>(
+        gradcomp::MakeNestedGrid(*topo.cross, shape_over(nodes, topo.local_size(), "nodes")));
+  }
+  if (uses("sra2dnode")) node_grid = std::make_unique<gradcomp::Grid>(gradcomp::MakeNodeGrid(topo));
+  if (uses("sra3d")) {
+    nested_grid = std::make_unique<gradcomp::Grid>(
+        gradcomp::MakeNodeGrid(topo, shape_over(nodes, topo.local_size(), "nodes")));
+  }
   if (rank == 0) {
-    std::printf("sim_allreduce: %d ranks, %d per node x %d nodes, %d reps; grids %d x %d, across nodes %d x %d\n", n,
-                topo.local_size(), topo.cross_size(), reps, world_grid.rows(), world_grid.columns(), cross_grid.rows(),
-                cross_grid.columns());
+    std::printf("sim_allreduce: %d ranks, %d per node x %d nodes, %d reps; grids:%s%s%s%s\n", n, topo.local_size(),
+                nodes, reps, Describe(" world ", world_grid.get()).c_str(),
+                Describe(" across nodes ", cross_grid.get()).c_str(), Describe(" node rows ", node_grid.get()).c_str(),
+                Describe(" nested ", nested_grid.get()).c_str());
     std::fflush(stdout);
   }
   gradcomp::CompressionWorkspace ws;
@@ -208,13 +244,13 @@ int Run(int argc, char** argv) {
           o.name = v.name;
           if (v.algorithm == "hier" || v.algorithm == "hier2d") {
             st = gradcomp::HierarchicalCompressedAllreduce(topo, o, false,
-                                                           v.algorithm == "hier2d" ? &cross_grid : nullptr);
+                                                           v.algorithm == "hier2d" ? cross_grid.get() : nullptr);
           } else if (v.algorithm == "sra2d") {
-            st = gradcomp::CompressedAllreduce2d(world_grid, o);
+            st = gradcomp::CompressedAllreduce2d(*world_grid, o);
           } else if (v.algorithm == "sra2dnode") {
-            st = gradcomp::CompressedAllreduce2d(node_grid, o);
+            st = gradcomp::CompressedAllreduce2d(*node_grid, o);
           } else if (v.algorithm == "sra3d") {
-            st = gradcomp::CompressedAllreduce2d(nested_grid, o);
+            st = gradcomp::CompressedAllreduce2d(*nested_grid, o);
           } else {
             st = gradcomp::CompressedAllreduce(*topo.world, o);
           }
