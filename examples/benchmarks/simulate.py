@@ -11,7 +11,7 @@ time measured between its MPI calls; ops/common/simulation.h).
         [--link 25Gbps] [--latency 5us] [--backbone 3.2Tbps] [--topology flat|fattree]
         [--intra-bw 20GBps] [--intra-latency 1us] [--sizes-mb 64]
         [--variants mpi,sra:maxmin4] [--reps 2] [--warmup 1] [--host-slowdown 1] [--out FILE.json]
-        [--compose [--cross-columns C]]
+        [--compose [--cross-columns C1[,C2...]]]
 
 Platforms: `flat` is one switch (a SimGrid cluster: each node's full-duplex link to a backbone
 of --backbone); `fattree` is a two-level fat tree of 16-port leaves, each leaf's uplinks
@@ -27,7 +27,8 @@ each node must send over its link at full rate).
 
 --compose (fat tree) builds the 2-D SRA of a large world (sra2d; sra3d with several ranks a
 node) from simulations of two of its rows and of its columns (run_composed): 1024 nodes from
-worlds of at most 64.
+worlds of at most 64. Its grid across nodes is the runtime's (GridShape: rows of 16 nodes at
+1024 x 8, whose 64-node columns run an 8 x 8 grid of their own), or --cross-columns' levels.
 GRADCOMP_SIM_CODEC_SCALE=0 leaves codec time out (the network alone); the default counts it as
 measured on this machine's core. examples/benchmarks/plot_simulation.py plots --out files.
 """
@@ -114,7 +115,7 @@ def wire_ratio(variant):
     return (bits * 512 / 8 + 8) / (512 * 4)  # codes plus a float32 min and unit per bucket of 512
 
 
-def run_world(args, nodes, tmp, variants=None, sizes_mb=None, grid_columns=0):
+def run_world(args, nodes, tmp, variants=None, sizes_mb=None, grid_columns=()):
     variants = variants or args.variants
     sizes_mb = sizes_mb or args.sizes_mb
     ranks = nodes * args.ranks_per_node
@@ -138,7 +139,9 @@ def run_world(args, nodes, tmp, variants=None, sizes_mb=None, grid_columns=0):
            "--cfg=smpi/shared-malloc:global", "--cfg=smpi/shared-malloc-blocksize:" + str(64 << 20),
            *[f"--cfg={c}" for c in args.cfg], "--log=root.thres:warning", DRIVER, "--sizes-mb", sizes_mb, "--variants", variants,
            "--reps", str(args.reps), "--local-size", str(args.ranks_per_node), "--stripes", str(args.stripes),
-           "--warmup", str(args.warmup), "--grid-columns", str(grid_columns)]
+           "--warmup", str(args.warmup)]
+    if grid_columns:  # else the runtime's shapes
+        cmd += ["--grid-columns", ",".join(str(c) for c in grid_columns)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
     # smpirun exits 0 even when the simulated program aborted ("Execution failed with code N"):
     # a run without every result line is a failure too.
@@ -157,18 +160,33 @@ def run_world(args, nodes, tmp, variants=None, sizes_mb=None, grid_columns=0):
     return rows
 
 
-def most_square_grid(n):
-    """(rows, columns) of MakeGrid's most square grid of n ranks (ops/comm/topology.cc)."""
-    rows = max(r for r in range(1, math.isqrt(n) + 1) if n % r == 0)
-    return rows, n // rows
+# The runtime's defaults of GRADCOMP_GRID_NODE_MESSAGES (kNodeRowMessages) and GRADCOMP_GRID_MIN_RANKS.
+NODE_ROW_MESSAGES, GRID_MIN_RANKS = 128, 32
 
 
-def composed_grid(args, nodes):
-    """(rows, columns) of the grid across `nodes` nodes that --compose simulates: rows of
-    --cross-columns nodes, else the most square grid (the runtime's own choice)."""
-    if not args.cross_columns:
-        return most_square_grid(nodes)
-    return nodes // args.cross_columns, args.cross_columns
+def most_square_columns(n):
+    """Row length of MakeGrid's most square grid of n ranks (ops/comm/topology.cc)."""
+    return n // max(r for r in range(1, math.isqrt(n) + 1) if n % r == 0)
+
+
+def grid_shape(n, per_node):
+    """Row lengths, one per level, of the runtime's nested grid over n ranks when per_node ranks
+    of a node run one each at once (GridShape, ops/comm/topology.cc, at its defaults)."""
+    longest, shape = max(2, NODE_ROW_MESSAGES // per_node), []
+    while True:
+        b = most_square_columns(n)
+        if b > longest:
+            b = next((d for d in range(longest, 1, -1) if n % d == 0), b)
+        shape.append(b)
+        n //= b
+        if n <= longest or n < GRID_MIN_RANKS:
+            return shape
+
+
+def composed_shape(args, nodes):
+    """Row lengths of the levels of the grid across `nodes` nodes that --compose simulates:
+    --cross-columns, else the runtime's own choice (grid_shape)."""
+    return args.cross_columns or grid_shape(nodes, args.ranks_per_node)
 
 
 def run_composed(args, nodes, variant, tmp):
@@ -177,29 +195,43 @@ def run_composed(args, nodes, variant, tmp):
     One rank a node (sra2d): its rows run at once and apart (each node's link carries its own
     row's messages only), then its columns, then its rows again. A world of two rows of the same
     C nodes runs the same row steps on the same buffer with a column SRA of two nodes; so the
-    time is that world's, less a 2-node SRA of the column's chunk (size / C), plus an R-node SRA
-    of that chunk (the real column). L ranks a node (sra3d: node rows, the 2-D SRA across nodes
-    on the nodes' most square grid R x C, or rows of C = --cross-columns nodes): the same with
-    sra3d on two rows of C nodes, and the columns as sra2dnode worlds of 2 and of R nodes on
-    size / C (their steps inside the node cancel). Every part is the real code simulated;
-    checked against whole runs (docs/benchmarks.md)."""
-    rows, cols = composed_grid(args, nodes)
+    time is that world's, less a 2-node SRA of the column's chunk (size / C), plus an R-node
+    allreduce of that chunk (the real column: flat SRA, or the 2-D SRA on the levels below
+    when the grid nests). L ranks a node (sra3d: node rows, the 2-D SRA across nodes on rows of
+    C nodes): the same with sra3d on two rows of C nodes, and the columns as sra2dnode worlds of
+    2 and of R nodes on size / C (sra3d on the levels below when they nest; their steps inside
+    the node cancel). Every part is the real code simulated; checked against whole runs
+    (docs/benchmarks.md)."""
+    shape = composed_shape(args, nodes)
+    cols, inner = shape[0], shape[1:]
+    rows = nodes // cols
     algorithm, codec = variant.split(":", 1)
     two_rows_variant, column_variant = (("sra2d", "sra") if algorithm == "sra2d" else ("sra3d", "sra2dnode"))
     out = []
     for mb_text in args.sizes_mb.split(","):
         chunk = f"{float(mb_text) / cols:.9g}"
-        two_rows = run_world(args, 2 * cols, tmp, f"{two_rows_variant}:{codec}", mb_text, grid_columns=cols)[0]
-        column = run_world(args, rows, tmp, f"{column_variant}:{codec}", chunk)[0]
+        two_rows = run_world(args, 2 * cols, tmp, f"{two_rows_variant}:{codec}", mb_text, grid_columns=[cols])[0]
+        if inner:
+            column = run_world(args, rows, tmp, f"{two_rows_variant}:{codec}", chunk, grid_columns=inner)[0]
+        else:
+            column = run_world(args, rows, tmp, f"{column_variant}:{codec}", chunk)[0]
         pair = run_world(args, 2, tmp, f"{column_variant}:{codec}", chunk)[0]
         row = dict(two_rows)
         row.update(nodes=nodes, ranks=nodes * args.ranks_per_node, variant=variant)
         for key in ("seconds", "bytes_sent", "codec_seconds", "communicate_seconds"):
             row[key] = two_rows[key] - pair[key] + column[key]
-        row["composed"] = {"grid": [rows, cols], "two_rows_seconds": two_rows["seconds"],
+        row["composed"] = {"grid": [rows, cols], "levels": shape, "two_rows_seconds": two_rows["seconds"],
                            "pair_seconds": pair["seconds"], "column_seconds": column["seconds"]}
         out.append(row)
     return out
+
+
+def row_lengths(text):
+    """--cross-columns C1[,C2...]: the row lengths of the levels across nodes."""
+    try:
+        return [int(c) for c in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
 def main():
@@ -233,9 +265,10 @@ def main():
                     help="sra2d (one rank a node) and sra3d (several) from small runs of their rows and columns "
                          "(run_composed): worlds too large to simulate whole (SimGrid's cost grows ~20x a "
                          "doubling past 128 nodes); needs a non-blocking network (--topology fattree)")
-    ap.add_argument("--cross-columns", type=int, default=0,
-                    help="with --compose: rows of this many nodes across nodes (default: the most square grid, "
-                         "as the runtime makes it)")
+    ap.add_argument("--cross-columns", type=row_lengths, default=[],
+                    help="C1[,C2...]: the grids across nodes (sra2d's over the ranks, sra3d's and hier2d's over the "
+                         "nodes; --compose's too) have rows of C1, their columns grids of rows of C2, and so on "
+                         "(default: the runtime's, GridShape)")
     ap.add_argument("--cfg", action="append", default=[],
                     help="a further SimGrid setting (NAME:VALUE), repeatable: e.g. network/crosstraffic:0")
     ap.add_argument("--out", default="")
@@ -246,12 +279,14 @@ def main():
     if args.compose and args.topology != "fattree":
         sys.exit("simulate: --compose needs --topology fattree (rows and columns apart on a non-blocking network), "
                  f"got --topology {args.topology}")
-    if args.cross_columns and not args.compose:
-        sys.exit(f"simulate: --cross-columns {args.cross_columns} needs --compose (whole runs take the runtime's grid)")
+    columns_text = ",".join(str(c) for c in args.cross_columns)
     for nodes in [int(n) for n in args.nodes.split(",")] if args.cross_columns else []:
-        if args.cross_columns < 2 or nodes % args.cross_columns:
-            sys.exit(f"simulate: --cross-columns {args.cross_columns} must be at least 2 and divide the nodes, "
-                     f"got --nodes {nodes}")
+        left = nodes
+        for c in args.cross_columns:
+            if c < 2 or left % c:
+                sys.exit(f"simulate: --cross-columns {columns_text}: each row length must be at least 2 and divide "
+                         f"the nodes its level spans ({left} of --nodes {nodes}), got {c}")
+            left //= c
     build()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradcomp-sim-") as tmp:
@@ -262,10 +297,10 @@ def main():
               f"{'ideal s':>9} {'% ideal':>8} {'codec s':>8} {'comm s':>8}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
             composed = [v for v in args.variants.split(",")
-                        if args.compose and composed_grid(args, nodes)[0] > 2
+                        if args.compose and nodes // composed_shape(args, nodes)[0] > 2
                         and v.startswith("sra2d:" if args.ranks_per_node == 1 else "sra3d:")]
             direct = ",".join(v for v in args.variants.split(",") if v not in composed)
-            world = run_world(args, nodes, tmp, direct) if direct else []
+            world = run_world(args, nodes, tmp, direct, grid_columns=args.cross_columns) if direct else []
             for v in composed:
                 world += run_composed(args, nodes, v, tmp)
             mpi = {r["mb"]: r["seconds"] for r in world if r["variant"] == "mpi"}

@@ -82,14 +82,53 @@ def test_a_grid_composed_from_its_rows_and_columns_predicts_the_whole_run():
     assert abs(composed["bytes_sent"] / whole["bytes_sent"] - 1) < 0.01, (whole, composed)
 
 
+def test_a_nested_grid_composed_from_its_rows_and_nested_columns_predicts_the_whole_run():
+    # Four levels on 64 nodes of one rank (rows of 8 nodes; each 8-node column on a 2 x 4 grid of
+    # its own, as the runtime nests 64-node columns at 1024 x 8): composed from two rows and the
+    # column's own 2-D SRA on 8 nodes, against the whole run of the same grid.
+    args = ["--nodes", "64", "--topology", "fattree", "--sizes-mb", "64", "--variants", "sra2d:maxmin4",
+            "--cross-columns", "8,4", "--reps", "1", "--warmup", "0"]
+    whole = simulate(*args, codec_scale="0")["sra2d:maxmin4"]
+    composed = simulate(*args, "--compose", codec_scale="0")["sra2d:maxmin4"]
+    parts = composed["composed"]
+    assert parts["grid"] == [8, 8] and parts["levels"] == [8, 4], parts
+    assert abs(composed["seconds"] / whole["seconds"] - 1) < 0.1, (whole, composed)
+    assert abs(composed["bytes_sent"] / whole["bytes_sent"] - 1) < 0.01, (whole, composed)
+
+
 def test_cross_columns_is_checked_before_anything_runs():
     # Each is rejected before the simulation target is built, naming the option and the value.
     for args, message in (
-            (["--nodes", "64", "--cross-columns", "8"], "--cross-columns 8 needs --compose"),
             (["--nodes", "64", "--topology", "fattree", "--compose", "--cross-columns", "7"],
-             "--cross-columns 7 must be at least 2 and divide the nodes, got --nodes 64"),
+             "--cross-columns 7: each row length must be at least 2 and divide the nodes its level spans "
+             "(64 of --nodes 64), got 7"),
             (["--nodes", "64", "--topology", "fattree", "--compose", "--cross-columns", "1"],
-             "--cross-columns 1 must be at least 2 and divide the nodes, got --nodes 64")):
+             "--cross-columns 1: each row length must be at least 2 and divide the nodes its level spans "
+             "(64 of --nodes 64), got 1"),
+            (["--nodes", "1024", "--topology", "fattree", "--compose", "--cross-columns", "16,3"],
+             "--cross-columns 16,3: each row length must be at least 2 and divide the nodes its level spans "
+             "(64 of --nodes 1024), got 3"),
+            (["--nodes", "64", "--topology", "fattree", "--compose", "--cross-columns", "8,x"],
+             "'8,x' is not a comma-separated list of integers")):
         proc = subprocess.run([sys.executable, SIMULATE, *args], capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, GRADCOMP_SIM_BUILD_DIR="/nonexistent-gradcomp-sim"))
         assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr)
+
+
+def test_the_composed_grid_is_the_runtimes():
+    # simulate.py composes the grid the runtime would run (its GridShape, mirrored): at one rank a
+    # node the most square; at eight rows of at most 16 nodes, long columns nested (1024 x 8:
+    # rows of 16 nodes, 64-node columns on 8 x 8 grids). The C++ rule's own test holds the same
+    # figures (test_compressed_allreduce, GridShape.*).
+    sys.path.insert(0, os.path.dirname(SIMULATE))
+    try:
+        import simulate as sim
+    finally:
+        sys.path.pop(0)
+    assert sim.grid_shape(1024, 1) == [32]
+    assert sim.grid_shape(512, 1) == [32]
+    assert sim.grid_shape(1024, 8) == [16, 8]
+    assert sim.grid_shape(512, 8) == [16, 8]
+    assert sim.grid_shape(256, 8) == [16]
+    assert sim.grid_shape(64, 8) == [8]
+    assert sim.grid_shape(31, 8) == [31]
