@@ -206,13 +206,13 @@ def run_composed(args, nodes, variant, tmp):
     cols, inner = shape[0], shape[1:]
     rows = nodes // cols
     algorithm, codec = variant.split(":", 1)
-    two_rows_variant, column_variant = (("sra2d", "sra") if algorithm == "sra2d" else ("sra3d", "sra2dnode"))
+    grid_variant, column_variant = (("sra2d", "sra") if algorithm == "sra2d" else ("sra3d", "sra2dnode"))
     out = []
     for mb_text in args.sizes_mb.split(","):
         chunk = f"{float(mb_text) / cols:.9g}"
-        two_rows = run_world(args, 2 * cols, tmp, f"{two_rows_variant}:{codec}", mb_text, grid_columns=[cols])[0]
+        two_rows = run_world(args, 2 * cols, tmp, f"{grid_variant}:{codec}", mb_text, grid_columns=[cols])[0]
         if inner:
-            column = run_world(args, rows, tmp, f"{two_rows_variant}:{codec}", chunk, grid_columns=inner)[0]
+            column = run_world(args, rows, tmp, f"{grid_variant}:{codec}", chunk, grid_columns=inner)[0]
         else:
             column = run_world(args, rows, tmp, f"{column_variant}:{codec}", chunk)[0]
         pair = run_world(args, 2, tmp, f"{column_variant}:{codec}", chunk)[0]

@@ -559,7 +559,8 @@ TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
       };
       const auto nested = on_nodes({0});
       // Four levels (the grid across nodes' columns on grids of their own, as GridShape nests
-      // them at 1024 nodes x 8): rows of 2 or 4 nodes on 8 and 32 nodes, of 8 on 128.
+      // them at 1024 nodes x 8): rows of 2 or 4 nodes on 8 and 32 nodes, of 8 on 128 (2 nodes
+      // have no column to nest: the three levels again).
       const int nodes = world / 8;
       const std::vector<int> deeper_shape = nodes >= 128 ? std::vector<int>{8, 4}
                                             : nodes >= 32 ? std::vector<int>{4, 4}

@@ -244,7 +244,8 @@ TEST(RuntimeCompression, OnNodesOfSeveralRanksTheGridsRowsAreTheNodes) {
 // The grid across nodes keeps a node's messages in a row step under GRADCOMP_GRID_NODE_MESSAGES
 // (rows of at most that over the ranks a node) and nests its columns by the same rule (GridShape):
 // 16 nodes of 2 ranks with at most 4 messages a node run rows of 2 nodes at three levels across
-// them (16 = 2 x 8, 8 = 2 x 4, 4 = 2 x 2), five in all; at the default, the most square 4 x 4.
+// them (16 = 2 x 8, 8 = 2 x 4, 4 = 2 x 2), four grid levels in all (five quantizations); at the
+// default, the most square 4 x 4.
 TEST(RuntimeCompression, GridsAcrossNodesNestAsTheNodesMessagesBoundSays) {
   const int world = 32, local = 2;
   const auto on_nodes = [&](std::map<std::string, std::string> vars) {
