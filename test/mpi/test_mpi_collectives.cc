@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 #include "ops/common/enforce.h"
@@ -280,6 +281,45 @@ TEST(Mpi, PolledAllreduceGivesExactMasksAndSums) {
     error = e.what();
   }
   EXPECT_NE(error.find("Iallreduce takes at most 2147483647 elements, got 2147483648"), std::string::npos) << error;
+}
+
+// CPU seconds of the calling thread.
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+TEST(Mpi, BarriersAndSharedMemoryAllreducesWaitForALateRankWithoutHoldingACore) {
+  // The shared-memory allreduce syncs its ranks with Barrier at every call, and a rank that
+  // arrives first waits out its peers' skew there (a backward pass's gradients). MPI_Barrier
+  // spins all that time on a core training needs; the polled barrier naps.
+  auto world = CreateMpiWorld();
+  ShmCommunicator shm(MPI_COMM_WORLD, 1 << 16);
+  const int me = world->rank();
+  constexpr double kLate = 0.3;  // seconds rank 0 arrives after the others
+  std::vector<float> in(1 << 16, 1.0f), out(in.size());
+  std::vector<char> fusion;
+  for (int op = 0; op < 2; ++op) {
+    world->Barrier();
+    if (me == 0) std::this_thread::sleep_for(std::chrono::duration<double>(kLate));
+    const double cpu = ThreadCpuSeconds();
+    const auto start = std::chrono::steady_clock::now();
+    if (op == 0) {
+      world->Barrier();
+    } else {
+      shm.AllreducePieces({BufferPiece{in.data(), out.data(), in.size()}}, DataType::kFloat32, ReduceOp::kSum, 1.0,
+                          nullptr, fusion);
+      EXPECT_EQ(out[12345], static_cast<float>(world->size()));
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double used = ThreadCpuSeconds() - cpu;
+    if (me == 0) continue;
+    const char* what = op == 0 ? "Barrier" : "shared-memory allreduce";
+    EXPECT_GT(waited, 0.8 * kLate) << what << ": rank " << me << " did not wait for rank 0";
+    EXPECT_LT(used, 0.25 * waited) << what << ": rank " << me << " used " << used << " s of CPU waiting "
+                                   << waited << " s for a late rank";
+  }
 }
 
 TEST(Mpi, AllgatherBroadcastAlltoallReducescatter) {
