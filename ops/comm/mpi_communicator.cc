@@ -36,11 +36,12 @@ MPI_Datatype MpiDataType(DataType dtype) {
 namespace {
 
 constexpr size_t kMaxMpiCount = static_cast<size_t>(INT_MAX);
-// Collectives up to this size (allreduce, allgather, alltoall) are started nonblocking and
-// polled with naps (PollUntil): they are latency-bound, and a rank that reaches one before its
-// peers (a backward pass's small tensors, every cycle) would otherwise busy-poll inside MPI on
-// a core training needs. Larger ones stay blocking: their progress needs MPI's attention all
-// along (shared memory's copies).
+// Collectives up to this size (allreduce, allgather, gather, broadcast, alltoall; barriers
+// always) are started nonblocking and polled with naps (PollUntil): they are latency-bound,
+// and a rank that reaches one before its peers (a backward pass's small tensors, every cycle,
+// the coordinator's slow path) would otherwise busy-poll inside MPI on a core training needs.
+// Larger ones stay blocking: their progress needs MPI's attention all along (shared memory's
+// copies).
 constexpr size_t kPolledCollectiveBytes = 256 << 10;
 
 // MPI user-op body: inout[i] = in[i] (op) inout[i] (our ops are commutative).
@@ -270,11 +271,24 @@ void MpiCommunicator::Gatherv(const void* in, void* out, const std::vector<size_
   GC_ENFORCE(bytes.size() == static_cast<size_t>(size_), "gather needs one size per rank");
   const std::vector<int> counts = ToInts(bytes, "gather size", rank_);
   const std::vector<int> displs = ToInts(Offsets(bytes), "gather offset", rank_);
+  if (std::accumulate(bytes.begin(), bytes.end(), size_t{0}) <= kPolledCollectiveBytes) {
+    MpiCollectiveTransfer t(rank_);
+    GC_MPI_CHECK(MPI_Igatherv(in, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(), displs.data(),
+                              MPI_BYTE, root, comm_, t.request()));
+    PollUntil([&] { return t.Test(); });
+    return;
+  }
   GC_MPI_CHECK(MPI_Gatherv(in, counts[static_cast<size_t>(rank_)], MPI_BYTE, out, counts.data(), displs.data(),
                            MPI_BYTE, root, comm_));
 }
 
 void MpiCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  if (bytes <= kPolledCollectiveBytes) {  // the coordinator's replies, every slow path
+    MpiCollectiveTransfer t(rank_);
+    GC_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, t.request()));
+    PollUntil([&] { return t.Test(); });
+    return;
+  }
   for (size_t done = 0; done < bytes; done += kMaxMpiCount) {
     const size_t n = std::min(kMaxMpiCount, bytes - done);
     GC_MPI_CHECK(MPI_Bcast(static_cast<char*>(data) + done, static_cast<int>(n), MPI_BYTE, root, comm_));

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <thread>
 
 #include "ops/common/enforce.h"
@@ -290,32 +291,57 @@ double ThreadCpuSeconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-TEST(Mpi, BarriersAndSharedMemoryAllreducesWaitForALateRankWithoutHoldingACore) {
-  // The shared-memory allreduce syncs its ranks with Barrier at every call, and a rank that
-  // arrives first waits out its peers' skew there (a backward pass's gradients). MPI_Barrier
-  // spins all that time on a core training needs; the polled barrier naps.
+TEST(Mpi, SmallCollectivesWaitForALateRankWithoutHoldingACore) {
+  // A rank that arrives first waits out its peers' skew: the shared-memory allreduce's syncs
+  // (Barrier) at every call during a backward pass, the coordinator's gather and broadcast on
+  // every slow path. Inside MPI's blocking calls that wait spins on a core training needs;
+  // polled, it naps.
   auto world = CreateMpiWorld();
   ShmCommunicator shm(MPI_COMM_WORLD, 1 << 16);
-  const int me = world->rank();
+  const int me = world->rank(), n = world->size();
   constexpr double kLate = 0.3;  // seconds rank 0 arrives after the others
   std::vector<float> in(1 << 16, 1.0f), out(in.size());
   std::vector<char> fusion;
-  for (int op = 0; op < 2; ++op) {
+  std::vector<uint64_t> gathered(static_cast<size_t>(n)), word(1);
+  // (name, the operation, whether every rank waits for rank 0: a gather's root does, rank 1)
+  struct Op {
+    const char* what;
+    std::function<void()> run;
+    bool all_wait = true;
+  };
+  const std::vector<Op> ops = {
+      {"Barrier", [&] { world->Barrier(); }},
+      {"shared-memory allreduce",
+       [&] {
+         shm.AllreducePieces({BufferPiece{in.data(), out.data(), in.size()}}, DataType::kFloat32, ReduceOp::kSum,
+                             1.0, nullptr, fusion);
+         EXPECT_EQ(out[12345], static_cast<float>(n));
+       }},
+      {"Gatherv",
+       [&] {
+         const uint64_t mine = 100 + static_cast<uint64_t>(me);
+         world->Gatherv(&mine, gathered.data(), std::vector<size_t>(static_cast<size_t>(n), sizeof mine), 1);
+         if (me == 1) {
+           EXPECT_EQ(gathered.back(), static_cast<uint64_t>(99 + n));
+         }
+       },
+       false},
+      {"Broadcast",
+       [&] {
+         word[0] = me == 0 ? 42 : 0;
+         world->Broadcast(word.data(), sizeof(uint64_t), 0);
+         EXPECT_EQ(word[0], 42u);
+       }},
+  };
+  for (const auto& [what, op, all_wait] : ops) {
     world->Barrier();
     if (me == 0) std::this_thread::sleep_for(std::chrono::duration<double>(kLate));
     const double cpu = ThreadCpuSeconds();
     const auto start = std::chrono::steady_clock::now();
-    if (op == 0) {
-      world->Barrier();
-    } else {
-      shm.AllreducePieces({BufferPiece{in.data(), out.data(), in.size()}}, DataType::kFloat32, ReduceOp::kSum, 1.0,
-                          nullptr, fusion);
-      EXPECT_EQ(out[12345], static_cast<float>(world->size()));
-    }
+    op();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double used = ThreadCpuSeconds() - cpu;
-    if (me == 0) continue;
-    const char* what = op == 0 ? "Barrier" : "shared-memory allreduce";
+    if (me == 0 || (!all_wait && me != 1)) continue;
     EXPECT_GT(waited, 0.8 * kLate) << what << ": rank " << me << " did not wait for rank 0";
     EXPECT_LT(used, 0.25 * waited) << what << ": rank " << me << " used " << used << " s of CPU waiting "
                                    << waited << " s for a late rank";
