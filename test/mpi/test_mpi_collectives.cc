@@ -303,7 +303,8 @@ TEST(Mpi, SmallCollectivesWaitForALateRankWithoutHoldingACore) {
   std::vector<float> in(1 << 16, 1.0f), out(in.size());
   std::vector<char> fusion;
   std::vector<uint64_t> gathered(static_cast<size_t>(n)), word(1);
-  // (name, the operation, whether every rank waits for rank 0: a gather's root does, rank 1)
+  // Each operation, and whether every other rank waits for rank 0 in it (in a gather only the
+  // root, rank 1, does).
   struct Op {
     const char* what;
     std::function<void()> run;
