@@ -62,7 +62,7 @@ bench() {  # bench MODEL VARIANTS
   port=$((port + 1))
   "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
     /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$1" --steps "$STEPS" --warmup "$WARMUP" --auto-interval "$AUTO" \
-    "${INTERLEAVE[@]}" "${BATCH[@]}" --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep -v '\[warning\]' | tee -a "$OUT/steps.txt"
+    "${INTERLEAVE[@]}" "${BATCH[@]}" --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep --line-buffered -v '\[warning\]' | tee -a "$OUT/steps.txt"
 }
 ALL=$(PYTHONPATH="$BUILD/python" /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --list-variants)
 for model in ${MODELS//,/ }; do
