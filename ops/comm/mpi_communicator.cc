@@ -233,9 +233,9 @@ void MpiCommunicator::Barrier() {
   // syncs wait out the peers' skew at every call) naps instead of spinning inside MPI_Barrier
   // on a core training needs (one node, 2 ranks, ResNet-20: MPI_Barrier's spin was 43% of the
   // background thread's CPU).
-  auto t = std::make_unique<MpiCollectiveTransfer>(rank_);
-  GC_MPI_CHECK(MPI_Ibarrier(comm_, t->request()));
-  PollUntil([&] { return t->Test(); });
+  MpiCollectiveTransfer t(rank_);
+  GC_MPI_CHECK(MPI_Ibarrier(comm_, t.request()));
+  PollUntil([&] { return t.Test(); });
 }
 
 std::unique_ptr<PendingTransfer> MpiCommunicator::Isend(const void* data, size_t bytes, int peer, int tag) {

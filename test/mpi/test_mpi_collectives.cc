@@ -302,7 +302,8 @@ TEST(Mpi, SmallCollectivesWaitForALateRankWithoutHoldingACore) {
   constexpr double kLate = 0.3;  // seconds rank 0 arrives after the others
   std::vector<float> in(1 << 16, 1.0f), out(in.size());
   std::vector<char> fusion;
-  std::vector<uint64_t> gathered(static_cast<size_t>(n)), word(1);
+  std::vector<uint64_t> gathered(static_cast<size_t>(n));
+  uint64_t word = 0;
   // Each operation, and whether every other rank waits for rank 0 in it (in a gather only the
   // root, rank 1, does).
   struct Op {
@@ -329,9 +330,9 @@ TEST(Mpi, SmallCollectivesWaitForALateRankWithoutHoldingACore) {
        false},
       {"Broadcast",
        [&] {
-         word[0] = me == 0 ? 42 : 0;
-         world->Broadcast(word.data(), sizeof(uint64_t), 0);
-         EXPECT_EQ(word[0], 42u);
+         word = me == 0 ? 42 : 0;
+         world->Broadcast(&word, sizeof word, 0);
+         EXPECT_EQ(word, 42u);
        }},
   };
   for (const auto& [what, op, all_wait] : ops) {
