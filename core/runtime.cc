@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "gradcomp/config.h"
 #include "ops/comm/mpi_environment.h"
+#include "ops/comm/tcp_communicator.h"
 #include "ops/common/cpu.h"
 #include "ops/compression/codec.h"
 #include "ops/common/enforce.h"
@@ -103,18 +104,19 @@ Runtime::Runtime(RuntimeOptions options)
       watchdog_(settings_.collective_timeout_seconds, [this](Watchdog::Expired e) { OnCollectiveTimeout(std::move(e)); }),
       topo_(MakeTopology(options, watchdog_)),
       log_(MakeRankLogger(topo_.rank(), settings_.log_level, options.log_sink)),
-      controller_(*topo_.world, settings_, *log_, timeline_),
+      control_(ConnectControl()),
+      controller_(control_ ? *control_ : *topo_.world, settings_, *log_, timeline_),
       executor_(topo_, settings_, timeline_, DeviceCommunicatorsFrom(options)),
       fault_injector_(std::move(options.fault_injector)) {
   executor_.SetLogger(log_.get());
   for (const std::string& note : settings_.notes) log_->warn("{}", note);
   WarnIfPinnedToOneCore();
-  CheckSettingsAgree();
   if (!settings_.timeline.empty() && topo_.rank() == 0) timeline_.Start(settings_.timeline, 0);
   watchdog_.End();
   started_.store(true);
-  log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}", topo_.size(),
-             topo_.local_size(), topo_.cross_size(), settings_.fusion_threshold_mb, settings_.cache_capacity);
+  log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}, negotiating over {}",
+             topo_.size(), topo_.local_size(), topo_.cross_size(), settings_.fusion_threshold_mb,
+             settings_.cache_capacity, control_ ? control_->kind() : topo_.world->kind());
   background_ = std::thread([this] {
     NameThisThread("gc-background");
     BackgroundLoop();
@@ -161,6 +163,26 @@ void Runtime::CheckSettingsAgree() {
   }
   if (!differences.empty()) {
     throw InvalidArgument("gradcomp settings must be the same on every rank:" + differences);
+  }
+}
+
+std::unique_ptr<Communicator> Runtime::ConnectControl() {
+  // Before anything else collective depends on a setting: a rank alone connecting over TCP
+  // would wait for the others forever.
+  CheckSettingsAgree();
+  Communicator& world = *topo_.world;
+  const std::string& choice = settings_.controller;
+  const bool tcp = choice == "tcp" || choice == "gloo";
+  if (world.size() == 1 || choice == "mpi" || (choice == "auto" && !mpi_world_)) return nullptr;
+  TcpOptions options;
+  options.iface = settings_.controller_iface;
+  try {
+    return ConnectTcpWorld(world, options);  // fails on every rank alike
+  } catch (const Error& e) {
+    if (tcp) throw Error(std::string("GRADCOMP_CONTROLLER=") + choice + ": " + e.what());
+    log_->warn("GRADCOMP_CONTROLLER=auto: negotiating over MPI, since {} (GRADCOMP_CONTROLLER=mpi skips the attempt)",
+               e.what());
+    return nullptr;
   }
 }
 
@@ -523,6 +545,8 @@ void Runtime::BackgroundLoop() {
   } catch (const std::exception& e) {
     reason = std::string("gradcomp's background thread failed: ") + e.what();
     log_->error("{}", reason);
+    // Over TCP the other ranks hear why at once (over MPI they wait for the watchdog).
+    if (control_) AbortTcpWorld(*control_, e.what());
     AbandonWorld();
   }
   {

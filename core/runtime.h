@@ -194,6 +194,9 @@ class Runtime {
   // Runs one prepared response (or fails it) and tells the controller.
   void RunPrepared(Work& w, bool from_cache);
   void CheckSettingsAgree();
+  /// Collective, in init: checks that the ranks' settings agree, then connects what the
+  /// controller negotiates over (GRADCOMP_CONTROLLER); null: the world itself.
+  std::unique_ptr<Communicator> ConnectControl();
   /// The watchdog's verdict: fails every pending operation with what waited, then ends the
   /// process (at once when shutting down or still in init, else after a grace period).
   void OnCollectiveTimeout(Watchdog::Expired expired);
@@ -211,6 +214,7 @@ class Runtime {
   std::shared_ptr<spdlog::logger> log_;
   Timeline timeline_;
   std::shared_ptr<TensorQueue> queue_ = std::make_shared<TensorQueue>();  // handles observe it weakly
+  std::unique_ptr<Communicator> control_;  // the tcp controller's connections, or null (the world)
   Controller controller_;
   Executor executor_;
   std::function<void(const std::string&)> fault_injector_;

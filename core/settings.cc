@@ -147,6 +147,15 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_CROSS_COMMUNICATOR", "CGX_CROSS_COMMUNICATOR_TYPE", Kind::kChoice, Of(&Settings::cross_communicator),
        "mpi", "transport between nodes (nccl: for GPU tensors, in a build with NCCL)", -kInf, kInf, false, kNoExtra,
        "mpi|nccl"},
+      {"GRADCOMP_CONTROLLER", "HOROVOD_CONTROLLER", Kind::kChoice, Of(&Settings::controller), "auto",
+       "what the negotiation rounds (and the agreement before each cycle's collectives) travel on: tcp (connections "
+       "of gradcomp's own, on which a rank waiting for a late peer sleeps until its bytes arrive), mpi (the world "
+       "communicator, polled), auto (tcp when the world is MPI's and spans several ranks, falling back to mpi with "
+       "a warning when the ranks cannot connect); gloo, Horovod's name for its TCP controller, means tcp",
+       -kInf, kInf, false, kNoExtra, "auto|tcp|mpi|gloo"},
+      {"GRADCOMP_CONTROLLER_IFACE", "HOROVOD_GLOO_IFACE", Kind::kString, Of(&Settings::controller_iface), "",
+       "the network interface whose IPv4 addresses the tcp controller's ranks connect to (empty: every interface "
+       "that is up; a peer on the same host is tried on 127.0.0.1 first)"},
       {"GRADCOMP_INTRA_BROADCAST", "CGX_INTRA_BROADCAST", Kind::kBool, Of(&Settings::intra_broadcast), "0",
        "in hierarchical operations only one rank per node crosses the network, then broadcasts in the node"},
       {"GRADCOMP_CUDA_DATA_PATH", nullptr, Kind::kBool, Of(&Settings::cuda_data_path), "1",
@@ -421,7 +430,7 @@ std::string AgreedSettingsText(const Settings& settings) {
   static const std::set<std::string> kPerProcess = {
       "GRADCOMP_CYCLE_TIME_MS", "GRADCOMP_TIMELINE", "GRADCOMP_TIMELINE_MARK_CYCLES", "GRADCOMP_LOG_LEVEL",
       "GRADCOMP_STALL_CHECK_TIME_SECONDS", "GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS",
-      "GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", "GRADCOMP_AUTOTUNE_LOG"};
+      "GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", "GRADCOMP_AUTOTUNE_LOG", "GRADCOMP_CONTROLLER_IFACE"};
   std::string out;
   for (const Entry& e : Registry()) {
     if (kPerProcess.count(e.name)) continue;

@@ -30,6 +30,8 @@ struct Settings {
   int64_t local_size = 0;
   std::string inner_communicator;
   std::string cross_communicator;
+  std::string controller;        // tcp | mpi | auto: what the negotiation rounds travel on
+  std::string controller_iface;  // the network interface the tcp controller advertises
   bool intra_broadcast = false;
   bool cuda_data_path = true;
   int64_t shm_buffer_mb = 0;

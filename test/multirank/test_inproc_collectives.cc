@@ -1,9 +1,12 @@
 // Allgather, broadcast, alltoall, reducescatter, barrier, split and point-to-point over
-// thread ranks, world sizes 1-8, every dtype, counts including 0.
+// thread ranks, world sizes 1-8, every dtype, counts including 0; over the in-process
+// communicator and over TCP connections between the threads (tcp_communicator.h).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <tuple>
 
 #include "ops/collectives/allgather.h"
 #include "ops/collectives/alltoall.h"
@@ -22,10 +25,16 @@ using namespace gradcomp::testing;
 // Elements rank r contributes to allgather case `base`: differs per rank, sometimes 0.
 size_t GatherCount(size_t base, int r) { return (base == 0 || r % 3 == 2) ? 0 : base + static_cast<size_t>(r); }
 
-class Collectives : public ::testing::TestWithParam<int> {};
+// (world size, transport)
+class Collectives : public ::testing::TestWithParam<std::tuple<int, RankTransport>> {
+ protected:
+  std::vector<std::string> RunRanks(int world, const std::function<std::string(Communicator&)>& fn) {
+    return testing::RunRanks(world, fn, std::get<1>(GetParam()));
+  }
+};
 
 TEST_P(Collectives, AllgatherWithDifferentCountsPerRank) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   for (DataType dt : AllDataTypes()) {
     for (size_t base : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}}) {
       std::vector<char> expected;
@@ -52,7 +61,7 @@ TEST_P(Collectives, AllgatherWithDifferentCountsPerRank) {
 }
 
 TEST_P(Collectives, BroadcastFromEveryRoot) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   for (DataType dt : AllDataTypes()) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{1} << 20}) {
       for (int root = 0; root < world; root += (count > 4097 ? world : 1)) {
@@ -77,7 +86,7 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
 size_t Split(int src, int dst, size_t scale) { return static_cast<size_t>((src + 2 * dst) % 4) * scale; }
 
 TEST_P(Collectives, AlltoallWithSplits) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   for (DataType dt : AllDataTypes()) {
     for (size_t scale : {size_t{0}, size_t{1}, size_t{1000}}) {
       const auto results = RunRanks(world, [&](Communicator& comm) {
@@ -117,23 +126,26 @@ TEST_P(Collectives, AlltoallWithSplits) {
 }
 
 TEST_P(Collectives, ReducescatterEveryDtypeAndOp) {
-  const int world = GetParam();
-  for (const ReduceCase& c : AllReduceCases({0, 1, 7, 4097, 100000})) {
-    const std::vector<size_t> counts = EvenSplit(c.count, world);
-    const std::vector<size_t> offsets = Offsets(counts);
-    const auto results = RunRanks(world, [&](Communicator& comm) {
+  const int world = std::get<0>(GetParam());
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    for (const ReduceCase& c : AllReduceCases({0, 1, 7, 4097, 100000})) {
+      const std::vector<size_t> counts = EvenSplit(c.count, world);
+      const std::vector<size_t> offsets = Offsets(counts);
       const size_t me = static_cast<size_t>(comm.rank());
       std::vector<char> in = MakeInput(c.dtype, c.op, c.count, comm.rank());
       std::vector<char> out(counts[me] * DataTypeSize(c.dtype));
       Reducescatter(comm, ToReducescatterOptions(c, in.data(), out.data(), counts));
-      return CompareReduction(c, world, out.data(), ExpectedReduction(c, world, offsets[me], counts[me]));
-    });
-    ASSERT_EQ(Failures(results), "") << c.Describe();
-  }
+      const std::string wrong =
+          CompareReduction(c, world, out.data(), ExpectedReduction(c, world, offsets[me], counts[me]));
+      if (!wrong.empty()) return c.Describe() + ": " + wrong;
+    }
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
 }
 
 TEST_P(Collectives, BarrierSeparatesPhases) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   std::atomic<int> arrived{0};
   const auto results = RunRanks(world, [&](Communicator& comm) {
     for (int round = 1; round <= 50; ++round) {
@@ -148,7 +160,7 @@ TEST_P(Collectives, BarrierSeparatesPhases) {
 }
 
 TEST_P(Collectives, SplitOrdersByKeyAndPointToPointStaysOrdered) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   const auto results = RunRanks(world, [&](Communicator& comm) {
     auto half = comm.Split(comm.rank() % 2, world - comm.rank());  // reversed order inside a color
     const int same_color = (world + 1 - comm.rank() % 2) / 2;
@@ -170,7 +182,13 @@ TEST_P(Collectives, SplitOrdersByKeyAndPointToPointStaysOrdered) {
   EXPECT_EQ(Failures(results), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Range(1, 9));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives,
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values(RankTransport::kInProcess, RankTransport::kTcp)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, RankTransport>>& p) {
+                           return (std::get<1>(p.param) == RankTransport::kTcp ? "tcp" : "inproc") +
+                                  std::to_string(std::get<0>(p.param));
+                         });
 
 template <typename Fn>
 std::string ErrorOf(int world, Fn fn) {

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "core/runtime.h"
 #include "gradcomp/config.h"
@@ -55,10 +56,17 @@ std::string ErrorOf(const std::shared_ptr<Handle>& h) {
   return "";
 }
 
-class RuntimeWorld : public ::testing::TestWithParam<int> {};
+// (world size, GRADCOMP_CONTROLLER): negotiating over the world itself, or over TCP
+// connections between the thread ranks (tcp_communicator.h).
+class RuntimeWorld : public ::testing::TestWithParam<std::tuple<int, const char*>> {
+ protected:
+  std::vector<std::string> WithRuntimes(int world, const std::function<std::string(Runtime&)>& fn) {
+    return gradcomp::WithRuntimes(world, fn, Settings::FromMap({{"GRADCOMP_CONTROLLER", std::get<1>(GetParam())}}));
+  }
+};
 
 TEST_P(RuntimeWorld, AsyncAllreducesOfManyTensorsAcrossSteps) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
     for (int step = 0; step < 5; ++step) {
       std::vector<std::vector<float>> bufs;
@@ -88,7 +96,7 @@ TEST_P(RuntimeWorld, AsyncAllreducesOfManyTensorsAcrossSteps) {
 }
 
 TEST_P(RuntimeWorld, EveryCollective) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
     const int me = rt.rank();
     // allgather: rank r contributes r + 1 rows of 3.
@@ -138,7 +146,7 @@ TEST_P(RuntimeWorld, EveryCollective) {
 }
 
 TEST_P(RuntimeWorld, RanksSubmittingInDifferentOrdersAgree) {
-  const int world = GetParam();
+  const int world = std::get<0>(GetParam());
   const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
     std::vector<std::vector<int64_t>> bufs(10, std::vector<int64_t>(100, rt.rank() + 1));
     std::vector<std::shared_ptr<Handle>> handles(10);
@@ -157,7 +165,11 @@ TEST_P(RuntimeWorld, RanksSubmittingInDifferentOrdersAgree) {
   EXPECT_EQ(Failures(results), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, RuntimeWorld, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, RuntimeWorld,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("auto", "tcp")),
+                         [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
+                           return std::string(std::get<1>(p.param)) + std::to_string(std::get<0>(p.param));
+                         });
 
 // GRADCOMP_UNCOMPRESSED_ALGORITHM=sra: uncompressed float32 allreduces as the none codec's
 // scatter-reduce-allgather (what auto picks across nodes), unstriped and striped, single and

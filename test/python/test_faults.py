@@ -6,9 +6,11 @@ node's link cut during an allreduce.
 Two launch modes for a killed rank:
 - plain mpirun (what gcrun runs): mpirun sees the death and ends the job at once, naming the
   rank and the signal;
-- `mpirun --enable-recovery` (a launcher that lets the survivors run on): gradcomp's watchdog
-  must end each survivor itself, with status 1 and a message naming what waited, within
-  GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS (plus the moment the training thread needs to exit).
+- `mpirun --enable-recovery` (a launcher that lets the survivors run on): each survivor must
+  end itself with status 1: at once, naming the lost rank, when it waited in a negotiation
+  round over the TCP controller (GRADCOMP_CONTROLLER=auto); else through gradcomp's watchdog,
+  with a message naming what waited, within GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS (plus the
+  moment the training thread needs to exit).
 
 Each case also checks that no rank process is left and that no shared memory of the job is
 left in /dev/shm or in mpirun's session directory. Run by ctest with plain pytest (it starts
@@ -143,16 +145,37 @@ def test_killed_rank_mpirun_ends_the_job(tmp_path, at):
     assert_clean(job, tmp_path)
 
 
-@pytest.mark.parametrize("at", KILL_POINTS)
-def test_killed_rank_survivors_exit_on_their_own(tmp_path, at):
-    job = run(tmp_path, ["--fault", "kill", "--at", at], mpi_args=["--enable-recovery"])
+LOST = "lost its connection to rank 1"  # the TCP controller's word for a peer that vanished
+
+
+@pytest.mark.parametrize("at,controller", [(at, "auto") for at in KILL_POINTS] + [("negotiation", "mpi")],
+                         ids=KILL_POINTS + ["negotiation-over-mpi"])
+def test_killed_rank_survivors_exit_on_their_own(tmp_path, at, controller):
+    job = run(tmp_path, ["--fault", "kill", "--at", at], mpi_args=["--enable-recovery"],
+              env=[f"GRADCOMP_CONTROLLER={controller}"])
     killed = job.event(1, "SIGKILL")
     assert killed, job.describe()
     assert job.exit(1) is None or job.exit(1)[0] == 137, job.describe()
-    what = {"init": "init (starting MPI, then waiting for every rank to call init())",
-            "negotiation": "a negotiation round", "allreduce": "has not completed", "ddp": "has not completed"}[at]
-    assert_survivors_exit_on_their_own(job, (0, 2), killed, what, f"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS={TIMEOUT}",
-                                       "a peer rank died, stopped or lost its network link")
+    watchdog = (f"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS={TIMEOUT}", "a peer rank died, stopped or lost its network link")
+    if at == "negotiation" and controller == "auto":
+        # Over the TCP controller the dead rank's sockets close with it: the survivors' round
+        # fails at once, with no watchdog.
+        for r in (0, 2):
+            assert_exits_on_its_own(job, r, killed, LOST, "exited or failed without saying why")
+            assert job.exit(r)[1] - killed <= SLACK, job.describe()
+    elif at in ("allreduce", "ddp") and controller == "auto":
+        # Around an allreduce or inside a DDP step a survivor waits in a negotiation round (it
+        # hears at once) or in a collective over MPI (its watchdog ends it).
+        for r in (0, 2):
+            if LOST in job.logs.get(r, ""):
+                assert_exits_on_its_own(job, r, killed, LOST)
+                assert job.exit(r)[1] - killed <= SLACK, job.describe()
+            else:
+                assert_exits_on_its_own(job, r, killed, "has not completed", *watchdog)
+    else:
+        what = {"init": "init (starting MPI, then waiting for every rank to call init())",
+                "negotiation": "a negotiation round"}[at]
+        assert_survivors_exit_on_their_own(job, (0, 2), killed, what, *watchdog)
     if at == "ddp":  # the error surfaces from loss.backward() as an exception, not a crash
         for r in (0, 2):
             assert "RuntimeError" in job.logs[r] and "Segmentation" not in job.logs[r], job.describe()

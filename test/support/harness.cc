@@ -5,11 +5,13 @@
 #include <thread>
 
 #include "ops/comm/inprocess_communicator.h"
+#include "ops/comm/tcp_communicator.h"
 #include "ops/common/enforce.h"
 
 namespace gradcomp::testing {
 
-std::vector<std::string> RunRanks(int world_size, const std::function<std::string(Communicator&)>& fn) {
+std::vector<std::string> RunRanks(int world_size, const std::function<std::string(Communicator&)>& fn,
+                                  RankTransport transport) {
   std::vector<std::unique_ptr<Communicator>> comms = CreateInProcessWorld(world_size);
   std::vector<std::string> results(static_cast<size_t>(world_size));
   std::mutex mu;
@@ -17,14 +19,17 @@ std::vector<std::string> RunRanks(int world_size, const std::function<std::strin
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
+      std::unique_ptr<Communicator> tcp;
       try {
-        results[static_cast<size_t>(r)] = fn(*comms[static_cast<size_t>(r)]);
+        if (transport == RankTransport::kTcp) tcp = ConnectTcpWorld(*comms[static_cast<size_t>(r)], TcpOptions{});
+        results[static_cast<size_t>(r)] = fn(tcp ? *tcp : *comms[static_cast<size_t>(r)]);
       } catch (const std::exception& e) {
         {
           std::lock_guard<std::mutex> lock(mu);
           if (!first_error) first_error = std::current_exception();
         }
         AbortInProcessWorld(*comms[static_cast<size_t>(r)], "rank " + std::to_string(r) + " failed: " + e.what());
+        if (tcp) AbortTcpWorld(*tcp, e.what());
       }
     });
   }

@@ -1,0 +1,973 @@
+#include "ops/comm/tcp_communicator.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "ops/common/enforce.h"
+#include "ops/reduce/reduce.h"
+
+namespace gradcomp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Frames: a header, then `bytes` bytes of payload. Contexts separate communicators (and, in
+// each, point-to-point from collective traffic); the abort context carries a failure's text.
+struct Header {
+  uint32_t context;
+  int32_t tag;
+  uint64_t bytes;
+};
+static_assert(sizeof(Header) == 16, "the frame header is 16 bytes on the wire");
+constexpr uint32_t kAbortContext = 0xffffffffu;
+constexpr size_t kMaxAbortText = 4096;
+constexpr int kCollectiveTag = 0;
+
+// The first bytes each side of a new connection sends.
+struct Hello {
+  uint64_t magic;
+  uint64_t token;  // the job's, drawn by rank 0
+  int32_t rank;    // the sender's
+  int32_t size;
+  int32_t to;      // the rank the sender means to reach
+  int32_t unused;
+};
+constexpr uint64_t kHelloMagic = 0x3130307063746367ull;  // "gctcp001"
+
+std::string ErrnoText(int err) { return std::string(std::strerror(err)); }
+
+// A posted send or receive.
+struct Op {
+  bool send = false;
+  int peer = 0;  // world rank
+  uint32_t context = 0;
+  int tag = 0;
+  char* data = nullptr;
+  size_t bytes = 0;
+  Header header{};  // sends: the frame's header
+  size_t done = 0;  // sends: header and payload bytes written
+  bool complete = false;
+};
+using OpPtr = std::shared_ptr<Op>;
+
+// A message that arrived before a receive asked for it.
+struct Unexpected {
+  uint32_t context = 0;
+  int tag = 0;
+  std::vector<char> data;
+  bool complete = false;
+  OpPtr claimed;  // a receive posted while it was still arriving
+};
+
+struct Peer {
+  int fd = -1;
+  bool closed = false;  // end of stream: nothing more comes from it, nothing more goes to it
+  std::deque<OpPtr> sends;  // in order; the front one is being written
+  std::deque<OpPtr> recvs;  // posted and not matched yet, in order
+  std::list<Unexpected> unexpected;
+  // The frame being read: its header, then its payload into `target` or `buffer`.
+  Header header{};
+  size_t header_got = 0;
+  OpPtr target;
+  std::list<Unexpected>::iterator buffer;
+  bool buffered = false;
+  std::string abort_text;
+  bool aborting = false;  // the frame being read is a peer's failure
+  size_t payload_got = 0;
+};
+
+// The connections of one process to every other rank of the world, shared by the world's
+// communicator and its splits. Single-threaded, like every communicator here.
+class Mesh {
+ public:
+  Mesh(int rank, std::vector<int> fds) : rank_(rank), peers_(fds.size()) {
+    for (size_t p = 0; p < fds.size(); ++p) peers_[p].fd = fds[p];
+  }
+  ~Mesh() {
+    for (Peer& p : peers_) {
+      if (p.fd >= 0) ::close(p.fd);
+    }
+  }
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(peers_.size()); }
+  uint32_t next_context = 2;  // the world uses 0 (point-to-point) and 1 (collectives)
+
+  OpPtr PostSend(int peer, uint32_t context, int tag, const void* data, size_t bytes) {
+    CheckUsable(peer, "send to");
+    auto op = std::make_shared<Op>();
+    op->send = true;
+    op->peer = peer;
+    op->context = context;
+    op->tag = tag;
+    op->data = static_cast<char*>(const_cast<void*>(data));
+    op->bytes = bytes;
+    op->header = Header{context, tag, bytes};
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    if (peer == rank_) {
+      SendToSelf(op);
+      return op;
+    }
+    if (p.closed) Fail(Lost(peer, "sending " + std::to_string(bytes) + " bytes"));
+    p.sends.push_back(op);
+    if (p.sends.size() == 1) Write(peer);
+    return op;
+  }
+
+  OpPtr PostRecv(int peer, uint32_t context, int tag, void* data, size_t bytes) {
+    CheckUsable(peer, "receive from");
+    auto op = std::make_shared<Op>();
+    op->peer = peer;
+    op->context = context;
+    op->tag = tag;
+    op->data = static_cast<char*>(data);
+    op->bytes = bytes;
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
+      if (it->claimed || it->context != context || it->tag != tag) continue;
+      CheckSize(peer, *op, it->data.size());
+      if (it->complete) {
+        if (bytes > 0) std::memcpy(data, it->data.data(), bytes);
+        p.unexpected.erase(it);
+        op->complete = true;
+      } else {
+        it->claimed = op;
+      }
+      return op;
+    }
+    if (p.closed) Fail(Lost(peer, "receiving " + std::to_string(bytes) + " bytes"));
+    p.recvs.push_back(op);
+    return op;
+  }
+
+  /// Advances every connection without blocking; true once `op` completed.
+  bool Test(const Op& op) {
+    CheckFailed();
+    if (!op.complete) Pump(0);
+    return op.complete;
+  }
+
+  /// Blocks in poll() until every op completed.
+  void Wait(const std::vector<OpPtr>& ops) {
+    while (true) {
+      CheckFailed();
+      const Op* waiting = nullptr;
+      for (const OpPtr& op : ops) {
+        if (!op->complete) {
+          waiting = op.get();
+          break;
+        }
+      }
+      if (waiting == nullptr) return;
+      if (peers_[static_cast<size_t>(waiting->peer)].closed) {
+        Fail(Lost(waiting->peer, std::string(waiting->send ? "sending " : "receiving ") +
+                                     std::to_string(waiting->bytes) + " bytes"));
+      }
+      Pump(-1);
+    }
+  }
+
+  /// Sends `text` to every peer that can take it, then closes the sending side of every
+  /// connection; every later call throws Error(text).
+  void Abort(const std::string& text) {
+    if (!failed_.empty()) return;
+    failed_ = text;
+    const std::string body = text.substr(0, kMaxAbortText);
+    for (Peer& p : peers_) {
+      if (p.fd < 0 || p.closed) continue;
+      // A frame half written cannot be followed by another: the peer sees the stream end.
+      const bool mid_frame = !p.sends.empty() && p.sends.front()->done > 0;
+      if (!mid_frame) {
+        const Header h{kAbortContext, 0, body.size()};
+        iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<char*>(body.data()), body.size()}};
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = 2;
+        (void)::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);  // best effort
+      }
+      ::shutdown(p.fd, SHUT_WR);
+    }
+  }
+
+ private:
+  void CheckFailed() const {
+    if (!failed_.empty()) throw Error(failed_);
+  }
+  void CheckUsable(int peer, const char* what) const {
+    CheckFailed();
+    if (peer < 0 || peer >= size()) {
+      throw InvalidArgument("tcp communicator: rank " + std::to_string(rank_) + " cannot " + what + " rank " +
+                            std::to_string(peer) + " (world of " + std::to_string(size()) + ")");
+    }
+  }
+  void CheckSize(int peer, const Op& op, size_t arrived) {
+    if (arrived == op.bytes) return;
+    Fail("tcp communicator: rank " + std::to_string(rank_) + " expected " + std::to_string(op.bytes) +
+         " bytes from rank " + std::to_string(peer) + " (context " + std::to_string(op.context) + ", tag " +
+         std::to_string(op.tag) + ") and got a message of " + std::to_string(arrived));
+  }
+  std::string Lost(int peer, const std::string& doing) const {
+    return "tcp communicator: rank " + std::to_string(rank_) + " lost its connection to rank " +
+           std::to_string(peer) + " while " + doing + " (rank " + std::to_string(peer) +
+           " exited or failed without saying why)";
+  }
+  [[noreturn]] void Fail(const std::string& text) {
+    Abort(text);
+    throw Error(text);
+  }
+
+  // One round of I/O: waits up to `timeout_ms` (-1: until something happens) for a socket to
+  // be readable or writable, then reads and writes what it can on those.
+  void Pump(int timeout_ms) {
+    polls_.clear();
+    index_.clear();
+    for (size_t p = 0; p < peers_.size(); ++p) {
+      const Peer& peer = peers_[p];
+      if (peer.fd < 0 || peer.closed) continue;
+      short events = POLLIN;
+      if (!peer.sends.empty()) events |= POLLOUT;
+      polls_.push_back(pollfd{peer.fd, events, 0});
+      index_.push_back(static_cast<int>(p));
+    }
+    if (polls_.empty()) return;
+    int ready;
+    do {
+      ready = ::poll(polls_.data(), polls_.size(), timeout_ms);
+    } while (ready < 0 && errno == EINTR);
+    if (ready < 0) Fail("tcp communicator: poll() failed on rank " + std::to_string(rank_) + ": " + ErrnoText(errno));
+    for (size_t i = 0; i < polls_.size() && ready > 0; ++i) {
+      if (polls_[i].revents == 0) continue;
+      if (polls_[i].revents & POLLOUT) Write(index_[i]);
+      if (polls_[i].revents & (POLLIN | POLLHUP | POLLERR)) Read(index_[i]);
+    }
+  }
+
+  void Write(int peer) {
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    while (!p.sends.empty() && !p.closed) {
+      Op& op = *p.sends.front();
+      const size_t total = sizeof(Header) + op.bytes;
+      iovec iov[2];
+      int n = 0;
+      if (op.done < sizeof(Header)) {
+        iov[n++] = {reinterpret_cast<char*>(&op.header) + op.done, sizeof(Header) - op.done};
+        if (op.bytes > 0) iov[n++] = {op.data, op.bytes};
+      } else {
+        iov[n++] = {op.data + (op.done - sizeof(Header)), total - op.done};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      const ssize_t wrote = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (wrote < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+        const int err = errno;
+        if (err == EPIPE || err == ECONNRESET) {
+          Read(peer);  // the peer may have said why before it closed (Read throws its reason)
+          p.closed = true;
+          Fail(Lost(peer, "sending " + std::to_string(op.bytes) + " bytes"));
+        }
+        Fail("tcp communicator: rank " + std::to_string(rank_) + " could not send to rank " + std::to_string(peer) +
+             ": " + ErrnoText(err));
+      }
+      op.done += static_cast<size_t>(wrote);
+      if (op.done < total) return;
+      op.complete = true;
+      p.sends.pop_front();
+    }
+  }
+
+  void Read(int peer) {
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    while (!p.closed) {
+      char* into;
+      size_t want;
+      if (p.header_got < sizeof(Header)) {
+        into = reinterpret_cast<char*>(&p.header) + p.header_got;
+        want = sizeof(Header) - p.header_got;
+      } else {
+        into = PayloadAt(p) + p.payload_got;
+        want = p.header.bytes - p.payload_got;
+      }
+      const ssize_t got = ::recv(p.fd, into, want, MSG_DONTWAIT);
+      if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+        if (errno != ECONNRESET) {
+          Fail("tcp communicator: rank " + std::to_string(rank_) + " could not receive from rank " +
+               std::to_string(peer) + ": " + ErrnoText(errno));
+        }
+      }
+      if (got <= 0) {  // the peer closed its end
+        p.closed = true;
+        const bool mid_frame = p.header_got > 0;
+        if (mid_frame || !p.recvs.empty() || !p.sends.empty() || Claimed(p)) {
+          Fail(Lost(peer, mid_frame ? "receiving a message" : "waiting for it"));
+        }
+        return;
+      }
+      if (p.header_got < sizeof(Header)) {
+        p.header_got += static_cast<size_t>(got);
+        if (p.header_got == sizeof(Header)) StartPayload(peer);
+      } else {
+        p.payload_got += static_cast<size_t>(got);
+      }
+      if (p.header_got == sizeof(Header) && p.payload_got == p.header.bytes) FinishFrame(peer);
+    }
+  }
+
+  // A message to this rank itself: straight into a posted receive, else kept until one comes.
+  void SendToSelf(const OpPtr& op) {
+    Peer& self = peers_[static_cast<size_t>(rank_)];
+    for (auto it = self.recvs.begin(); it != self.recvs.end(); ++it) {
+      Op& r = **it;
+      if (r.context != op->context || r.tag != op->tag) continue;
+      CheckSize(rank_, r, op->bytes);
+      if (op->bytes > 0) std::memcpy(r.data, op->data, op->bytes);
+      r.complete = true;
+      self.recvs.erase(it);
+      op->complete = true;
+      return;
+    }
+    Unexpected u;
+    u.context = op->context;
+    u.tag = op->tag;
+    u.data.assign(op->data, op->data + op->bytes);
+    u.complete = true;
+    self.unexpected.push_back(std::move(u));
+    op->complete = true;
+  }
+
+  static bool Claimed(const Peer& p) {
+    for (const Unexpected& u : p.unexpected) {
+      if (u.claimed) return true;
+    }
+    return false;
+  }
+
+  char* PayloadAt(Peer& p) {
+    if (p.aborting) return &p.abort_text[0];
+    if (p.target) return p.target->data;
+    return p.buffer->data.data();
+  }
+
+  // A header arrived: decide where its payload goes.
+  void StartPayload(int peer) {
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    p.payload_got = 0;
+    if (p.header.context == kAbortContext) {
+      p.aborting = true;
+      p.abort_text.assign(std::min<uint64_t>(p.header.bytes, kMaxAbortText), '\0');
+      p.header.bytes = p.abort_text.size();
+      return;
+    }
+    for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
+      Op& op = **it;
+      if (op.context != p.header.context || op.tag != p.header.tag) continue;
+      CheckSize(peer, op, p.header.bytes);
+      p.target = *it;
+      p.recvs.erase(it);
+      return;
+    }
+    Unexpected u;
+    u.context = p.header.context;
+    u.tag = p.header.tag;
+    u.data.resize(p.header.bytes);
+    p.unexpected.push_back(std::move(u));
+    p.buffer = std::prev(p.unexpected.end());
+    p.buffered = true;
+  }
+
+  void FinishFrame(int peer) {
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    p.header_got = 0;
+    p.payload_got = 0;
+    if (p.aborting) {
+      p.aborting = false;
+      p.closed = true;
+      Fail(p.abort_text);
+    }
+    if (p.target) {
+      p.target->complete = true;
+      p.target.reset();
+    } else if (p.buffered) {
+      p.buffered = false;
+      Unexpected& u = *p.buffer;
+      u.complete = true;
+      if (u.claimed) {
+        if (!u.data.empty()) std::memcpy(u.claimed->data, u.data.data(), u.data.size());
+        u.claimed->complete = true;
+        p.unexpected.erase(p.buffer);
+      }
+    }
+  }
+
+  int rank_;
+  std::vector<Peer> peers_;
+  std::string failed_;
+  std::vector<pollfd> polls_;
+  std::vector<int> index_;
+};
+
+class TcpTransfer : public PendingTransfer {
+ public:
+  TcpTransfer(std::shared_ptr<Mesh> mesh, OpPtr op) : mesh_(std::move(mesh)), op_(std::move(op)) {}
+  ~TcpTransfer() override {
+    if (op_->complete) return;
+    try {
+      mesh_->Wait({op_});
+    } catch (const std::exception&) {
+      // The failure reached every rank through the abort; a destructor cannot report it.
+    }
+  }
+  bool Test() override { return mesh_->Test(*op_); }
+
+ private:
+  std::shared_ptr<Mesh> mesh_;
+  OpPtr op_;
+};
+
+class TcpCommunicator : public Communicator {
+ public:
+  // `members[r]` is the world rank of this communicator's rank r; contexts `context` (point to
+  // point) and `context + 1` (collectives).
+  TcpCommunicator(std::shared_ptr<Mesh> mesh, uint32_t context, std::vector<int> members, int rank)
+      : mesh_(std::move(mesh)), context_(context), members_(std::move(members)), rank_(rank) {}
+
+  Mesh& mesh() { return *mesh_; }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  const char* kind() const override { return "tcp"; }
+  bool nonblocking() const override { return true; }
+
+  void Send(const void* data, size_t bytes, int peer, int tag) override {
+    mesh_->Wait({mesh_->PostSend(World(peer), context_, tag, data, bytes)});
+  }
+  void Recv(void* data, size_t bytes, int peer, int tag) override {
+    mesh_->Wait({mesh_->PostRecv(World(peer), context_, tag, data, bytes)});
+  }
+  void SendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes, int src,
+                int tag) override {
+    OpPtr r = mesh_->PostRecv(World(src), context_, tag, recv, recv_bytes);
+    OpPtr s = mesh_->PostSend(World(dst), context_, tag, send, send_bytes);
+    mesh_->Wait({r, s});
+  }
+  std::unique_ptr<PendingTransfer> Isend(const void* data, size_t bytes, int peer, int tag) override {
+    return std::make_unique<TcpTransfer>(mesh_, mesh_->PostSend(World(peer), context_, tag, data, bytes));
+  }
+  std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override {
+    return std::make_unique<TcpTransfer>(mesh_, mesh_->PostRecv(World(peer), context_, tag, data, bytes));
+  }
+
+  void Barrier() override {
+    uint8_t flag = 1;
+    Allreduce(&flag, &flag, 1, DataType::kUInt8, ReduceOp::kMax);
+  }
+
+  // Recursive doubling; with n not a power of two, the first 2 * (n - p2) ranks fold in pairs
+  // first and the even ones get the result at the end (MPICH's scheme). Each pair reduces the
+  // lower rank's operand first, so every rank ends with the same bits.
+  void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override {
+    const size_t bytes = count * DataTypeSize(dtype);
+    if (in != out && bytes > 0) std::memmove(out, in, bytes);
+    const int n = size();
+    if (n == 1) return;
+    std::vector<char> theirs(bytes);
+    int p2 = 1;
+    while (p2 * 2 <= n) p2 *= 2;
+    const int rem = n - p2;
+    int vrank = rank_ - rem;
+    if (rank_ < 2 * rem) {
+      if (rank_ % 2 == 0) {
+        CollSend(rank_ + 1, out, bytes);
+        vrank = -1;
+      } else {
+        CollRecv(rank_ - 1, theirs.data(), bytes);
+        Combine(out, theirs.data(), true, count, dtype, op);
+        vrank = rank_ / 2;
+      }
+    }
+    if (vrank >= 0) {
+      for (int mask = 1; mask < p2; mask <<= 1) {
+        const int vpeer = vrank ^ mask;
+        const int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+        OpPtr r = mesh_->PostRecv(World(peer), context_ + 1, kCollectiveTag, theirs.data(), bytes);
+        OpPtr s = mesh_->PostSend(World(peer), context_ + 1, kCollectiveTag, out, bytes);
+        mesh_->Wait({r, s});
+        Combine(out, theirs.data(), peer < rank_, count, dtype, op);
+      }
+    }
+    if (rank_ < 2 * rem) {
+      if (rank_ % 2 == 1) {
+        CollSend(rank_ - 1, out, bytes);
+      } else {
+        CollRecv(rank_ + 1, out, bytes);
+      }
+    }
+  }
+
+  void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                     ReduceOp op) override {
+    GC_ENFORCE(counts.size() == members_.size(), "tcp ReduceScatter: ", counts.size(), " counts for ", size(),
+               " ranks");
+    const size_t elem = DataTypeSize(dtype);
+    const std::vector<size_t> offsets = Offsets(counts);
+    std::vector<char> all((offsets.back() + counts.back()) * elem);
+    Allreduce(in, all.data(), offsets.back() + counts.back(), dtype, op);
+    const size_t mine = static_cast<size_t>(rank_);
+    if (counts[mine] > 0) std::memcpy(out, all.data() + offsets[mine] * elem, counts[mine] * elem);
+  }
+
+  void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    Gatherv(in, out, bytes, 0);
+    const std::vector<size_t> offsets = Offsets(bytes);
+    Broadcast(out, offsets.back() + bytes.back(), 0);
+  }
+
+  void Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) override {
+    CheckRoot(root, "Gatherv");
+    GC_ENFORCE(bytes.size() == members_.size(), "tcp Gatherv: ", bytes.size(), " sizes for ", size(), " ranks");
+    if (rank_ != root) {
+      CollSend(root, in, bytes[static_cast<size_t>(rank_)]);
+      return;
+    }
+    const std::vector<size_t> offsets = Offsets(bytes);
+    char* base = static_cast<char*>(out);
+    std::vector<OpPtr> ops;
+    for (int r = 0; r < size(); ++r) {
+      const size_t i = static_cast<size_t>(r);
+      if (r == rank_) {
+        if (bytes[i] > 0 && base + offsets[i] != in) std::memmove(base + offsets[i], in, bytes[i]);
+        continue;
+      }
+      ops.push_back(mesh_->PostRecv(World(r), context_ + 1, kCollectiveTag, base + offsets[i], bytes[i]));
+    }
+    mesh_->Wait(ops);
+  }
+
+  // Binomial tree from the root.
+  void Broadcast(void* data, size_t bytes, int root) override {
+    CheckRoot(root, "Broadcast");
+    const int n = size();
+    const int vrank = (rank_ - root + n) % n;
+    int mask = 1;
+    while (mask < n) {
+      if (vrank & mask) {
+        CollRecv((vrank - mask + root) % n, data, bytes);
+        break;
+      }
+      mask <<= 1;
+    }
+    std::vector<OpPtr> sends;
+    for (mask >>= 1; mask > 0; mask >>= 1) {
+      if (vrank + mask < n) {
+        sends.push_back(mesh_->PostSend(World((vrank + mask + root) % n), context_ + 1, kCollectiveTag, data, bytes));
+      }
+    }
+    mesh_->Wait(sends);
+  }
+
+  void Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                 const std::vector<size_t>& recv_bytes) override {
+    GC_ENFORCE(send_bytes.size() == members_.size() && recv_bytes.size() == members_.size(),
+               "tcp Alltoallv: sizes for ", send_bytes.size(), " and ", recv_bytes.size(), " ranks in a world of ",
+               size());
+    const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
+    const char* src = static_cast<const char*>(in);
+    char* dst = static_cast<char*>(out);
+    std::vector<OpPtr> ops;
+    for (int r = 0; r < size(); ++r) {
+      const size_t i = static_cast<size_t>(r);
+      if (r == rank_) {
+        GC_ENFORCE(send_bytes[i] == recv_bytes[i], "tcp Alltoallv: rank ", rank_, " sends itself ", send_bytes[i],
+                   " bytes and expects ", recv_bytes[i]);
+        if (send_bytes[i] > 0) std::memcpy(dst + roff[i], src + soff[i], send_bytes[i]);
+        continue;
+      }
+      ops.push_back(mesh_->PostRecv(World(r), context_ + 1, kCollectiveTag, dst + roff[i], recv_bytes[i]));
+    }
+    for (int r = 0; r < size(); ++r) {
+      const size_t i = static_cast<size_t>(r);
+      if (r != rank_) ops.push_back(mesh_->PostSend(World(r), context_ + 1, kCollectiveTag, src + soff[i], send_bytes[i]));
+    }
+    mesh_->Wait(ops);
+  }
+
+  std::unique_ptr<Communicator> Split(int color, int key) override {
+    const size_t n = members_.size();
+    const int32_t mine[2] = {color, key};
+    std::vector<int32_t> all(2 * n);
+    Allgatherv(mine, all.data(), std::vector<size_t>(n, sizeof mine));
+    // Fresh contexts for every member: above any context a member already uses.
+    int64_t base = mesh_->next_context;
+    Allreduce(&base, &base, 1, DataType::kInt64, ReduceOp::kMax);
+    std::set<int32_t> colors;
+    for (size_t r = 0; r < n; ++r) {
+      if (all[2 * r] >= 0) colors.insert(all[2 * r]);
+    }
+    mesh_->next_context = static_cast<uint32_t>(base + 2 * static_cast<int64_t>(colors.size()));
+    if (color < 0) return nullptr;
+    std::vector<std::pair<std::pair<int32_t, int>, int>> group;  // ((key, rank), rank)
+    for (size_t r = 0; r < n; ++r) {
+      if (all[2 * r] == color) group.push_back({{all[2 * r + 1], static_cast<int>(r)}, static_cast<int>(r)});
+    }
+    std::sort(group.begin(), group.end());
+    std::vector<int> members;
+    int new_rank = 0;
+    for (const auto& g : group) {
+      if (g.second == rank_) new_rank = static_cast<int>(members.size());
+      members.push_back(members_[static_cast<size_t>(g.second)]);
+    }
+    const auto index = std::distance(colors.begin(), colors.find(color));
+    return std::make_unique<TcpCommunicator>(mesh_, static_cast<uint32_t>(base + 2 * index), std::move(members),
+                                             new_rank);
+  }
+
+  std::unique_ptr<Communicator> SplitLocal(int forced_local_size) override {
+    if (forced_local_size > 0) return Split(rank_ / forced_local_size, rank_);
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::vector<std::string> hosts = AllgatherStrings(*this, host);
+    const int color = static_cast<int>(std::find(hosts.begin(), hosts.end(), std::string(host)) - hosts.begin());
+    return Split(color, rank_);
+  }
+
+ private:
+  int World(int peer) const {
+    if (peer < 0 || peer >= size()) {
+      throw InvalidArgument("tcp communicator: rank " + std::to_string(peer) + " is not in a group of " +
+                            std::to_string(size()));
+    }
+    return members_[static_cast<size_t>(peer)];
+  }
+  void CheckRoot(int root, const char* op) const {
+    if (root < 0 || root >= size()) {
+      throw InvalidArgument(std::string("tcp ") + op + ": root " + std::to_string(root) + " is not in a group of " +
+                            std::to_string(size()));
+    }
+  }
+  void CollSend(int peer, const void* data, size_t bytes) {
+    mesh_->Wait({mesh_->PostSend(World(peer), context_ + 1, kCollectiveTag, data, bytes)});
+  }
+  void CollRecv(int peer, void* data, size_t bytes) {
+    mesh_->Wait({mesh_->PostRecv(World(peer), context_ + 1, kCollectiveTag, data, bytes)});
+  }
+  // mine = (lower rank's operand) op (higher's); `theirs_first`: the peer is the lower rank.
+  static void Combine(void* mine, void* theirs, bool theirs_first, size_t count, DataType dtype, ReduceOp op) {
+    if (theirs_first) {
+      ReduceInto(theirs, mine, count, dtype, op);
+      std::memcpy(mine, theirs, count * DataTypeSize(dtype));
+    } else {
+      ReduceInto(mine, theirs, count, dtype, op);
+    }
+  }
+
+  std::shared_ptr<Mesh> mesh_;
+  uint32_t context_;
+  std::vector<int> members_;
+  int rank_;
+};
+
+// ---- Connecting ----
+
+void SetNonBlocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int MillisLeft(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, 1 << 30)));
+}
+
+// Waits for `events` on fd until the deadline; false on timeout.
+bool WaitFor(int fd, short events, Clock::time_point deadline) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    const int ready = ::poll(&p, 1, MillisLeft(deadline));
+    if (ready > 0) return true;
+    if (ready == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+// Moves exactly `bytes` through a nonblocking socket before the deadline; false (with `why`) if not.
+bool Exchange(int fd, char* data, size_t bytes, bool send, Clock::time_point deadline, std::string* why) {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = send ? ::send(fd, data + done, bytes - done, MSG_NOSIGNAL) : ::recv(fd, data + done, bytes - done, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      *why = "the connection closed during the greeting";
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      *why = ErrnoText(errno);
+      return false;
+    }
+    if (!WaitFor(fd, send ? POLLOUT : POLLIN, deadline)) {
+      *why = "no greeting in time";
+      return false;
+    }
+  }
+  return true;
+}
+
+// This host's IPv4 addresses to advertise: those of `iface` only when it is given, else every
+// interface that is up, loopback last.
+std::vector<std::string> LocalAddresses(const std::string& iface) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) throw Error("tcp communicator: getifaddrs() failed: " + ErrnoText(errno));
+  std::vector<std::string> outer, loopback;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
+    if (!iface.empty() && iface != a->ifa_name) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    ((a->ifa_flags & IFF_LOOPBACK) ? loopback : outer).push_back(text);
+  }
+  ::freeifaddrs(list);
+  outer.insert(outer.end(), loopback.begin(), loopback.end());
+  return outer;
+}
+
+// Connects to addr:port and greets; returns the socket or -1 with `why`.
+int Dial(const std::string& addr, uint16_t port, const Hello& mine, int expect_rank, Clock::time_point deadline,
+         std::string* why) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
+    *why = "not an IPv4 address";
+    return -1;
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = ErrnoText(errno);
+    return -1;
+  }
+  SetNonBlocking(fd);
+  // A connection attempt gets a few seconds, so a dead address leaves time for the next one.
+  const Clock::time_point attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  if (rc != 0 && errno == EINPROGRESS) {
+    if (!WaitFor(fd, POLLOUT, attempt)) {
+      *why = "timed out";
+      ::close(fd);
+      return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  if (rc != 0) {
+    *why = ErrnoText(errno);
+    ::close(fd);
+    return -1;
+  }
+  SetNoDelay(fd);
+  Hello theirs{};
+  Hello hello = mine;
+  hello.to = expect_rank;
+  // The peer answers once it is done connecting to the ranks below it: up to the deadline.
+  if (!Exchange(fd, reinterpret_cast<char*>(&hello), sizeof hello, true, deadline, why) ||
+      !Exchange(fd, reinterpret_cast<char*>(&theirs), sizeof theirs, false, deadline, why)) {
+    ::close(fd);
+    return -1;
+  }
+  if (theirs.magic != kHelloMagic || theirs.token != mine.token || theirs.rank != expect_rank ||
+      theirs.size != mine.size) {
+    *why = "another process answered there (not rank " + std::to_string(expect_rank) + " of this job)";
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Every rank's listening address, as "host port addr,addr,...".
+struct Endpoint {
+  std::string host;
+  uint16_t port = 0;
+  std::vector<std::string> addresses;
+};
+
+Endpoint ParseEndpoint(const std::string& text) {
+  Endpoint e;
+  std::istringstream in(text);
+  std::string addresses;
+  in >> e.host >> e.port >> addresses;
+  std::istringstream list(addresses);
+  for (std::string a; std::getline(list, a, ',');) {
+    if (!a.empty()) e.addresses.push_back(a);
+  }
+  return e;
+}
+
+// This rank's part of the connection phase; returns "" or what went wrong.
+std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std::vector<int>* fds) {
+  const int rank = bootstrap.rank(), n = bootstrap.size();
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_seconds * 1000));
+  // The job's token, so that a connection that reaches another process is recognised.
+  uint64_t token = 0;
+  if (rank == 0) {
+    std::random_device rd;
+    token = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  }
+  bootstrap.Broadcast(&token, sizeof token, 0);
+
+  std::string error;
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof sa;
+  // Ports left in TIME_WAIT by earlier connections stay usable (a job's restart, a test's many worlds).
+  int one = 1;
+  if (listener >= 0) ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(listener, n) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    error = "cannot listen on a TCP port: " + ErrnoText(errno);
+  }
+  std::vector<std::string> addresses;
+  if (error.empty()) {
+    addresses = LocalAddresses(options.iface);
+    if (addresses.empty()) {
+      error = options.iface.empty() ? "no IPv4 address on this host"
+                                    : "no IPv4 address on network interface '" + options.iface +
+                                          "' (GRADCOMP_CONTROLLER_IFACE)";
+    }
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string mine = std::string(host) + " " + std::to_string(error.empty() ? ntohs(sa.sin_port) : 0) + " ";
+  for (size_t i = 0; i < addresses.size(); ++i) mine += (i ? "," : "") + addresses[i];
+  const std::vector<std::string> all = AllgatherStrings(bootstrap, mine);
+
+  Hello hello{kHelloMagic, token, rank, n, rank, 0};
+  // Dial every rank below, then take the calls of every rank above.
+  for (int p = 0; p < rank && error.empty(); ++p) {
+    const Endpoint e = ParseEndpoint(all[static_cast<size_t>(p)]);
+    // A peer's loopback addresses reach it only from its own host.
+    const bool same_host = e.host == host;
+    std::vector<std::string> tries;
+    if (same_host) tries.push_back("127.0.0.1");
+    for (const std::string& a : e.addresses) {
+      if (!same_host && a.rfind("127.", 0) == 0) continue;
+      if (std::find(tries.begin(), tries.end(), a) == tries.end()) tries.push_back(a);
+    }
+    if (e.port == 0) continue;  // it could not listen: its own error says why
+    std::string failures;
+    for (const std::string& a : tries) {
+      std::string why;
+      const int fd = Dial(a, e.port, hello, p, deadline, &why);
+      if (fd >= 0) {
+        (*fds)[static_cast<size_t>(p)] = fd;
+        break;
+      }
+      failures += (failures.empty() ? "" : "; ") + a + ":" + std::to_string(e.port) + ": " + why;
+    }
+    if ((*fds)[static_cast<size_t>(p)] < 0) {
+      error = "cannot reach rank " + std::to_string(p) + " (host " + e.host + ") at " +
+              (failures.empty() ? std::string("no address") : failures);
+    }
+  }
+  if (error.empty()) SetNonBlocking(listener);
+  for (int expected = n - 1 - rank; error.empty() && expected > 0;) {
+    if (!WaitFor(listener, POLLIN, deadline)) {
+      std::string missing;
+      for (int p = rank + 1; p < n; ++p) {
+        if ((*fds)[static_cast<size_t>(p)] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      }
+      error = "ranks " + missing + " did not connect within " + std::to_string(options.connect_timeout_seconds) + " s";
+      break;
+    }
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    SetNoDelay(fd);
+    Hello theirs{};
+    std::string why;
+    const Clock::time_point greeting = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+    const bool ok = Exchange(fd, reinterpret_cast<char*>(&theirs), sizeof theirs, false, greeting, &why) &&
+                    theirs.magic == kHelloMagic && theirs.token == token && theirs.size == n && theirs.to == rank &&
+                    theirs.rank > rank && theirs.rank < n && (*fds)[static_cast<size_t>(theirs.rank)] < 0 &&
+                    Exchange(fd, reinterpret_cast<char*>(&hello), sizeof hello, true, greeting, &why);
+    if (!ok) {  // a stranger, or a rank that gave up: keep listening
+      ::close(fd);
+      continue;
+    }
+    (*fds)[static_cast<size_t>(theirs.rank)] = fd;
+    --expected;
+  }
+  if (listener >= 0) ::close(listener);
+  for (int& fd : *fds) {
+    if (fd >= 0) SetNonBlocking(fd);
+  }
+  return error;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const TcpOptions& options) {
+  const int n = bootstrap.size();
+  std::vector<int> fds(static_cast<size_t>(n), -1);
+  const std::string error = n > 1 ? ConnectMesh(bootstrap, options, &fds) : std::string();
+  // Every rank learns whether every rank connected, and fails alike if not.
+  int ok = error.empty() ? 1 : 0;
+  bootstrap.Allreduce(&ok, &ok, 1, DataType::kInt32, ReduceOp::kMin);
+  if (!ok) {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+    const std::vector<std::string> errors = AllgatherStrings(bootstrap, error);
+    std::string text = "cannot connect the ranks over TCP:";
+    for (size_t r = 0; r < errors.size(); ++r) {
+      if (!errors[r].empty()) text += " rank " + std::to_string(r) + ": " + errors[r] + ";";
+    }
+    throw Error(text);
+  }
+  std::vector<int> members(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
+  return std::make_unique<TcpCommunicator>(std::make_shared<Mesh>(bootstrap.rank(), std::move(fds)), 0,
+                                           std::move(members), bootstrap.rank());
+}
+
+void AbortTcpWorld(Communicator& comm, const std::string& why) {
+  auto* tcp = dynamic_cast<TcpCommunicator*>(&comm);
+  if (tcp == nullptr) return;
+  tcp->mesh().Abort("tcp communicator: rank " + std::to_string(tcp->mesh().rank()) + " failed: " + why);
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,51 @@
+// A communicator over TCP connections of its own: a full mesh of persistent sockets (gloo's
+// pairs), set up once through another communicator. The controller negotiates over it
+// (GRADCOMP_CONTROLLER, like HOROVOD_CONTROLLER=gloo) while the data stays on MPI.
+//
+// Why: Open MPI moves bytes only inside its calls, so a thread waiting for a late peer must
+// poll, and gradcomp's polls nap on a timer (PollUntil): a negotiation round whose peer is
+// 3 ms late costs ~15 wake-ups, each of which preempts a training thread on cores that
+// training saturates (docs/benchmarks.md, "Waiting for a late peer without spinning"). Here a
+// waiting thread sleeps in poll() on its sockets and wakes once, when the peer's bytes arrive.
+//
+// Messages are framed ([context, tag, bytes] then the payload) and matched per (peer, context,
+// tag) in order, as MPI matches them; a message nobody has asked for yet is read into a buffer
+// of its own, so two ranks sending to each other never deadlock. The collectives are the
+// latency-bound algorithms a control plane wants: recursive doubling (with the usual fold for
+// worlds that are not a power of two), binomial broadcast, direct gathers. Bulk data should use
+// MPI: ReduceScatter is an Allreduce and a copy.
+//
+// Failure: a peer that exits closes its sockets, and the next operation that needs it throws
+// gradcomp::Error naming both ranks. A rank whose operation fails (or AbortTcpWorld) sends
+// the reason to every peer before closing, so every rank waiting on it fails with the root
+// cause instead of waiting forever.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ops/comm/communicator.h"
+
+namespace gradcomp {
+
+struct TcpOptions {
+  /// Advertise only the IPv4 addresses of this network interface ("" = every interface that is
+  /// up, loopback last).
+  std::string iface;
+  /// How long the whole connection phase may take, waiting for the slowest rank included.
+  double connect_timeout_seconds = 30;
+};
+
+/// Collective over `bootstrap` (every rank must call it): each rank listens on an ephemeral
+/// port, the addresses go round through `bootstrap`, each rank connects to the ranks below it
+/// (a peer on the same host through 127.0.0.1 first) and accepts the ranks above it; a shared
+/// random token checks that each connection reached this job. The result has bootstrap's ranks.
+/// Throws gradcomp::Error naming the ranks and addresses that could not be joined.
+std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const TcpOptions& options);
+
+/// Fails `comm` (a communicator from ConnectTcpWorld or its splits) for good: every peer is sent
+/// `why`, then the connections close, so each rank blocked on this one (or later calling it)
+/// throws gradcomp::Error with "rank R failed: why". No-op on other communicators.
+void AbortTcpWorld(Communicator& comm, const std::string& why);
+
+}  // namespace gradcomp

@@ -1,0 +1,253 @@
+// The TCP communicator (the controller's transport, GRADCOMP_CONTROLLER=tcp) between thread
+// ranks over loopback: its allreduce for every dtype and op, matching by tag out of order,
+// large messages both ways at once, a waiting rank that sleeps instead of polling, and a
+// failed or vanished rank becoming an error on every other rank. The generic collectives run
+// over it in test_inproc_collectives too.
+#include <gtest/gtest.h>
+
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "ops/comm/inprocess_communicator.h"
+#include "ops/comm/tcp_communicator.h"
+#include "ops/common/enforce.h"
+#include "test/support/harness.h"
+#include "test/support/reference.h"
+
+namespace gradcomp {
+namespace {
+
+using namespace gradcomp::testing;
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+TEST(Tcp, AllreduceEveryDtypeAndOpGivesEveryRankTheSameBits) {
+  for (int world : {2, 3, 5, 6, 8}) {
+    const auto results = RunRanks(
+        world,
+        [&](Communicator& comm) {
+          for (const ReduceCase& c : AllReduceCases({1, 7, 4097})) {
+            if (c.op == ReduceOp::kAverage) continue;  // the communicator reduces Sum, Min, Max, Product
+            std::vector<char> in = MakeInput(c.dtype, c.op, c.count, comm.rank());
+            std::vector<char> out(in.size());
+            comm.Allreduce(in.data(), out.data(), c.count, c.dtype, c.op);
+            std::string wrong = CompareReduction(c, world, out.data(), ExpectedReduction(c, world, 0, c.count));
+            // Rank 0's bits, to every rank: each must hold the same.
+            std::vector<char> first = out;
+            comm.Broadcast(first.data(), first.size(), 0);
+            if (wrong.empty() && first != out) wrong = "bits differ from rank 0's";
+            if (!wrong.empty()) return c.Describe() + ": " + wrong;
+          }
+          return std::string();
+        },
+        RankTransport::kTcp);
+    ASSERT_EQ(Failures(results), "") << "world " << world;
+  }
+}
+
+TEST(Tcp, ControllerWordsBitwiseAnd) {
+  // The controller's agreement: an AND of uint64 words, in place.
+  const auto results = RunRanks(
+      5,
+      [](Communicator& comm) {
+        std::vector<uint64_t> words(9, ~uint64_t{0});
+        words[static_cast<size_t>(comm.rank())] = ~(uint64_t{1} << comm.rank());
+        comm.Allreduce(words.data(), words.data(), words.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
+        for (size_t i = 0; i < words.size(); ++i) {
+          const uint64_t expected = i < 5 ? ~(uint64_t{1} << i) : ~uint64_t{0};
+          if (words[i] != expected) return "word " + std::to_string(i) + " wrong";
+        }
+        return std::string();
+      },
+      RankTransport::kTcp);
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Tcp, MessagesMatchByTagOutOfOrderAndLargeOnesCrossWithoutDeadlock) {
+  const size_t big = size_t{24} << 20;  // far beyond the sockets' buffers
+  const auto results = RunRanks(
+      2,
+      [&](Communicator& comm) {
+        const int peer = 1 - comm.rank();
+        std::vector<char> mine(big, static_cast<char>(comm.rank() + 1)), theirs(big);
+        // Both ranks send first (blocking) and receive after: only reading the peer's bytes into a
+        // buffer of their own while sending keeps this from deadlocking.
+        comm.Send(mine.data(), big, peer, 3);
+        comm.Recv(theirs.data(), big, peer, 3);
+        if (theirs != std::vector<char>(big, static_cast<char>(peer + 1))) return std::string("big message differs");
+        // Tags out of order: rank 0 sends tag 7 then tag 8; rank 1 receives tag 8 first.
+        int a = -1, b = -1;
+        if (comm.rank() == 0) {
+          const int seven = 7, eight = 8;
+          comm.Send(&seven, sizeof seven, 1, 7);
+          comm.Send(&eight, sizeof eight, 1, 8);
+        } else {
+          comm.Recv(&b, sizeof b, 0, 8);
+          comm.Recv(&a, sizeof a, 0, 7);
+          if (a != 7 || b != 8) return "tags matched wrongly: " + std::to_string(a) + ", " + std::to_string(b);
+        }
+        // Nonblocking transfers, completed by polling Test().
+        std::vector<int> out(1000, comm.rank()), in(1000, -1);
+        auto r = comm.Irecv(in.data(), in.size() * sizeof(int), peer, 9);
+        auto s = comm.Isend(out.data(), out.size() * sizeof(int), peer, 9);
+        while (!r->Test() || !s->Test()) std::this_thread::yield();
+        if (in != std::vector<int>(1000, peer)) return std::string("nonblocking transfer differs");
+        return std::string();
+      },
+      RankTransport::kTcp);
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Tcp, ASplitsTrafficStaysApartFromItsParents) {
+  const auto results = RunRanks(
+      4,
+      [](Communicator& comm) {
+        auto pair = comm.Split(comm.rank() / 2, comm.rank());
+        auto local = comm.SplitLocal(2);
+        // Same peer, same tag, three communicators: each receive gets its own communicator's value.
+        const int peer = comm.rank() ^ 1;
+        const int p0 = 100 + comm.rank(), p1 = 200 + comm.rank(), p2 = 300 + comm.rank();
+        comm.Send(&p0, sizeof p0, peer, 1);
+        pair->Send(&p1, sizeof p1, pair->rank() ^ 1, 1);
+        local->Send(&p2, sizeof p2, local->rank() ^ 1, 1);
+        int g2 = 0, g1 = 0, g0 = 0;
+        local->Recv(&g2, sizeof g2, local->rank() ^ 1, 1);
+        pair->Recv(&g1, sizeof g1, pair->rank() ^ 1, 1);
+        comm.Recv(&g0, sizeof g0, peer, 1);
+        if (g0 != 100 + peer || g1 != 200 + peer || g2 != 300 + peer) return std::string("contexts mixed");
+        double x = comm.rank();
+        pair->Allreduce(&x, &x, 1, DataType::kFloat64, ReduceOp::kSum);
+        return x == (comm.rank() < 2 ? 1.0 : 5.0) ? std::string() : std::string("split allreduce wrong");
+      },
+      RankTransport::kTcp);
+  EXPECT_EQ(Failures(results), "");
+}
+
+TEST(Tcp, ARankWaitingForALatePeerSleeps) {
+  // What the controller is for: ranks 1-3 wait 0.3 s for rank 0 in an allreduce, a gather, a
+  // broadcast and a barrier. Blocked in poll() they use almost no CPU (MPI's polled calls nap,
+  // and use up to a quarter of a core, test_mpi_collectives).
+  std::vector<double> cpu(4, 0.0);
+  const auto results = RunRanks(
+      4,
+      [&](Communicator& comm) {
+        const double start = ThreadCpuSeconds();
+        for (int op = 0; op < 4; ++op) {
+          if (comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          uint64_t word = 1, gathered[4] = {};
+          switch (op) {
+            case 0: comm.Allreduce(&word, &word, 1, DataType::kInt64, ReduceOp::kSum); break;
+            case 1: comm.Gatherv(&word, gathered, std::vector<size_t>(4, sizeof word), 0); break;
+            case 2: comm.Broadcast(&word, sizeof word, 0); break;
+            default: comm.Barrier();
+          }
+        }
+        cpu[static_cast<size_t>(comm.rank())] = ThreadCpuSeconds() - start;
+        return std::string();
+      },
+      RankTransport::kTcp);
+  ASSERT_EQ(Failures(results), "");
+  // Each waited ~1.2 s in all; 5% of a core would be 60 ms.
+  for (int r = 1; r < 4; ++r) EXPECT_LT(cpu[static_cast<size_t>(r)], 0.06) << "rank " << r;
+}
+
+// Runs `fn` on thread ranks over TCP and returns each rank's error message ("" if none).
+std::vector<std::string> ErrorsOn(int world, const std::function<void(std::unique_ptr<Communicator>&)>& fn,
+                                  const TcpOptions& options = {}) {
+  std::vector<std::unique_ptr<Communicator>> boot = CreateInProcessWorld(world);
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::unique_ptr<Communicator> comm = ConnectTcpWorld(*boot[static_cast<size_t>(r)], options);
+        fn(comm);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(Tcp, AFailedRanksReasonReachesEveryRank) {
+  // Rank 2 fails (its reason sent to all) while the others wait in allreduces and a broadcast
+  // that need it, directly or through another rank.
+  const auto errors = ErrorsOn(5, [](std::unique_ptr<Communicator>& comm) {
+    double x = 1;
+    comm->Allreduce(&x, &x, 1, DataType::kFloat64, ReduceOp::kSum);
+    if (comm->rank() == 2) {
+      AbortTcpWorld(*comm, "out of memory in rank 2's step");
+      throw Error("rank 2 gave up");
+    }
+    for (int i = 0; i < 3; ++i) {
+      comm->Allreduce(&x, &x, 1, DataType::kFloat64, ReduceOp::kSum);
+      comm->Broadcast(&x, sizeof x, 4);
+    }
+  });
+  EXPECT_EQ(errors[2], "rank 2 gave up");
+  for (int r : {0, 1, 3, 4}) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank 2 failed: out of memory in rank 2's step"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  }
+}
+
+TEST(Tcp, AVanishedRankIsAnErrorOnEveryRank) {
+  // Rank 1 closes its connections without a word (as a killed process does) while the others
+  // wait for it; the ranks it never talks to directly learn it from their partners' aborts.
+  const auto errors = ErrorsOn(4, [](std::unique_ptr<Communicator>& comm) {
+    double x = 1;
+    comm->Allreduce(&x, &x, 1, DataType::kFloat64, ReduceOp::kSum);
+    if (comm->rank() == 1) {
+      comm.reset();
+      return;
+    }
+    comm->Allreduce(&x, &x, 1, DataType::kFloat64, ReduceOp::kSum);
+  });
+  EXPECT_EQ(errors[1], "");
+  for (int r : {0, 2, 3}) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("lost its connection to rank 1"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  }
+}
+
+TEST(Tcp, ARankThatCannotConnectFailsEveryRankWithItsReason) {
+  TcpOptions options;
+  options.iface = "nosuch0";
+  const auto errors = ErrorsOn(3, [](std::unique_ptr<Communicator>&) {}, options);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("no IPv4 address on network interface 'nosuch0'"),
+              std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  }
+  // A world of one connects to nobody.
+  EXPECT_EQ(ErrorsOn(1, [](std::unique_ptr<Communicator>& comm) { comm->Barrier(); }), std::vector<std::string>{""});
+}
+
+TEST(Tcp, MismatchedSizesAreAnErrorNamingBothRanks) {
+  const auto errors = ErrorsOn(2, [](std::unique_ptr<Communicator>& comm) {
+    std::vector<char> buf(64);
+    if (comm->rank() == 0) {
+      comm->Send(buf.data(), 64, 1, 4);
+    } else {
+      comm->Recv(buf.data(), 32, 0, 4);
+    }
+    comm->Barrier();
+  });
+  EXPECT_NE(errors[1].find("rank 1 expected 32 bytes from rank 0 (context 0, tag 4) and got a message of 64"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_EQ(errors[0], errors[1]);  // rank 0 learns rank 1's reason
+}
+
+}  // namespace
+}  // namespace gradcomp
