@@ -292,3 +292,34 @@ def test_settings_module_prints_the_registry_as_the_readme_does():
     table = readme[readme.index("<!-- settings:begin -->\n") + 24:readme.index("<!-- settings:end -->")]
     assert out == table
     assert "| `GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS` |" in out
+
+
+def test_negotiation_goes_over_tcp_and_falls_back_to_mpi_when_the_ranks_cannot_connect():
+    # The controller's own TCP connections (GRADCOMP_CONTROLLER=auto): every rank says what it
+    # negotiates over at init (log level info), and the sums are right either way.
+    code = ("import numpy as np, gradcomp.numpy as g; g.init(); "
+            "x = g.allreduce(np.full(1000, g.rank() + 1.0, dtype=np.float32), name='x', op=g.Sum); "
+            "assert (x == 6.0).all(), x[:4]; print('sum ok', g.rank(), flush=True); g.shutdown()")
+
+    def job(*env):
+        return run_gcrun(["-np", "3", "--log-level", "info", PY, "-c", code],
+                         env=dict(os.environ, **dict(kv.split("=", 1) for kv in env)))
+
+    r = job()
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and out.count("sum ok") == 3, out[-2000:]
+    assert out.count("negotiating over tcp") == 3, out[-2000:]
+    r = job("GRADCOMP_CONTROLLER=gloo")  # Horovod's name for it
+    assert r.returncode == 0 and (r.stdout + r.stderr).count("negotiating over tcp") == 3, r.stderr[-2000:]
+    # No address to connect to: every rank says why, and negotiates over MPI.
+    r = job("GRADCOMP_CONTROLLER_IFACE=nosuch0")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and out.count("sum ok") == 3, out[-2000:]
+    assert out.count("GRADCOMP_CONTROLLER=auto: negotiating over MPI, since cannot connect the ranks over TCP: rank 0: "
+                     "no IPv4 address on network interface 'nosuch0' (GRADCOMP_CONTROLLER_IFACE)") == 3, out[-2000:]
+    assert out.count("negotiating over mpi") == 3, out[-2000:]
+    # Asked for tcp explicitly: an error on every rank instead.
+    r = job("GRADCOMP_CONTROLLER=tcp", "GRADCOMP_CONTROLLER_IFACE=nosuch0")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "sum ok" not in out, out[-2000:]
+    assert out.count("GRADCOMP_CONTROLLER=tcp: cannot connect the ranks over TCP:") >= 3, out[-3000:]

@@ -59,7 +59,10 @@ def mpi_threads_supported():
 
 
 def gloo_built():
-    """gradcomp has no gloo controller (torch's gloo backend works alongside it)."""
+    """gradcomp has no gloo (torch's gloo backend works alongside it). Its negotiation goes over
+    TCP connections of its own by default, Horovod's gloo controller's part
+    (GRADCOMP_CONTROLLER, which takes HOROVOD_CONTROLLER=gloo); the data goes over MPI, so
+    mpi_enabled() stays true."""
     return False
 
 
