@@ -33,16 +33,17 @@ class Collectives : public ::testing::TestWithParam<std::tuple<int, RankTranspor
   }
 };
 
+// Each test runs its cases inside one world (one set of connections over TCP).
 TEST_P(Collectives, AllgatherWithDifferentCountsPerRank) {
   const int world = std::get<0>(GetParam());
-  for (DataType dt : AllDataTypes()) {
-    for (size_t base : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}}) {
-      std::vector<char> expected;
-      for (int r = 0; r < world; ++r) {
-        std::vector<char> part = MakeInput(dt, ReduceOp::kSum, GatherCount(base, r), r);
-        expected.insert(expected.end(), part.begin(), part.end());
-      }
-      const auto results = RunRanks(world, [&](Communicator& comm) {
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    for (DataType dt : AllDataTypes()) {
+      for (size_t base : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}}) {
+        std::vector<char> expected;
+        for (int r = 0; r < world; ++r) {
+          std::vector<char> part = MakeInput(dt, ReduceOp::kSum, GatherCount(base, r), r);
+          expected.insert(expected.end(), part.begin(), part.end());
+        }
         const size_t mine = GatherCount(base, comm.rank());
         std::vector<char> in = MakeInput(dt, ReduceOp::kSum, mine, comm.rank());
         AllgatherOptions o;
@@ -53,20 +54,21 @@ TEST_P(Collectives, AllgatherWithDifferentCountsPerRank) {
         std::vector<char> out(expected.size());
         o.output = out.data();
         Allgather(comm, o);
-        return out == expected ? std::string() : std::string("allgather ") + DataTypeName(dt) + " differs";
-      });
-      ASSERT_EQ(Failures(results), "") << DataTypeName(dt) << " base " << base;
+        if (out != expected) return std::string("allgather ") + DataTypeName(dt) + " base " + std::to_string(base) + " differs";
+      }
     }
-  }
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
 }
 
 TEST_P(Collectives, BroadcastFromEveryRoot) {
   const int world = std::get<0>(GetParam());
-  for (DataType dt : AllDataTypes()) {
-    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{1} << 20}) {
-      for (int root = 0; root < world; root += (count > 4097 ? world : 1)) {
-        const std::vector<char> expected = MakeInput(dt, ReduceOp::kSum, count, root);
-        const auto results = RunRanks(world, [&](Communicator& comm) {
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    for (DataType dt : AllDataTypes()) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{1} << 20}) {
+        for (int root = 0; root < world; root += (count > 4097 ? world : 1)) {
+          const std::vector<char> expected = MakeInput(dt, ReduceOp::kSum, count, root);
           std::vector<char> buf = MakeInput(dt, ReduceOp::kSum, count, comm.rank());
           BroadcastOptions o;
           o.buffer = buf.data();
@@ -74,12 +76,16 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
           o.dtype = dt;
           o.root = root;
           Broadcast(comm, o);
-          return buf == expected ? std::string() : std::string("broadcast differs");
-        });
-        ASSERT_EQ(Failures(results), "") << DataTypeName(dt) << " count " << count << " root " << root;
+          if (buf != expected) {
+            return std::string("broadcast ") + DataTypeName(dt) + " count " + std::to_string(count) + " root " +
+                   std::to_string(root) + " differs";
+          }
+        }
       }
     }
-  }
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
 }
 
 // Elements rank `src` sends to rank `dst` in alltoall case `scale`.
