@@ -675,6 +675,7 @@ class TcpCommunicator : public Communicator {
   }
   // mine = (lower rank's operand) op (higher's); `theirs_first`: the peer is the lower rank.
   static void Combine(void* mine, void* theirs, bool theirs_first, size_t count, DataType dtype, ReduceOp op) {
+    if (count == 0) return;  // empty buffers may be null
     if (theirs_first) {
       ReduceInto(theirs, mine, count, dtype, op);
       std::memcpy(mine, theirs, count * DataTypeSize(dtype));
