@@ -17,7 +17,6 @@
 #include <cstring>
 #include <deque>
 #include <list>
-#include <map>
 #include <random>
 #include <set>
 #include <sstream>

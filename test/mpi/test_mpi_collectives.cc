@@ -26,6 +26,7 @@
 #include "ops/comm/shm_communicator.h"
 #include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
+#include "test/support/harness.h"
 #include "test/support/reference.h"
 #include "test/support/sra_reference.h"
 
@@ -284,12 +285,6 @@ TEST(Mpi, PolledAllreduceGivesExactMasksAndSums) {
   EXPECT_NE(error.find("Iallreduce takes at most 2147483647 elements, got 2147483648"), std::string::npos) << error;
 }
 
-// CPU seconds of the calling thread.
-double ThreadCpuSeconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
 
 TEST(Mpi, SmallCollectivesWaitForALateRankWithoutHoldingACore) {
   // A rank that arrives first waits out its peers' skew: the shared-memory allreduce's syncs

@@ -5,8 +5,6 @@
 // over it in test_inproc_collectives too.
 #include <gtest/gtest.h>
 
-#include <time.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -22,12 +20,6 @@ namespace gradcomp {
 namespace {
 
 using namespace gradcomp::testing;
-
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
 
 TEST(Tcp, AllreduceEveryDtypeAndOpGivesEveryRankTheSameBits) {
   for (int world : {2, 3, 5, 6, 8}) {

@@ -1,5 +1,7 @@
 #include "test/support/harness.h"
 
+#include <time.h>
+
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -45,6 +47,12 @@ std::vector<std::string> RunTopology(int world_size, int local_size,
     Topology topo = BuildTopology(world.Split(0, world.rank()), local_size, LocalTransport::kSharedMemory);
     return fn(topo);
   });
+}
+
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 std::string Failures(const std::vector<std::string>& results) {

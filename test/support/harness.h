@@ -29,4 +29,7 @@ std::vector<std::string> RunTopology(int world_size, int local_size,
 /// Joins the non-empty results as "rank r: message" lines ("" when all succeeded).
 std::string Failures(const std::vector<std::string>& results);
 
+/// CPU seconds the calling thread has used (how much of a core a waiting rank holds).
+double ThreadCpuSeconds();
+
 }  // namespace gradcomp::testing
