@@ -115,7 +115,7 @@ void ExchangeAll(Communicator& comm, int tag, const uint8_t* in, const std::vect
       if (!t->Test()) return false;
     }
     return true;
-  });
+  }, &comm);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "ops/collectives/pipeline.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "ops/common/cpu.h"
@@ -9,6 +12,7 @@ namespace gradcomp {
 
 Pipeline::Pipeline(bool inline_tasks) : inline_(inline_tasks) {
   if (!inline_ && !sim::kSimulated) {
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  // -1 if none: waiters then nap on a timer
     thread_ = std::thread([this] {
       NameThisThread("gc-pipeline");
       Loop();
@@ -24,6 +28,7 @@ Pipeline::~Pipeline() {
   }
   cv_.notify_all();
   thread_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 size_t Pipeline::Submit(std::function<void()> task) {
@@ -86,6 +91,10 @@ void Pipeline::Loop() {
     lock.lock();
     ++done_;
     cv_.notify_all();
+    if (wake_fd_ >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(wake_fd_, &one, sizeof one);  // only fails when the counter is full: still readable
+    }
   }
 }
 

@@ -29,6 +29,10 @@ class Pipeline {
   bool Done(size_t ticket);
   /// Waits until task `ticket` has run; rethrows the first failure of any task.
   void Wait(size_t ticket);
+  /// A descriptor that becomes readable when a task has finished (an eventfd the helper thread
+  /// writes after each), for a caller that waits in poll() on its sockets and its tasks at once
+  /// (Communicator::WaitForProgress); -1 without a helper thread. Reading it is up to the waiter.
+  int wake_fd() const { return wake_fd_; }
 
  private:
   void Loop();
@@ -41,6 +45,7 @@ class Pipeline {
   size_t submitted_ = 0, done_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
+  int wake_fd_ = -1;
   /// Simulation: when each task ends on the simulated clock, and when the helper is free.
   std::vector<double> sim_done_at_;
   double sim_free_at_ = 0;

@@ -368,7 +368,7 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
   };
   std::vector<size_t> reduced(stripes);
   size_t scattered = 0, reducing = 0, gathered = 0, decoding = 0;
-  Poller poller;
+  Poller poller(&comm_, pipe.wake_fd());
   while (true) {
     const size_t before = scattered + reducing + gathered + decoding + gather_posted;
     if (scattered < stripes && window_free(scatter_out, scattered) && pipe.Done(encoded[scattered])) {

@@ -45,7 +45,9 @@ std::unique_ptr<PendingTransfer> Communicator::Iallreduce(const void* in, void* 
   return std::make_unique<CompletedTransfer>();
 }
 
-Poller::Poller() : since_(sim::Now()) {}
+void Communicator::WaitForProgress(double seconds, int) { sim::Sleep(seconds); }
+
+Poller::Poller(Communicator* comm, int wake_fd) : comm_(comm), wake_fd_(wake_fd), since_(sim::Now()) {}
 
 void Poller::Pause(bool progressed) {
   // Short waits (shared memory, peers already there) finish within the spin phase at full
@@ -60,19 +62,29 @@ void Poller::Pause(bool progressed) {
   // noticed up to 500 us late, and at 16 simulated nodes on 25 Gbit/s the exchange took 5x
   // its link time. Under SMPI (ops/common/simulation.h) the clock and the naps are the
   // simulation's, and a spinning poll advances it by 1 us (SMPI drops shorter CPU bursts).
-  constexpr double kSpin = 20e-6, kMinNap = 50e-6, kMaxNap = 500e-6;
+  //
+  // A transport that wakes its waiters (TCP: poll() on its sockets and the pipeline's eventfd)
+  // needs no timer: the wait lasts until an event, and the cap only bounds what a missed one
+  // could cost. The training thread then loses its core only when there is work.
+  constexpr double kSpin = 20e-6, kMinNap = 50e-6, kMaxNap = 500e-6, kEventWaitCap = 20e-3;
   const double now = sim::Now();
   if (progressed) since_ = now;
   const double waited = now - since_;
   if (waited > kSpin) {
-    sim::Sleep(std::min(kMaxNap, std::max(kMinNap, waited / 10)));
+    const bool events = comm_ != nullptr && comm_->wakes_waiters();
+    const double nap = events ? kEventWaitCap : std::min(kMaxNap, std::max(kMinNap, waited / 10));
+    if (comm_ != nullptr) {
+      comm_->WaitForProgress(nap, wake_fd_);
+    } else {
+      sim::Sleep(nap);
+    }
   } else if (sim::kSimulated) {
     sim::Sleep(1e-6);
   }
 }
 
-void PollUntil(const std::function<bool()>& done) {
-  Poller poller;
+void PollUntil(const std::function<bool()>& done, Communicator* comm) {
+  Poller poller(comm);
   while (!done()) poller.Pause(false);
 }
 

@@ -80,6 +80,15 @@ class Communicator {
   virtual std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag);
   /// Whether Isend and Irecv work on this transport.
   virtual bool nonblocking() const { return false; }
+  /// A polling loop's pause between polls of this communicator's transfers: returns after
+  /// `seconds`, or earlier once its transfers may have progressed or `wake_fd` (>= 0, an
+  /// eventfd: Pipeline::wake_fd) became readable, which it then reads. The default sleeps
+  /// (MPI moves bytes only inside its calls: nothing can wake the waiter); the TCP
+  /// communicator waits in poll() on its sockets and wake_fd (wakes_waiters()).
+  virtual void WaitForProgress(double seconds, int wake_fd = -1);
+  /// Whether WaitForProgress returns when the transfers progress, so that a loop waiting on
+  /// nothing else may wait long instead of napping on a timer.
+  virtual bool wakes_waiters() const { return false; }
 
   /// Returns once every rank has entered.
   virtual void Barrier() = 0;
@@ -133,17 +142,23 @@ std::vector<std::string> AllgatherStrings(Communicator& comm, const std::string&
 /// exchange, progressing every few hundred microseconds, is never napped through.
 class Poller {
  public:
-  Poller();
+  /// `comm`: the communicator whose transfers the loop polls, whose WaitForProgress the naps
+  /// use (null: plain sleeps); `wake_fd`: what else the loop waits for (Pipeline::wake_fd), or
+  /// -1. Where comm->wakes_waiters(), every event the loop waits for wakes it, and a nap lasts
+  /// until one (at most kEventWaitCap) instead of a timer's tenth of the time waited.
+  explicit Poller(Communicator* comm = nullptr, int wake_fd = -1);
   /// After a poll that did not finish; `progressed`: it completed or started something.
   void Pause(bool progressed);
 
  private:
+  Communicator* comm_;
+  int wake_fd_;
   double since_;  // the last progress, sim::Now()
 };
 
-/// Polls `done` (which should test pending transfers, so the transport progresses) until it
-/// returns true, paced by a Poller.
-void PollUntil(const std::function<bool()>& done);
+/// Polls `done` (which should test pending transfers of `comm`, so the transport progresses)
+/// until it returns true, paced by a Poller on `comm` (may be null).
+void PollUntil(const std::function<bool()>& done, Communicator* comm = nullptr);
 
 /// Splits `count` elements into `parts` contiguous slices whose sizes differ by at most one
 /// (the first count % parts slices get the extra element).

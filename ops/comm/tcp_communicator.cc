@@ -92,7 +92,14 @@ struct Peer {
   std::string abort_text;
   bool aborting = false;  // the frame being read is a peer's failure
   size_t payload_got = 0;
+  int low_water = 1;  // the socket's SO_RCVLOWAT
 };
+
+// How many bytes of a long payload the kernel gathers before it wakes a waiting reader
+// (SO_RCVLOWAT; never more than the payload still missing, so a frame's end is not held back):
+// ~1 ms at 1 Gbit/s. Without it a reader in poll() wakes for nearly every segment of a bulk
+// transfer, preempting the training thread each time on cores that training fills.
+constexpr size_t kLowWater = 128 << 10;
 
 // The connections of one process to every other rank of the world, shared by the world's
 // communicator and its splits. Single-threaded, like every communicator here.
@@ -167,6 +174,14 @@ class Mesh {
     return op.complete;
   }
 
+  /// Waits up to `seconds` for a connection to become readable (or writable, with sends
+  /// pending) or `wake_fd` readable (then read), moving what it can: a polling loop's nap that
+  /// ends when bytes arrive or the loop's pipeline finishes a task.
+  void WaitForProgress(double seconds, int wake_fd) {
+    CheckFailed();
+    Pump(seconds, wake_fd);
+  }
+
   /// Blocks in poll() until every op completed.
   void Wait(const std::vector<OpPtr>& ops) {
     while (true) {
@@ -236,11 +251,15 @@ class Mesh {
     throw Error(text);
   }
 
-  // One round of I/O: waits up to `timeout_ms` (-1: until something happens) for a socket to
-  // be readable or writable, then reads and writes what it can on those.
-  void Pump(int timeout_ms) {
+  // One round of I/O: waits up to `timeout` seconds (negative: until something happens) for a
+  // socket to be readable or writable, then reads and writes what it can on those.
+  void Pump(double timeout, int wake_fd = -1) {
     polls_.clear();
     index_.clear();
+    if (wake_fd >= 0) {
+      polls_.push_back(pollfd{wake_fd, POLLIN, 0});
+      index_.push_back(-1);
+    }
     for (size_t p = 0; p < peers_.size(); ++p) {
       const Peer& peer = peers_[p];
       if (peer.fd < 0 || peer.closed) continue;
@@ -250,13 +269,23 @@ class Mesh {
       index_.push_back(static_cast<int>(p));
     }
     if (polls_.empty()) return;
+    timespec wait{};
+    if (timeout > 0) {
+      wait.tv_sec = static_cast<time_t>(timeout);
+      wait.tv_nsec = static_cast<long>((timeout - static_cast<double>(wait.tv_sec)) * 1e9);
+    }
     int ready;
     do {
-      ready = ::poll(polls_.data(), polls_.size(), timeout_ms);
+      ready = ::ppoll(polls_.data(), polls_.size(), timeout < 0 ? nullptr : &wait, nullptr);
     } while (ready < 0 && errno == EINTR);
     if (ready < 0) Fail("tcp communicator: poll() failed on rank " + std::to_string(rank_) + ": " + ErrnoText(errno));
     for (size_t i = 0; i < polls_.size() && ready > 0; ++i) {
       if (polls_[i].revents == 0) continue;
+      if (index_[i] < 0) {  // the waiter's eventfd: reset it
+        uint64_t count;
+        (void)!::read(wake_fd, &count, sizeof count);
+        continue;
+      }
       if (polls_[i].revents & POLLOUT) Write(index_[i]);
       if (polls_[i].revents & (POLLIN | POLLHUP | POLLERR)) Read(index_[i]);
     }
@@ -311,7 +340,10 @@ class Mesh {
       }
       const ssize_t got = ::recv(p.fd, into, want, MSG_DONTWAIT);
       if (got < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          SetLowWater(p);
+          return;
+        }
         if (errno != ECONNRESET) {
           Fail("tcp communicator: rank " + std::to_string(rank_) + " could not receive from rank " +
                std::to_string(peer) + ": " + ErrnoText(errno));
@@ -333,6 +365,18 @@ class Mesh {
       }
       if (p.header_got == sizeof(Header) && p.payload_got == p.header.bytes) FinishFrame(peer);
     }
+  }
+
+  // Wake the reader once the rest of the payload being read, up to kLowWater, is there (a
+  // header: at its first byte).
+  static void SetLowWater(Peer& p) {
+    size_t want = 1;
+    if (p.header_got == sizeof(Header)) {
+      want = std::max<size_t>(1, std::min<size_t>(kLowWater, p.header.bytes - p.payload_got));
+    }
+    const int value = static_cast<int>(want);
+    if (value == p.low_water) return;
+    if (::setsockopt(p.fd, SOL_SOCKET, SO_RCVLOWAT, &value, sizeof value) == 0) p.low_water = value;
   }
 
   // A message to this rank itself: straight into a posted receive, else kept until one comes.
@@ -459,6 +503,8 @@ class TcpCommunicator : public Communicator {
   int size() const override { return static_cast<int>(members_.size()); }
   const char* kind() const override { return "tcp"; }
   bool nonblocking() const override { return true; }
+  void WaitForProgress(double seconds, int wake_fd) override { mesh_->WaitForProgress(seconds, wake_fd); }
+  bool wakes_waiters() const override { return true; }
 
   void Send(const void* data, size_t bytes, int peer, int tag) override {
     mesh_->Wait({mesh_->PostSend(World(peer), context_, tag, data, bytes)});
@@ -526,22 +572,58 @@ class TcpCommunicator : public Communicator {
     }
   }
 
+  // Direct: each rank sends every peer its slice and reduces the n - 1 it receives, in rank
+  // order (the same order whatever arrives first). One message per peer and no relaying: the
+  // bytes a rank sends are the (n - 1) / n of its buffer a reduce-scatter must send.
   void ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override {
     GC_ENFORCE(counts.size() == members_.size(), "tcp ReduceScatter: ", counts.size(), " counts for ", size(),
                " ranks");
-    const size_t elem = DataTypeSize(dtype);
+    const size_t elem = DataTypeSize(dtype), mine = static_cast<size_t>(rank_), n = members_.size();
     const std::vector<size_t> offsets = Offsets(counts);
-    std::vector<char> all((offsets.back() + counts.back()) * elem);
-    Allreduce(in, all.data(), offsets.back() + counts.back(), dtype, op);
-    const size_t mine = static_cast<size_t>(rank_);
-    if (counts[mine] > 0) std::memcpy(out, all.data() + offsets[mine] * elem, counts[mine] * elem);
+    const char* src = static_cast<const char*>(in);
+    const size_t my_bytes = counts[mine] * elem;
+    std::vector<char> theirs((n - 1) * my_bytes);
+    const auto slot = [&](size_t r) { return theirs.data() + (r < mine ? r : r - 1) * my_bytes; };
+    std::vector<OpPtr> ops;
+    for (size_t r = 0; r < n; ++r) {
+      if (r != mine) {
+        ops.push_back(mesh_->PostRecv(World(static_cast<int>(r)), context_ + 1, kCollectiveTag, slot(r), my_bytes));
+      }
+    }
+    for (size_t r = 0; r < n; ++r) {
+      if (r != mine) {
+        ops.push_back(mesh_->PostSend(World(static_cast<int>(r)), context_ + 1, kCollectiveTag, src + offsets[r] * elem,
+                                      counts[r] * elem));
+      }
+    }
+    mesh_->Wait(ops);
+    if (my_bytes == 0) return;
+    const auto part = [&](size_t r) -> const char* { return r == mine ? src + offsets[mine] * elem : slot(r); };
+    std::memcpy(out, part(0), my_bytes);
+    for (size_t r = 1; r < n; ++r) ReduceInto(out, part(r), counts[mine], dtype, op);
   }
 
+  // Direct: every rank sends its part to every peer at once.
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
-    Gatherv(in, out, bytes, 0);
+    GC_ENFORCE(bytes.size() == members_.size(), "tcp Allgatherv: ", bytes.size(), " sizes for ", size(), " ranks");
     const std::vector<size_t> offsets = Offsets(bytes);
-    Broadcast(out, offsets.back() + bytes.back(), 0);
+    const size_t mine = static_cast<size_t>(rank_);
+    char* base = static_cast<char*>(out);
+    if (bytes[mine] > 0 && base + offsets[mine] != in) std::memmove(base + offsets[mine], in, bytes[mine]);
+    std::vector<OpPtr> ops;
+    for (int r = 0; r < size(); ++r) {
+      const size_t i = static_cast<size_t>(r);
+      if (r != rank_) {
+        ops.push_back(mesh_->PostRecv(World(r), context_ + 1, kCollectiveTag, base + offsets[i], bytes[i]));
+      }
+    }
+    for (int r = 0; r < size(); ++r) {
+      if (r != rank_) {
+        ops.push_back(mesh_->PostSend(World(r), context_ + 1, kCollectiveTag, base + offsets[mine], bytes[mine]));
+      }
+    }
+    mesh_->Wait(ops);
   }
 
   void Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) override {
@@ -743,15 +825,20 @@ bool Exchange(int fd, char* data, size_t bytes, bool send, Clock::time_point dea
   return true;
 }
 
-// This host's IPv4 addresses to advertise: those of `iface` only when it is given, else every
-// interface that is up, loopback last.
+// This host's IPv4 addresses to advertise: those of the interfaces `iface` names (comma-separated)
+// only when it is given, else every interface that is up, loopback last.
 std::vector<std::string> LocalAddresses(const std::string& iface) {
+  std::set<std::string> wanted;
+  std::istringstream names(iface);
+  for (std::string name; std::getline(names, name, ',');) {
+    if (!name.empty()) wanted.insert(name);
+  }
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) throw Error("tcp communicator: getifaddrs() failed: " + ErrnoText(errno));
   std::vector<std::string> outer, loopback;
   for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
     if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
-    if (!iface.empty() && iface != a->ifa_name) continue;
+    if (!wanted.empty() && wanted.count(a->ifa_name) == 0) continue;
     char text[INET_ADDRSTRLEN] = {};
     ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
     ((a->ifa_flags & IFF_LOOPBACK) ? loopback : outer).push_back(text);

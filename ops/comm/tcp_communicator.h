@@ -1,6 +1,8 @@
 // A communicator over TCP connections of its own: a full mesh of persistent sockets (gloo's
 // pairs), set up once through another communicator. The controller negotiates over it
-// (GRADCOMP_CONTROLLER, like HOROVOD_CONTROLLER=gloo) while the data stays on MPI.
+// (GRADCOMP_CONTROLLER, like HOROVOD_CONTROLLER=gloo); the data between nodes can travel on it
+// too (GRADCOMP_CROSS_COMMUNICATOR=tcp), where a polling loop's naps end when bytes arrive
+// (WaitForProgress).
 //
 // Why: Open MPI moves bytes only inside its calls, so a thread waiting for a late peer must
 // poll, and gradcomp's polls nap on a timer (PollUntil): a negotiation round whose peer is
@@ -10,10 +12,11 @@
 //
 // Messages are framed ([context, tag, bytes] then the payload) and matched per (peer, context,
 // tag) in order, as MPI matches them; a message nobody has asked for yet is read into a buffer
-// of its own, so two ranks sending to each other never deadlock. The collectives are the
-// latency-bound algorithms a control plane wants: recursive doubling (with the usual fold for
-// worlds that are not a power of two), binomial broadcast, direct gathers. Bulk data should use
-// MPI: ReduceScatter is an Allreduce and a copy.
+// of its own, so two ranks sending to each other never deadlock. Allreduce is recursive
+// doubling (with the usual fold for worlds that are not a power of two), latency-bound, for the
+// control plane's few words and small tensors; broadcast is a binomial tree; the gathers,
+// ReduceScatter and Alltoallv send one message to each peer at once. Bulk allreduces go through
+// gradcomp's own algorithms over Isend/Irecv (the SRA), as on MPI.
 //
 // Failure: a peer that exits closes its sockets, and the next operation that needs it throws
 // gradcomp::Error naming both ranks. A rank whose operation fails (or AbortTcpWorld) sends
@@ -29,8 +32,8 @@
 namespace gradcomp {
 
 struct TcpOptions {
-  /// Advertise only the IPv4 addresses of this network interface ("" = every interface that is
-  /// up, loopback last).
+  /// Advertise only the IPv4 addresses of these network interfaces, comma-separated ("" = every
+  /// interface that is up, loopback last).
   std::string iface;
   /// How long the whole connection phase may take, waiting for the slowest rank included.
   double connect_timeout_seconds = 30;

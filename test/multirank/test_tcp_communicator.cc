@@ -1,8 +1,9 @@
-// The TCP communicator (the controller's transport, GRADCOMP_CONTROLLER=tcp) between thread
-// ranks over loopback: its allreduce for every dtype and op, matching by tag out of order,
-// large messages both ways at once, a waiting rank that sleeps instead of polling, and a
-// failed or vanished rank becoming an error on every other rank. The generic collectives run
-// over it in test_inproc_collectives too.
+// The TCP communicator (the controller's transport, GRADCOMP_CONTROLLER=tcp, and the data's
+// between nodes) between thread ranks over loopback: its allreduce for every dtype and op,
+// matching by tag out of order, large messages both ways at once, a waiting rank that sleeps
+// instead of polling (in its collectives and in a polling loop's naps), and a failed or vanished
+// rank becoming an error on every other rank. The generic collectives run over it in
+// test_inproc_collectives too.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -149,6 +150,36 @@ TEST(Tcp, ARankWaitingForALatePeerSleeps) {
   ASSERT_EQ(Failures(results), "");
   // Each waited ~1.2 s in all; 5% of a core would be 60 ms.
   for (int r = 1; r < 4; ++r) EXPECT_LT(cpu[static_cast<size_t>(r)], 0.06) << "rank " << r;
+}
+
+TEST(Tcp, APollingLoopsNapEndsWhenThePeersBytesArrive) {
+  // The SRA's loop over a TCP communicator naps in WaitForProgress: with nothing coming it lasts
+  // the nap; when the peer sends 0.2 s into a 5 s nap, it ends then, and the bytes are in place.
+  const auto results = RunRanks(
+      2,
+      [&](Communicator& comm) -> std::string {
+        using Seconds = std::chrono::duration<double>;
+        std::vector<char> data(1 << 20, static_cast<char>(comm.rank() + 1));
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          comm.Send(data.data(), data.size(), 0, 7);
+          return "";
+        }
+        auto start = std::chrono::steady_clock::now();
+        comm.WaitForProgress(0.05);
+        const double idle = Seconds(std::chrono::steady_clock::now() - start).count();
+        if (idle < 0.045 || idle > 0.15) return "a nap of 0.05 s with nothing coming lasted " + std::to_string(idle);
+        auto recv = comm.Irecv(data.data(), data.size(), 1, 7);
+        start = std::chrono::steady_clock::now();
+        comm.WaitForProgress(5.0);
+        const double woke = Seconds(std::chrono::steady_clock::now() - start).count();
+        if (woke > 2.0) return "a 5 s nap ended " + std::to_string(woke) + " s in, not when the bytes came";
+        PollUntil([&] { return recv->Test(); }, &comm);
+        if (data.front() != 2 || data.back() != 2) return std::string("the message did not land");
+        return "";
+      },
+      RankTransport::kTcp);
+  EXPECT_EQ(Failures(results), "");
 }
 
 // Runs `fn` on thread ranks over TCP and returns each rank's error message ("" if none).
