@@ -104,8 +104,8 @@ Runtime::Runtime(RuntimeOptions options)
       watchdog_(settings_.collective_timeout_seconds, [this](Watchdog::Expired e) { OnCollectiveTimeout(std::move(e)); }),
       topo_(MakeTopology(options, watchdog_)),
       log_(MakeRankLogger(topo_.rank(), settings_.log_level, options.log_sink)),
-      control_(ConnectControl()),
-      controller_(control_ ? *control_ : *topo_.world, settings_, *log_, timeline_),
+      tcp_(ConnectTcp()),
+      controller_(ControlCommunicator(), settings_, *log_, timeline_),
       executor_(topo_, settings_, timeline_, DeviceCommunicatorsFrom(options)),
       fault_injector_(std::move(options.fault_injector)) {
   executor_.SetLogger(log_.get());
@@ -114,9 +114,10 @@ Runtime::Runtime(RuntimeOptions options)
   if (!settings_.timeline.empty() && topo_.rank() == 0) timeline_.Start(settings_.timeline, 0);
   watchdog_.End();
   started_.store(true);
-  log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}, negotiating over {}",
+  log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}, negotiating over {}, "
+             "between nodes over {}",
              topo_.size(), topo_.local_size(), topo_.cross_size(), settings_.fusion_threshold_mb,
-             settings_.cache_capacity, control_ ? control_->kind() : topo_.world->kind());
+             settings_.cache_capacity, ControlCommunicator().kind(), topo_.cross->kind());
   background_ = std::thread([this] {
     NameThisThread("gc-background");
     BackgroundLoop();
@@ -166,24 +167,52 @@ void Runtime::CheckSettingsAgree() {
   }
 }
 
-std::unique_ptr<Communicator> Runtime::ConnectControl() {
+std::unique_ptr<Communicator> Runtime::ConnectTcp() {
   // Before anything else collective depends on a setting: a rank alone connecting over TCP
   // would wait for the others forever.
   CheckSettingsAgree();
   Communicator& world = *topo_.world;
   const std::string& choice = settings_.controller;
-  const bool tcp = choice == "tcp" || choice == "gloo";
-  if (world.size() == 1 || choice == "mpi" || (choice == "auto" && !mpi_world_)) return nullptr;
+  const bool tcp_control = choice == "tcp" || choice == "gloo";
+  const bool tcp_data = settings_.cross_communicator == "tcp";  // asked for: failing to connect is an error
+  if (world.size() == 1) return nullptr;
+  if (!tcp_data && (choice == "mpi" || (choice == "auto" && !mpi_world_))) return nullptr;
+  // The same on every rank: several nodes (size > local_size holds on every rank or on none),
+  // and the same MPI library (a CUDA-aware one takes GPU tensors straight from device memory).
+  const bool auto_data = settings_.cross_communicator == "auto" && topo_.size() > topo_.local_size() &&
+                         !(mpi_world_ && MpiIsCudaAware());
   TcpOptions options;
   options.iface = settings_.controller_iface;
+  std::unique_ptr<Communicator> mesh;
   try {
-    return ConnectTcpWorld(world, options);  // fails on every rank alike
+    mesh = ConnectTcpWorld(world, options);  // fails on every rank alike
   } catch (const Error& e) {
-    if (tcp) throw Error(std::string("GRADCOMP_CONTROLLER=") + choice + ": " + e.what());
+    if (tcp_data) throw Error(std::string("GRADCOMP_CROSS_COMMUNICATOR=tcp: ") + e.what());
+    if (tcp_control) throw Error(std::string("GRADCOMP_CONTROLLER=") + choice + ": " + e.what());
     log_->warn("GRADCOMP_CONTROLLER=auto: negotiating over MPI, since {} (GRADCOMP_CONTROLLER=mpi skips the attempt)",
                e.what());
     return nullptr;
   }
+  if (tcp_data || auto_data) MoveCrossTrafficOnto(*mesh);
+  return mesh;
+}
+
+void Runtime::MoveCrossTrafficOnto(Communicator& mesh) {
+  // The same on every rank: true only when every node holds one rank.
+  const bool one_rank_per_node = topo_.cross_size() == topo_.size();
+  auto cross = mesh.Split(topo_.local_rank(), topo_.cross_rank());
+  replaced_cross_ = std::move(topo_.cross);
+  topo_.cross = std::move(cross);
+  if (one_rank_per_node) {
+    auto world = mesh.Split(0, topo_.rank());
+    replaced_world_ = std::move(topo_.world);
+    topo_.world = std::move(world);
+  }
+}
+
+Communicator& Runtime::ControlCommunicator() {
+  if (settings_.controller != "mpi" && tcp_) return *tcp_;
+  return replaced_world_ ? *replaced_world_ : *topo_.world;
 }
 
 void Runtime::CheckRunning() const {
@@ -546,7 +575,7 @@ void Runtime::BackgroundLoop() {
     reason = std::string("gradcomp's background thread failed: ") + e.what();
     log_->error("{}", reason);
     // Over TCP the other ranks hear why at once (over MPI they wait for the watchdog).
-    if (control_) AbortTcpWorld(*control_, e.what());
+    if (tcp_) AbortTcpWorld(*tcp_, e.what());
     AbandonWorld();
   }
   {

@@ -101,6 +101,9 @@ class Runtime {
   int local_size() const { return topo_.local_size(); }
   int cross_rank() const { return topo_.cross_rank(); }
   int cross_size() const { return topo_.cross_size(); }
+  /// What the host tensors' traffic between nodes travels on: "tcp" (GRADCOMP_CROSS_COMMUNICATOR
+  /// auto or tcp), "mpi", or a test world's kind.
+  const char* cross_communicator_kind() const { return topo_.cross->kind(); }
   const Settings& settings() const { return settings_; }
 
   // ---- enqueue: each returns at once ---------------------------------------------------
@@ -194,9 +197,15 @@ class Runtime {
   // Runs one prepared response (or fails it) and tells the controller.
   void RunPrepared(Work& w, bool from_cache);
   void CheckSettingsAgree();
-  /// Collective, in init: checks that the ranks' settings agree, then connects what the
-  /// controller negotiates over (GRADCOMP_CONTROLLER); null: the world itself.
-  std::unique_ptr<Communicator> ConnectControl();
+  /// Collective, in init: checks that the ranks' settings agree, then connects gradcomp's TCP
+  /// mesh when the controller (GRADCOMP_CONTROLLER) or the data between nodes
+  /// (GRADCOMP_CROSS_COMMUNICATOR, see MoveCrossTrafficOnto) travels on it; null: none.
+  std::unique_ptr<Communicator> ConnectTcp();
+  /// Collective: the topology's cross-node communicator (and the world, when every node has one
+  /// rank: all of its traffic crosses nodes) become splits of `mesh`.
+  void MoveCrossTrafficOnto(Communicator& mesh);
+  /// What the controller negotiates over.
+  Communicator& ControlCommunicator();
   /// The watchdog's verdict: fails every pending operation with what waited, then ends the
   /// process (at once when shutting down or still in init, else after a grace period).
   void OnCollectiveTimeout(Watchdog::Expired expired);
@@ -210,11 +219,14 @@ class Runtime {
   bool mpi_world_;  // the world is MPI's (not a test's in-process one)
   std::atomic<bool> started_{false};
   Watchdog watchdog_;
+  // The MPI communicators that MoveCrossTrafficOnto replaced, or null (declared before topo_:
+  // destroyed after it, as the shared-memory window built from them may still use them).
+  std::unique_ptr<Communicator> replaced_world_, replaced_cross_;
   Topology topo_;
   std::shared_ptr<spdlog::logger> log_;
   Timeline timeline_;
   std::shared_ptr<TensorQueue> queue_ = std::make_shared<TensorQueue>();  // handles observe it weakly
-  std::unique_ptr<Communicator> control_;  // the tcp controller's connections, or null (the world)
+  std::unique_ptr<Communicator> tcp_;  // gradcomp's TCP mesh (ConnectTcp), or null
   Controller controller_;
   Executor executor_;
   std::function<void(const std::string&)> fault_injector_;

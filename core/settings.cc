@@ -145,8 +145,13 @@ const std::vector<Entry>& Registry() {
        -kInf, kInf, false, kNoExtra,
        "shm|mpi|nccl"},
       {"GRADCOMP_CROSS_COMMUNICATOR", "CGX_CROSS_COMMUNICATOR_TYPE", Kind::kChoice, Of(&Settings::cross_communicator),
-       "mpi", "transport between nodes (nccl: for GPU tensors, in a build with NCCL)", -kInf, kInf, false, kNoExtra,
-       "mpi|nccl"},
+       "auto",
+       "transport of host tensors between nodes: tcp (gradcomp's own connections, the tcp controller's: a rank "
+       "waiting for a peer's bytes sleeps in poll() until they arrive, where over MPI it polls; with one rank per "
+       "node the whole world moves onto them), mpi, auto (tcp when the controller's connections are up, the job "
+       "spans several nodes and MPI is not CUDA-aware, else mpi); nccl: GPU tensors over NCCL (a build with NCCL), "
+       "host tensors over MPI",
+       -kInf, kInf, false, kNoExtra, "auto|tcp|mpi|nccl"},
       {"GRADCOMP_CONTROLLER", "HOROVOD_CONTROLLER", Kind::kChoice, Of(&Settings::controller), "auto",
        "what the negotiation rounds (and the agreement before each cycle's collectives) travel on: tcp (connections "
        "of gradcomp's own, on which a rank waiting for a late peer sleeps until its bytes arrive), mpi (the world "
@@ -154,8 +159,10 @@ const std::vector<Entry>& Registry() {
        "a warning when the ranks cannot connect); gloo, Horovod's name for its TCP controller, means tcp",
        -kInf, kInf, false, kNoExtra, "auto|tcp|mpi|gloo"},
       {"GRADCOMP_CONTROLLER_IFACE", "HOROVOD_GLOO_IFACE", Kind::kString, Of(&Settings::controller_iface), "",
-       "the network interface whose IPv4 addresses the tcp controller's ranks connect to (empty: every interface "
-       "that is up; a peer on the same host is tried on 127.0.0.1 first)"},
+       "the network interface whose IPv4 addresses gradcomp's TCP connections (the controller's, and the data's "
+       "between nodes under GRADCOMP_CROSS_COMMUNICATOR auto or tcp) use (empty: every interface that is up, in the "
+       "order the system lists them; a peer on the same host is tried on 127.0.0.1 first); gcrun "
+       "--network-interface sets it"},
       {"GRADCOMP_INTRA_BROADCAST", "CGX_INTRA_BROADCAST", Kind::kBool, Of(&Settings::intra_broadcast), "0",
        "in hierarchical operations only one rank per node crosses the network, then broadcasts in the node"},
       {"GRADCOMP_CUDA_DATA_PATH", nullptr, Kind::kBool, Of(&Settings::cuda_data_path), "1",

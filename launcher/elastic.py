@@ -36,13 +36,16 @@ RESTART_EXIT = 75  # the ranks' status when they stop at a commit for a change o
 # Who failed, most reliable first: Open MPI's report of a rank killed by a signal; a rank's own
 # report of an exception in the training function (gradcomp/elastic.py: ranks that stop
 # because a collective failed say something else, they are not to blame); a survivor's report
-# that its TCP peer disconnected, naming the dead rank's host (when a survivor's eager send to
+# that it lost its connection to a rank (gradcomp's TCP connections: the survivor exits at once
+# and mpirun may report its exit first); Open MPI's report that a survivor's TCP peer
+# disconnected, naming the dead rank's host (when a survivor's eager send to
 # the dead rank fails, Open MPI aborts it at once, and mpirun may report that abort instead of
 # the killed rank: the survivor's exit status must not blame its own host); Open MPI's report
 # of the first rank with a non-zero status (printed only in some cases, e.g. not when every
 # rank fails before MPI starts: then no host is blamed, and the reset limit bounds the retries).
 _KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _RAISED = re.compile(r"gradcomp elastic: rank (\d+) failed: ")
+_LOST = re.compile(r"tcp communicator: rank \d+ lost its connection to rank (\d+)")
 _DISCONNECTED = re.compile(r"peer process has unexpectedly disconnected\..*?Peer host:\s*(\S+)", re.S)
 _FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
 
@@ -249,7 +252,7 @@ class Elastic:
     def blame(self, lines, used):
         """The host of the rank mpirun reports as failed first, or None."""
         text = "".join(lines)
-        m = _KILLED.search(text) or _RAISED.search(text)
+        m = _KILLED.search(text) or _RAISED.search(text) or _LOST.search(text)
         if not m:
             peer = _DISCONNECTED.search(text)
             if peer:

@@ -11,6 +11,7 @@ LOCAL_RANK, LOCAL_WORLD_SIZE), so an existing DDP script runs unchanged. gcrun e
 exit code of the first rank that failed; Ctrl-C stops every rank.
 """
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -51,6 +52,9 @@ FLAGS = {
     "--log-level": ("GRADCOMP_LOG_LEVEL", "str", "trace, debug, info, warning, error or off"),
     "--verbose": ("verbose", "bool", "print the mpirun command and log at debug level"),
     "--output-filename": ("output_filename", "str", "directory for per-rank stdout/stderr logs"),
+    "--network-interface": ("network_interface", "str",
+                            "the network interfaces to use between nodes, comma-separated (eth0 or eth0,eth1): "
+                            "gradcomp's TCP connections, Open MPI's (btl_tcp_if_include) and NCCL's"),
     "--mpi-args": ("mpi_args", "str", "extra arguments for mpirun, quoted: --mpi-args='--mca btl tcp,self'"),
     "--mpirun": ("mpirun", "str", "the mpirun to use (default: the one on PATH)"),
     "--dry-run": ("dry_run", "bool", "print the mpirun command and exit"),
@@ -229,11 +233,20 @@ def build_command(opts, command, env=None, is_root=None, cpu_count=None, port=No
     args += ["--bind-to", "none", "--map-by", "slot"]
     if opts.get("output_filename"):
         args += ["--output-filename", opts["output_filename"]]
+    nics = opts.get("network_interface")
+    if nics is not None:
+        if not re.fullmatch(r"[\w.:@-]+(,[\w.:@-]+)*", nics):
+            raise LaunchError("--network-interface takes interface names separated by commas (eth0,eth1), "
+                              f"got {nics!r}")
+        # As horovodrun's --network-interface: MPI's transport, and NCCL's sockets (bootstrap, and data without IB).
+        args += ["--mca", "btl_tcp_if_include", nics, "-x", f"NCCL_SOCKET_IFNAME={nics}"]
     if opts.get("mpi_args"):
         args += shlex.split(opts["mpi_args"])
 
     # Settings from flags override the caller's environment.
     env.update(opts["settings"])
+    if nics is not None:
+        env["GRADCOMP_CONTROLLER_IFACE"] = nics
     if opts.get("verbose") and "GRADCOMP_LOG_LEVEL" not in opts["settings"]:
         env["GRADCOMP_LOG_LEVEL"] = "debug"
     # The package built in this checkout, when gcrun runs from one.

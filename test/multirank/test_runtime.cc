@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <sstream>
@@ -56,12 +57,28 @@ std::string ErrorOf(const std::shared_ptr<Handle>& h) {
   return "";
 }
 
-// (world size, GRADCOMP_CONTROLLER): negotiating over the world itself, or over TCP
-// connections between the thread ranks (tcp_communicator.h).
+// The settings that put every byte between thread ranks on gradcomp's TCP connections: each
+// rank its own node, the data between nodes over tcp (the controller's mesh).
+std::map<std::string, std::string> AllOverTcp(std::map<std::string, std::string> more = {}) {
+  more.insert({{"GRADCOMP_LOCAL_SIZE", "1"}, {"GRADCOMP_CROSS_COMMUNICATOR", "tcp"}});
+  return more;
+}
+
+// (world size, transport): negotiating over the world itself (auto: in-process ranks have no
+// MPI world, so no TCP), over TCP connections between the thread ranks (tcp_communicator.h),
+// or everything over them, data included ("tcpdata").
 class RuntimeWorld : public ::testing::TestWithParam<std::tuple<int, const char*>> {
  protected:
   std::vector<std::string> WithRuntimes(int world, const std::function<std::string(Runtime&)>& fn) {
-    return gradcomp::WithRuntimes(world, fn, Settings::FromMap({{"GRADCOMP_CONTROLLER", std::get<1>(GetParam())}}));
+    const std::string which = std::get<1>(GetParam());
+    const auto settings =
+        which == "tcpdata" ? AllOverTcp() : std::map<std::string, std::string>{{"GRADCOMP_CONTROLLER", which}};
+    return gradcomp::WithRuntimes(world, [&](Runtime& rt) -> std::string {
+      if (which == "tcpdata" && world > 1 && rt.cross_communicator_kind() != std::string("tcp")) {
+        return std::string("between nodes over ") + rt.cross_communicator_kind() + ", not tcp";
+      }
+      return fn(rt);
+    }, Settings::FromMap(settings));
   }
 };
 
@@ -166,7 +183,7 @@ TEST_P(RuntimeWorld, RanksSubmittingInDifferentOrdersAgree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, RuntimeWorld,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("auto", "tcp")),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values("auto", "tcp", "tcpdata")),
                          [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
                            return std::string(std::get<1>(p.param)) + std::to_string(std::get<0>(p.param));
                          });
@@ -174,72 +191,84 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, RuntimeWorld,
 // GRADCOMP_UNCOMPRESSED_ALGORITHM=sra: uncompressed float32 allreduces as the none codec's
 // scatter-reduce-allgather (what auto picks across nodes), unstriped and striped, single and
 // fused tensors, sums exact, averages and scale factors applied once.
+// Over the in-process world, and with each rank a node whose data travels over TCP.
 TEST(Runtime, UncompressedScatterReduceAllgatherGivesTheExactSums) {
-  for (const char* stripes : {"1", "4"}) {
-    for (int world : {2, 3, 4}) {
-      const Settings settings = Settings::FromMap(
-          {{"GRADCOMP_UNCOMPRESSED_ALGORITHM", "sra"}, {"GRADCOMP_PIPELINE_STRIPES", stripes}});
-      const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
-        const std::vector<size_t> sizes = {1, 7, 4097, size_t{1} << 20, 3};
-        std::vector<std::vector<float>> bufs;
-        for (size_t n : sizes) {
-          std::vector<float> v(n);
-          for (size_t i = 0; i < n; ++i) v[i] = float((rt.rank() + 1) * static_cast<int>(i % 7));
-          bufs.push_back(v);
-        }
-        std::vector<std::shared_ptr<Handle>> handles;
-        for (size_t t = 0; t < sizes.size(); ++t) {
-          const ReduceOp op = t % 2 == 0 ? ReduceOp::kSum : ReduceOp::kAverage;
-          handles.push_back(rt.Allreduce("t" + std::to_string(t), DataType::kFloat32,
-                                         {static_cast<int64_t>(sizes[t])}, bufs[t].data(), bufs[t].data(), op,
-                                         t == 2 ? 2.0 : 1.0, t == 2 ? 0.5 : 1.0));
-        }
-        const float ranks_sum = float(world * (world + 1) / 2);
-        for (size_t t = 0; t < sizes.size(); ++t) {
-          handles[t]->Wait();
-          for (size_t i = 0; i < sizes[t]; ++i) {
-            const float sum = ranks_sum * float(i % 7);
-            const float want = t % 2 == 0 ? sum : sum / float(world);
-            if (std::fabs(bufs[t][i] - want) > 1e-6f * std::fabs(want)) {
-              return "tensor " + std::to_string(t) + " [" + std::to_string(i) + "] = " + std::to_string(bufs[t][i]) +
-                     ", want " + std::to_string(want);
+  for (const bool tcp : {false, true}) {
+    for (const char* stripes : {"1", "4"}) {
+      for (int world : {2, 3, 4}) {
+        const std::map<std::string, std::string> base = {{"GRADCOMP_UNCOMPRESSED_ALGORITHM", "sra"},
+                                                         {"GRADCOMP_PIPELINE_STRIPES", stripes}};
+        const Settings settings = Settings::FromMap(tcp ? AllOverTcp(base) : base);
+        const auto results = WithRuntimes(world, [&](Runtime& rt) -> std::string {
+          const std::vector<size_t> sizes = {1, 7, 4097, size_t{1} << 20, 3};
+          std::vector<std::vector<float>> bufs;
+          for (size_t n : sizes) {
+            std::vector<float> v(n);
+            for (size_t i = 0; i < n; ++i) v[i] = float((rt.rank() + 1) * static_cast<int>(i % 7));
+            bufs.push_back(v);
+          }
+          std::vector<std::shared_ptr<Handle>> handles;
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            const ReduceOp op = t % 2 == 0 ? ReduceOp::kSum : ReduceOp::kAverage;
+            handles.push_back(rt.Allreduce("t" + std::to_string(t), DataType::kFloat32,
+                                           {static_cast<int64_t>(sizes[t])}, bufs[t].data(), bufs[t].data(), op,
+                                           t == 2 ? 2.0 : 1.0, t == 2 ? 0.5 : 1.0));
+          }
+          const float ranks_sum = float(world * (world + 1) / 2);
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            handles[t]->Wait();
+            for (size_t i = 0; i < sizes[t]; ++i) {
+              const float sum = ranks_sum * float(i % 7);
+              const float want = t % 2 == 0 ? sum : sum / float(world);
+              if (std::fabs(bufs[t][i] - want) > 1e-6f * std::fabs(want)) {
+                return "tensor " + std::to_string(t) + " [" + std::to_string(i) + "] = " + std::to_string(bufs[t][i]) +
+                       ", want " + std::to_string(want);
+              }
             }
           }
-        }
-        const RuntimeStats st = rt.stats();
-        if (st.uncompressed_sra_responses == 0) return std::string("the scatter-reduce-allgather did not run");
-        if (st.compressed_bytes_in != 0) return std::string("uncompressed bytes counted as compressed");
-        return std::string();
-      }, settings);
-      EXPECT_EQ(Failures(results), "") << "world " << world << " stripes " << stripes;
+          const RuntimeStats st = rt.stats();
+          if (st.uncompressed_sra_responses == 0) return std::string("the scatter-reduce-allgather did not run");
+          if (st.compressed_bytes_in != 0) return std::string("uncompressed bytes counted as compressed");
+          return std::string();
+        }, settings);
+        EXPECT_EQ(Failures(results), "") << "world " << world << " stripes " << stripes << (tcp ? " over tcp" : "");
+      }
     }
   }
 }
 
 // Chosen automatically on nodes of several ranks, the uncompressed SRA reduces inside each node
 // first: only the node-sum shards cross nodes (a flat SRA would send local_size times more).
+// Also with the traffic between nodes over TCP (the world stays in-process: the nodes' own ranks
+// share it).
 TEST(Runtime, AutomaticUncompressedSraGoesHierarchicalOnNodesOfSeveralRanks) {
-  const Settings settings = Settings::FromMap({{"GRADCOMP_LOCAL_SIZE", "2"}});  // 2 nodes x 2 ranks
-  constexpr size_t kCount = size_t{1} << 20;                                    // 4 MB: over auto's 1 MB
-  const auto results = WithRuntimes(4, [&](Runtime& rt) -> std::string {
-    std::vector<float> v(kCount);
-    for (size_t i = 0; i < kCount; ++i) v[i] = float((rt.rank() + 1) * static_cast<int>(i % 5));
-    rt.Allreduce("raw", DataType::kFloat32, {static_cast<int64_t>(kCount)}, v.data(), v.data(), ReduceOp::kSum)
-        ->Wait();
-    for (size_t i = 0; i < kCount; ++i) {
-      if (v[i] != 10.0f * float(i % 5)) return "[" + std::to_string(i) + "] = " + std::to_string(v[i]);
-    }
-    const RuntimeStats st = rt.stats();
-    if (st.uncompressed_sra_responses != 1) return std::string("the scatter-reduce-allgather did not run");
-    // Hierarchical: an SRA of this rank's half of the node sum with the other node's rank:
-    // half of that half out in the scatter, half back in the gather. Flat would be 6 * kCount.
-    const uint64_t want = 2 * kCount;
-    if (st.uncompressed_sra_bytes_on_wire != want) {
-      return "sent " + std::to_string(st.uncompressed_sra_bytes_on_wire) + " bytes, want " + std::to_string(want);
-    }
-    return std::string();
-  }, settings);
-  EXPECT_EQ(Failures(results), "");
+  for (const char* cross : {"mpi", "tcp"}) {
+    const Settings settings =
+        Settings::FromMap({{"GRADCOMP_LOCAL_SIZE", "2"}, {"GRADCOMP_CROSS_COMMUNICATOR", cross}});  // 2 nodes x 2 ranks
+    constexpr size_t kCount = size_t{1} << 20;  // 4 MB: over auto's 1 MB
+    const auto results = WithRuntimes(4, [&](Runtime& rt) -> std::string {
+      if (rt.cross_communicator_kind() != std::string(cross == std::string("tcp") ? "tcp" : "inproc")) {
+        return std::string("between nodes over ") + rt.cross_communicator_kind();
+      }
+      std::vector<float> v(kCount);
+      for (size_t i = 0; i < kCount; ++i) v[i] = float((rt.rank() + 1) * static_cast<int>(i % 5));
+      rt.Allreduce("raw", DataType::kFloat32, {static_cast<int64_t>(kCount)}, v.data(), v.data(), ReduceOp::kSum)
+          ->Wait();
+      for (size_t i = 0; i < kCount; ++i) {
+        if (v[i] != 10.0f * float(i % 5)) return "[" + std::to_string(i) + "] = " + std::to_string(v[i]);
+      }
+      const RuntimeStats st = rt.stats();
+      if (st.uncompressed_sra_responses != 1) return std::string("the scatter-reduce-allgather did not run");
+      // Hierarchical: an SRA of this rank's half of the node sum with the other node's rank:
+      // half of that half out in the scatter, half back in the gather. Flat would be 6 * kCount.
+      const uint64_t want = 2 * kCount;
+      if (st.uncompressed_sra_bytes_on_wire != want) {
+        return "sent " + std::to_string(st.uncompressed_sra_bytes_on_wire) + " bytes, want " + std::to_string(want);
+      }
+      return std::string();
+    }, settings);
+    EXPECT_EQ(Failures(results), "") << "GRADCOMP_CROSS_COMMUNICATOR=" << cross;
+  }
 }
 
 TEST(Runtime, ShapeChangeInvalidatesTheCacheEntryOnEveryRank) {

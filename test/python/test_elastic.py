@@ -70,6 +70,12 @@ def test_a_failed_host_cools_down_then_is_blacklisted_and_min_np_wins():
                    used) == "b"
     assert e.blame(["  Process name: [[4011,1],1]\n  Exit code: 1\n"], used) == "a"
     assert e.blame(["nothing useful\n"], used) is None
+    # Over gradcomp's TCP connections a survivor exits at once naming the rank it lost, and
+    # mpirun may report the survivor's status first: the lost rank is to blame, not the survivor.
+    lost = ["gradcomp._core.GradcompError: tcp communicator: rank 0 lost its connection to rank 2 while receiving a "
+            "message (rank 2 exited or failed without saying why) [compressed allreduce of tensor 'w3']\n",
+            "  Process name: [[4011,1],0]\n", "  Exit code: 1\n"]
+    assert e.blame(lost, used) == "b"
     # A survivor's eager send to the killed rank failed and Open MPI aborted it first (CI, session
     # 21): the disconnect report names the dead rank's host (an address or a name), and a
     # survivor's non-zero status printed after it must not be blamed.

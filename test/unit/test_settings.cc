@@ -36,7 +36,7 @@ TEST(Settings, DefaultsComeFromTheRegistry) {
   EXPECT_DOUBLE_EQ(s.fusion_threshold_mb, 64);
   EXPECT_DOUBLE_EQ(s.compression.topk_ratio, 0.01);
   EXPECT_EQ(s.inner_communicator, "shm");
-  EXPECT_EQ(s.cross_communicator, "mpi");
+  EXPECT_EQ(s.cross_communicator, "auto");
   EXPECT_EQ(s.log_level, "warning");
   EXPECT_FALSE(s.hierarchical);
   EXPECT_TRUE(s.notes.empty());
