@@ -92,14 +92,7 @@ struct Peer {
   std::string abort_text;
   bool aborting = false;  // the frame being read is a peer's failure
   size_t payload_got = 0;
-  int low_water = 1;  // the socket's SO_RCVLOWAT
 };
-
-// How many bytes of a long payload the kernel gathers before it wakes a waiting reader
-// (SO_RCVLOWAT; never more than the payload still missing, so a frame's end is not held back):
-// ~1 ms at 1 Gbit/s. Without it a reader in poll() wakes for nearly every segment of a bulk
-// transfer, preempting the training thread each time on cores that training fills.
-constexpr size_t kLowWater = 128 << 10;
 
 // The connections of one process to every other rank of the world, shared by the world's
 // communicator and its splits. Single-threaded, like every communicator here.
@@ -340,10 +333,7 @@ class Mesh {
       }
       const ssize_t got = ::recv(p.fd, into, want, MSG_DONTWAIT);
       if (got < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-          SetLowWater(p);
-          return;
-        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
         if (errno != ECONNRESET) {
           Fail("tcp communicator: rank " + std::to_string(rank_) + " could not receive from rank " +
                std::to_string(peer) + ": " + ErrnoText(errno));
@@ -365,18 +355,6 @@ class Mesh {
       }
       if (p.header_got == sizeof(Header) && p.payload_got == p.header.bytes) FinishFrame(peer);
     }
-  }
-
-  // Wake the reader once the rest of the payload being read, up to kLowWater, is there (a
-  // header: at its first byte).
-  static void SetLowWater(Peer& p) {
-    size_t want = 1;
-    if (p.header_got == sizeof(Header)) {
-      want = std::max<size_t>(1, std::min<size_t>(kLowWater, p.header.bytes - p.payload_got));
-    }
-    const int value = static_cast<int>(want);
-    if (value == p.low_water) return;
-    if (::setsockopt(p.fd, SOL_SOCKET, SO_RCVLOWAT, &value, sizeof value) == 0) p.low_water = value;
   }
 
   // A message to this rank itself: straight into a posted receive, else kept until one comes.
