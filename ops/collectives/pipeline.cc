@@ -12,7 +12,9 @@ namespace gradcomp {
 
 Pipeline::Pipeline(bool inline_tasks) : inline_(inline_tasks) {
   if (!inline_ && !sim::kSimulated) {
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  // -1 if none: waiters then nap on a timer
+    // -1 if none (descriptors exhausted): a waiter on TCP then notices a finished task at its
+    // next socket event or its nap's cap (Poller, 20 ms), late but never stuck.
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     thread_ = std::thread([this] {
       NameThisThread("gc-pipeline");
       Loop();
