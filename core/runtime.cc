@@ -618,21 +618,35 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
     tensors += r.names.size();
     any_collective = any_collective || r.error.empty();
   }
-  if (any_collective) {
-    std::vector<std::string> failures;
-    // Their entries have left the queue: if the agreement times out, the watchdog fails these
-    // handles, so the callers waiting for them hear it (queue_->FailAll no longer reaches them).
-    std::vector<std::shared_ptr<Handle>> handles;
-    for (const Work& w : work) {
-      failures.push_back(w.failure);
-      AddHandles(w.entries, handles);
+  try {
+    if (any_collective) {
+      std::vector<std::string> failures;
+      // Their entries have left the queue: if the agreement times out, the watchdog fails these
+      // handles, so the callers waiting for them hear it (queue_->FailAll no longer reaches them).
+      std::vector<std::shared_ptr<Handle>> handles;
+      for (const Work& w : work) {
+        failures.push_back(w.failure);
+        AddHandles(w.entries, handles);
+      }
+      Watchdog::Step step(watchdog_,
+                          "the agreement that every rank is ready to run " + Describe(responses.front(), tensors),
+                          std::move(handles));
+      controller_.AgreeOnFailures(&failures);
+      for (size_t i = 0; i < work.size(); ++i) work[i].failure = std::move(failures[i]);
     }
-    Watchdog::Step step(watchdog_, "the agreement that every rank is ready to run " + Describe(responses.front(), tensors),
-                        std::move(handles));
-    controller_.AgreeOnFailures(&failures);
-    for (size_t i = 0; i < work.size(); ++i) work[i].failure = std::move(failures[i]);
+    for (size_t i = 0; i < work.size(); ++i) RunPrepared(work[i], i < from_cache);
+  } catch (const std::exception& e) {
+    // The agreement or a collective failed for good (over TCP at once, when a peer is lost):
+    // these entries have left the queue, so the background thread's FailAll does not reach
+    // them. Fail them here (completed ones stay as they are), or their callers wait forever.
+    const std::string message = std::string("gradcomp's background thread failed: ") + e.what();
+    for (const Work& w : work) {
+      for (const auto& entry : w.entries) {
+        if (entry) entry->handle->Fail(message);
+      }
+    }
+    throw;
   }
-  for (size_t i = 0; i < work.size(); ++i) RunPrepared(work[i], i < from_cache);
 }
 
 std::vector<Runtime::Work> Runtime::PrepareAll(const std::vector<Response>& responses) {

@@ -7,8 +7,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -95,49 +93,6 @@ struct Peer {
   bool aborting = false;  // the frame being read is a peer's failure
   size_t payload_got = 0;
 };
-
-// Writes `iov` to a failing connection and closes its sending side, then waits until the peer
-// has acknowledged every byte: this process may exit next, and closing a socket with unread
-// bytes in it resets the connection, which drops what the peer has not acknowledged yet. Reads
-// (and drops) what the peer sends meanwhile, so that two ranks failing at once cannot block each
-// other on full buffers. Best effort: stops at the deadline or when the peer is gone.
-void WriteBeforeClosing(int fd, std::vector<iovec> iov, Clock::time_point deadline) {
-  const auto drain = [&](short events) {  // false: the deadline passed or the peer is gone
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd pfd{fd, events, 0};
-    if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 10))) <= 0) return true;
-    if (pfd.revents & POLLIN) {
-      char drop[65536];
-      if (::recv(fd, drop, sizeof drop, MSG_DONTWAIT) == 0) return false;  // the peer closed: nobody to tell
-    }
-    return (pfd.revents & (POLLERR | POLLHUP)) == 0;
-  };
-  size_t first = 0;
-  while (first < iov.size()) {
-    if (iov[first].iov_len == 0) {
-      ++first;
-      continue;
-    }
-    msghdr msg{};
-    msg.msg_iov = iov.data() + first;
-    msg.msg_iovlen = iov.size() - first;
-    const ssize_t wrote = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (wrote < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
-    for (size_t left = wrote > 0 ? static_cast<size_t>(wrote) : 0; left > 0 && first < iov.size();) {
-      const size_t step = std::min(left, iov[first].iov_len);
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
-      iov[first].iov_len -= step;
-      left -= step;
-      if (iov[first].iov_len == 0) ++first;
-    }
-    if (wrote <= 0 && !drain(POLLOUT | POLLIN)) break;
-  }
-  ::shutdown(fd, SHUT_WR);
-  int unacknowledged = 0;
-  while (::ioctl(fd, SIOCOUTQ, &unacknowledged) == 0 && unacknowledged > 0 && drain(POLLIN)) {
-  }
-}
 
 // The connections of one process to every other rank of the world, shared by the world's
 // communicator and its splits. Single-threaded, like every communicator here.
@@ -246,27 +201,19 @@ class Mesh {
     if (!failed_.empty()) return;
     failed_ = text;
     const std::string body = text.substr(0, kMaxAbortText);
-    const Header h{kAbortContext, 0, body.size()};
-    // A peer in the middle of one of our frames gets the rest of it first (it reads it into
-    // place or drops it), then the reason: otherwise it would see the stream end mid-frame and
-    // blame this rank instead of the cause. A peer that takes nothing (dead, stopped, its link
-    // cut) only delays this by its deadline, then sees the stream end.
-    const Clock::time_point all = Clock::now() + std::chrono::seconds(5);
     for (Peer& p : peers_) {
       if (p.fd < 0 || p.closed) continue;
-      std::vector<iovec> iov;
-      if (!p.sends.empty() && p.sends.front()->done > 0) {
-        Op& op = *p.sends.front();
-        if (op.done < sizeof(Header)) {
-          iov.push_back({reinterpret_cast<char*>(&op.header) + op.done, sizeof(Header) - op.done});
-          iov.push_back({op.data, op.bytes});
-        } else {
-          iov.push_back({op.data + (op.done - sizeof(Header)), sizeof(Header) + op.bytes - op.done});
-        }
+      // A frame half written cannot be followed by another: the peer sees the stream end.
+      const bool mid_frame = !p.sends.empty() && p.sends.front()->done > 0;
+      if (!mid_frame) {
+        const Header h{kAbortContext, 0, body.size()};
+        iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<char*>(body.data()), body.size()}};
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = 2;
+        (void)::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);  // best effort
       }
-      iov.push_back({const_cast<Header*>(&h), sizeof h});
-      iov.push_back({const_cast<char*>(body.data()), body.size()});
-      WriteBeforeClosing(p.fd, iov, std::min(all, Clock::now() + std::chrono::seconds(1)));
+      ::shutdown(p.fd, SHUT_WR);
     }
   }
 
