@@ -40,6 +40,11 @@ void AddHandles(const EntryList& entries, std::vector<std::shared_ptr<Handle>>& 
   }
 }
 
+// What every caller hears when the background thread fails.
+std::string BackgroundFailure(const std::exception& e) {
+  return std::string("gradcomp's background thread failed: ") + e.what();
+}
+
 // "the allreduce of 'a' and 3 more tensors": what the watchdog reports.
 std::string Describe(const Response& first, size_t tensors) {
   if (tensors == 0) return "no collective";
@@ -572,7 +577,7 @@ void Runtime::BackgroundLoop() {
       GatherBurst(cycle);
     }
   } catch (const std::exception& e) {
-    reason = std::string("gradcomp's background thread failed: ") + e.what();
+    reason = BackgroundFailure(e);
     log_->error("{}", reason);
     // Over TCP the other ranks hear why at once (over MPI they wait for the watchdog).
     if (tcp_) AbortTcpWorld(*tcp_, e.what());
@@ -639,7 +644,7 @@ void Runtime::ExecuteAll(const std::vector<Response>& responses, size_t from_cac
     // The agreement or a collective failed for good (over TCP at once, when a peer is lost):
     // these entries have left the queue, so the background thread's FailAll does not reach
     // them. Fail them here (completed ones stay as they are), or their callers wait forever.
-    const std::string message = std::string("gradcomp's background thread failed: ") + e.what();
+    const std::string message = BackgroundFailure(e);
     for (const Work& w : work) {
       for (const auto& entry : w.entries) {
         if (entry) entry->handle->Fail(message);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <list>
 #include <random>
 #include <set>
@@ -563,19 +564,10 @@ class TcpCommunicator : public Communicator {
     const size_t my_bytes = counts[mine] * elem;
     std::vector<char> theirs((n - 1) * my_bytes);
     const auto slot = [&](size_t r) { return theirs.data() + (r < mine ? r : r - 1) * my_bytes; };
-    std::vector<OpPtr> ops;
-    for (size_t r = 0; r < n; ++r) {
-      if (r != mine) {
-        ops.push_back(mesh_->PostRecv(World(static_cast<int>(r)), context_ + 1, kCollectiveTag, slot(r), my_bytes));
-      }
-    }
-    for (size_t r = 0; r < n; ++r) {
-      if (r != mine) {
-        ops.push_back(mesh_->PostSend(World(static_cast<int>(r)), context_ + 1, kCollectiveTag, src + offsets[r] * elem,
-                                      counts[r] * elem));
-      }
-    }
-    mesh_->Wait(ops);
+    std::vector<size_t> send_bytes(n);
+    for (size_t r = 0; r < n; ++r) send_bytes[r] = counts[r] * elem;
+    ExchangeWithAll(slot, std::vector<size_t>(n, my_bytes), [&](size_t r) { return src + offsets[r] * elem; },
+                    send_bytes);
     if (my_bytes == 0) return;
     const auto part = [&](size_t r) -> const char* { return r == mine ? src + offsets[mine] * elem : slot(r); };
     std::memcpy(out, part(0), my_bytes);
@@ -589,19 +581,8 @@ class TcpCommunicator : public Communicator {
     const size_t mine = static_cast<size_t>(rank_);
     char* base = static_cast<char*>(out);
     if (bytes[mine] > 0 && base + offsets[mine] != in) std::memmove(base + offsets[mine], in, bytes[mine]);
-    std::vector<OpPtr> ops;
-    for (int r = 0; r < size(); ++r) {
-      const size_t i = static_cast<size_t>(r);
-      if (r != rank_) {
-        ops.push_back(mesh_->PostRecv(World(r), context_ + 1, kCollectiveTag, base + offsets[i], bytes[i]));
-      }
-    }
-    for (int r = 0; r < size(); ++r) {
-      if (r != rank_) {
-        ops.push_back(mesh_->PostSend(World(r), context_ + 1, kCollectiveTag, base + offsets[mine], bytes[mine]));
-      }
-    }
-    mesh_->Wait(ops);
+    ExchangeWithAll([&](size_t r) { return base + offsets[r]; }, bytes, [&](size_t) { return base + offsets[mine]; },
+                    std::vector<size_t>(bytes.size(), bytes[mine]));
   }
 
   void Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) override {
@@ -655,22 +636,12 @@ class TcpCommunicator : public Communicator {
     const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
     const char* src = static_cast<const char*>(in);
     char* dst = static_cast<char*>(out);
-    std::vector<OpPtr> ops;
-    for (int r = 0; r < size(); ++r) {
-      const size_t i = static_cast<size_t>(r);
-      if (r == rank_) {
-        GC_ENFORCE(send_bytes[i] == recv_bytes[i], "tcp Alltoallv: rank ", rank_, " sends itself ", send_bytes[i],
-                   " bytes and expects ", recv_bytes[i]);
-        if (send_bytes[i] > 0) std::memcpy(dst + roff[i], src + soff[i], send_bytes[i]);
-        continue;
-      }
-      ops.push_back(mesh_->PostRecv(World(r), context_ + 1, kCollectiveTag, dst + roff[i], recv_bytes[i]));
-    }
-    for (int r = 0; r < size(); ++r) {
-      const size_t i = static_cast<size_t>(r);
-      if (r != rank_) ops.push_back(mesh_->PostSend(World(r), context_ + 1, kCollectiveTag, src + soff[i], send_bytes[i]));
-    }
-    mesh_->Wait(ops);
+    const size_t mine = static_cast<size_t>(rank_);
+    GC_ENFORCE(send_bytes[mine] == recv_bytes[mine], "tcp Alltoallv: rank ", rank_, " sends itself ",
+               send_bytes[mine], " bytes and expects ", recv_bytes[mine]);
+    if (send_bytes[mine] > 0) std::memcpy(dst + roff[mine], src + soff[mine], send_bytes[mine]);
+    ExchangeWithAll([&](size_t r) { return dst + roff[r]; }, recv_bytes, [&](size_t r) { return src + soff[r]; },
+                    send_bytes);
   }
 
   std::unique_ptr<Communicator> Split(int color, int key) override {
@@ -725,6 +696,21 @@ class TcpCommunicator : public Communicator {
       throw InvalidArgument(std::string("tcp ") + op + ": root " + std::to_string(root) + " is not in a group of " +
                             std::to_string(size()));
     }
+  }
+  // Receives recv_bytes[r] bytes at recv_at(r) from every other rank r and sends it
+  // send_bytes[r] bytes from send_at(r), every transfer posted at once (receives first).
+  void ExchangeWithAll(const std::function<char*(size_t)>& recv_at, const std::vector<size_t>& recv_bytes,
+                       const std::function<const char*(size_t)>& send_at, const std::vector<size_t>& send_bytes) {
+    std::vector<OpPtr> ops;
+    for (int r = 0; r < size(); ++r) {
+      const size_t i = static_cast<size_t>(r);
+      if (r != rank_) ops.push_back(mesh_->PostRecv(World(r), context_ + 1, kCollectiveTag, recv_at(i), recv_bytes[i]));
+    }
+    for (int r = 0; r < size(); ++r) {
+      const size_t i = static_cast<size_t>(r);
+      if (r != rank_) ops.push_back(mesh_->PostSend(World(r), context_ + 1, kCollectiveTag, send_at(i), send_bytes[i]));
+    }
+    mesh_->Wait(ops);
   }
   void CollSend(int peer, const void* data, size_t bytes) {
     mesh_->Wait({mesh_->PostSend(World(peer), context_ + 1, kCollectiveTag, data, bytes)});
