@@ -120,9 +120,10 @@ Runtime::Runtime(RuntimeOptions options)
   watchdog_.End();
   started_.store(true);
   log_->info("gradcomp up: {} ranks ({} per node x {} nodes), fusion {} MB, cache {}, negotiating over {}, "
-             "between nodes over {}",
+             "between nodes over {}{}",
              topo_.size(), topo_.local_size(), topo_.cross_size(), settings_.fusion_threshold_mb,
-             settings_.cache_capacity, ControlCommunicator().kind(), topo_.cross->kind());
+             settings_.cache_capacity, ControlCommunicator().kind(), topo_.cross->kind(),
+             tcp_interfaces_.empty() ? "" : "; TCP to other hosts on " + tcp_interfaces_);
   background_ = std::thread([this] {
     NameThisThread("gc-background");
     BackgroundLoop();
@@ -189,8 +190,9 @@ std::unique_ptr<Communicator> Runtime::ConnectTcp() {
   TcpOptions options;
   options.iface = settings_.controller_iface;
   std::unique_ptr<Communicator> mesh;
+  TcpReport report;
   try {
-    mesh = ConnectTcpWorld(world, options);  // fails on every rank alike
+    mesh = ConnectTcpWorld(world, options, &report);  // fails on every rank alike
   } catch (const Error& e) {
     if (tcp_data) throw Error(std::string("GRADCOMP_CROSS_COMMUNICATOR=tcp: ") + e.what());
     if (tcp_control) throw Error(std::string("GRADCOMP_CONTROLLER=") + choice + ": " + e.what());
@@ -198,6 +200,12 @@ std::unique_ptr<Communicator> Runtime::ConnectTcp() {
                e.what());
     return nullptr;
   }
+  for (const std::string& detour : report.detours) {
+    log_->warn("tcp communicator: {} (GRADCOMP_CONTROLLER_IFACE, gcrun --network-interface, names the interfaces to "
+               "use)",
+               detour);
+  }
+  tcp_interfaces_ = report.interfaces;
   if (tcp_data || auto_data) MoveCrossTrafficOnto(*mesh);
   return mesh;
 }

@@ -226,6 +226,7 @@ class Runtime {
   std::shared_ptr<spdlog::logger> log_;
   Timeline timeline_;
   std::shared_ptr<TensorQueue> queue_ = std::make_shared<TensorQueue>();  // handles observe it weakly
+  std::string tcp_interfaces_;  // this rank's interfaces towards other hosts (ConnectTcp; before tcp_)
   std::unique_ptr<Communicator> tcp_;  // gradcomp's TCP mesh (ConnectTcp), or null
   Controller controller_;
   Executor executor_;

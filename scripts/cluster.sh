@@ -12,7 +12,9 @@
 #
 # TAG (letters and digits, at most 8) names everything, so parallel clusters never collide.
 # CLUSTER_QUEUE (default 20ms) is how much the shaper's queue holds; CLUSTER_INGRESS=0 shapes
-# only each node's egress (the default shapes both directions).
+# only each node's egress (the default shapes both directions). CLUSTER_NODE_SETUP, if set, is a
+# bash command run inside each new node's namespace before its eth0 exists, with the node's last
+# address octet as $1 (tests give nodes other interfaces, listed before eth0).
 # Scripts may instead `source` this file and call cluster_up / cluster_cut / cluster_heal / cluster_down;
 # cluster_up then fills the array CLUSTER_MPIRUN.
 set -euo pipefail
@@ -34,6 +36,9 @@ cluster_down() {  # cluster_down TAG
 _cluster_add_host() {  # TAG NAME LAST_OCTET RATE(""=unlimited)
   local tag=$1 ns="$1-$2" peer="$1$3"
   ip netns add "$ns"
+  if [ -n "${CLUSTER_NODE_SETUP:-}" ] && [ "$2" != head ]; then
+    ip netns exec "$ns" bash -c "$CLUSTER_NODE_SETUP" node "$3"
+  fi
   ip link add "$peer" type veth peer name eth0 netns "$ns"
   ip link set "$peer" master "${tag}br"
   ip link set "$peer" up

@@ -2,8 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -22,6 +20,7 @@
 #include <set>
 #include <sstream>
 
+#include "ops/comm/net_interfaces.h"
 #include "ops/common/enforce.h"
 #include "ops/reduce/reduce.h"
 
@@ -789,29 +788,6 @@ bool Exchange(int fd, char* data, size_t bytes, bool send, Clock::time_point dea
   return true;
 }
 
-// This host's IPv4 addresses to advertise: those of the interfaces `iface` names (comma-separated)
-// only when it is given, else every interface that is up, loopback last.
-std::vector<std::string> LocalAddresses(const std::string& iface) {
-  std::set<std::string> wanted;
-  std::istringstream names(iface);
-  for (std::string name; std::getline(names, name, ',');) {
-    if (!name.empty()) wanted.insert(name);
-  }
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) throw Error("tcp communicator: getifaddrs() failed: " + ErrnoText(errno));
-  std::vector<std::string> outer, loopback;
-  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
-    if (!wanted.empty() && wanted.count(a->ifa_name) == 0) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
-    ((a->ifa_flags & IFF_LOOPBACK) ? loopback : outer).push_back(text);
-  }
-  ::freeifaddrs(list);
-  outer.insert(outer.end(), loopback.begin(), loopback.end());
-  return outer;
-}
-
 // Connects to addr:port and greets; returns the socket or -1 with `why`.
 int Dial(const std::string& addr, uint16_t port, const Hello& mine, int expect_rank, Clock::time_point deadline,
          std::string* why) {
@@ -887,7 +863,7 @@ Endpoint ParseEndpoint(const std::string& text) {
 }
 
 // This rank's part of the connection phase; returns "" or what went wrong.
-std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std::vector<int>* fds) {
+std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std::vector<int>* fds, TcpReport* report) {
   const int rank = bootstrap.rank(), n = bootstrap.size();
   const Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_seconds * 1000));
@@ -912,10 +888,15 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
       ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
     error = "cannot listen on a TCP port: " + ErrnoText(errno);
   }
-  std::vector<std::string> addresses;
+  std::vector<NetInterface> interfaces, advertised;
+  try {
+    interfaces = ListNetInterfaces();
+  } catch (const Error& e) {
+    if (error.empty()) error = e.what();
+  }
   if (error.empty()) {
-    addresses = LocalAddresses(options.iface);
-    if (addresses.empty()) {
+    advertised = AdvertisedInterfaces(interfaces, options.iface);
+    if (advertised.empty()) {
       error = options.iface.empty() ? "no IPv4 address on this host"
                                     : "no IPv4 address on network interface '" + options.iface +
                                           "' (GRADCOMP_CONTROLLER_IFACE)";
@@ -924,21 +905,14 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   std::string mine = std::string(host) + " " + std::to_string(error.empty() ? ntohs(sa.sin_port) : 0) + " ";
-  for (size_t i = 0; i < addresses.size(); ++i) mine += (i ? "," : "") + addresses[i];
+  for (size_t i = 0; i < advertised.size(); ++i) mine += (i ? "," : "") + advertised[i].address;
   const std::vector<std::string> all = AllgatherStrings(bootstrap, mine);
 
   Hello hello{kHelloMagic, token, rank, n, rank, 0};
   // Dial every rank below, then take the calls of every rank above.
   for (int p = 0; p < rank && error.empty(); ++p) {
     const Endpoint e = ParseEndpoint(all[static_cast<size_t>(p)]);
-    // A peer's loopback addresses reach it only from its own host.
-    const bool same_host = e.host == host;
-    std::vector<std::string> tries;
-    if (same_host) tries.push_back("127.0.0.1");
-    for (const std::string& a : e.addresses) {
-      if (!same_host && a.rfind("127.", 0) == 0) continue;
-      if (std::find(tries.begin(), tries.end(), a) == tries.end()) tries.push_back(a);
-    }
+    const std::vector<std::string> tries = DialOrder(e.addresses, e.host == host, interfaces);
     if (e.port == 0) continue;  // it could not listen: its own error says why
     std::string failures;
     for (const std::string& a : tries) {
@@ -946,6 +920,10 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
       const int fd = Dial(a, e.port, hello, p, deadline, &why);
       if (fd >= 0) {
         (*fds)[static_cast<size_t>(p)] = fd;
+        if (!failures.empty()) {
+          report->detours.push_back("rank " + std::to_string(rank) + " reached rank " + std::to_string(p) + " (host " +
+                                    e.host + ") at " + a + " only after " + failures);
+        }
         break;
       }
       failures += (failures.empty() ? "" : "; ") + a + ":" + std::to_string(e.port) + ": " + why;
@@ -983,18 +961,35 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
     --expected;
   }
   if (listener >= 0) ::close(listener);
-  for (int& fd : *fds) {
-    if (fd >= 0) SetNonBlocking(fd);
+  std::set<std::string> used;  // this rank's interfaces towards other hosts
+  for (int p = 0; p < n; ++p) {
+    const int fd = (*fds)[static_cast<size_t>(p)];
+    if (fd < 0) continue;
+    SetNonBlocking(fd);
+    sockaddr_in local{};
+    socklen_t local_len = sizeof local;
+    if (ParseEndpoint(all[static_cast<size_t>(p)]).host == host ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+    const std::string name = InterfaceOf(text, interfaces);
+    used.insert(name.empty() ? std::string(text) : name);
   }
+  for (const std::string& name : used) report->interfaces += (report->interfaces.empty() ? "" : ",") + name;
   return error;
 }
 
 }  // namespace
 
-std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const TcpOptions& options) {
+std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const TcpOptions& options, TcpReport* report) {
   const int n = bootstrap.size();
   std::vector<int> fds(static_cast<size_t>(n), -1);
-  const std::string error = n > 1 ? ConnectMesh(bootstrap, options, &fds) : std::string();
+  TcpReport ignored;
+  if (report == nullptr) report = &ignored;
+  *report = TcpReport();
+  const std::string error = n > 1 ? ConnectMesh(bootstrap, options, &fds, report) : std::string();
   // Every rank learns whether every rank connected, and fails alike if not.
   int ok = error.empty() ? 1 : 0;
   bootstrap.Allreduce(&ok, &ok, 1, DataType::kInt32, ReduceOp::kMin);

@@ -26,6 +26,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ops/comm/communicator.h"
 
@@ -33,18 +34,29 @@ namespace gradcomp {
 
 struct TcpOptions {
   /// Advertise only the IPv4 addresses of these network interfaces, comma-separated ("" = every
-  /// interface that is up, loopback last).
+  /// interface that is up, in the order ops/comm/net_interfaces.h gives).
   std::string iface;
   /// How long the whole connection phase may take, waiting for the slowest rank included.
   double connect_timeout_seconds = 30;
 };
 
+/// What this rank's connection phase found, for the log.
+struct TcpReport {
+  /// This rank's interfaces (names) carrying its connections to ranks on other hosts,
+  /// comma-separated ("" when every peer runs on this host).
+  std::string interfaces;
+  /// One line per peer reached only after some of its addresses failed (which, and why).
+  std::vector<std::string> detours;
+};
+
 /// Collective over `bootstrap` (every rank must call it): each rank listens on an ephemeral
 /// port, the addresses go round through `bootstrap`, each rank connects to the ranks below it
-/// (a peer on the same host through 127.0.0.1 first) and accepts the ranks above it; a shared
-/// random token checks that each connection reached this job. The result has bootstrap's ranks.
-/// Throws gradcomp::Error naming the ranks and addresses that could not be joined.
-std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const TcpOptions& options);
+/// (trying their addresses in net_interfaces.h's DialOrder: a peer on the same host through
+/// 127.0.0.1 first) and accepts the ranks above it; a shared random token checks that each
+/// connection reached this job. The result has bootstrap's ranks. Throws gradcomp::Error naming
+/// the ranks and addresses that could not be joined.
+std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const TcpOptions& options,
+                                              TcpReport* report = nullptr);
 
 /// Fails `comm` (a communicator from ConnectTcpWorld or its splits) for good: every peer is sent
 /// `why`, then the connections close, so each rank blocked on this one (or later calling it)

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ops/comm/inprocess_communicator.h"
+#include "ops/comm/net_interfaces.h"
 #include "ops/comm/tcp_communicator.h"
 #include "ops/common/enforce.h"
 #include "test/support/harness.h"
@@ -270,6 +271,71 @@ TEST(Tcp, MismatchedSizesAreAnErrorNamingBothRanks) {
             std::string::npos)
       << errors[1];
   EXPECT_EQ(errors[0], errors[1]);  // rank 0 learns rank 1's reason
+}
+
+NetInterface Nic(const std::string& name, const std::string& address, int prefix, int speed = -1) {
+  NetInterface i;
+  i.name = name;
+  i.address = address;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  EXPECT_EQ(std::sscanf(address.c_str(), "%u.%u.%u.%u", &a, &b, &c, &d), 4) << address;
+  i.ipv4 = (a << 24) | (b << 16) | (c << 8) | d;
+  i.netmask = prefix == 0 ? 0 : ~uint32_t{0} << (32 - prefix);
+  i.speed_mbps = speed;
+  i.loopback = name == "lo";
+  return i;
+}
+
+std::vector<std::string> Names(const std::vector<NetInterface>& interfaces) {
+  std::vector<std::string> names;
+  for (const NetInterface& i : interfaces) names.push_back(i.name);
+  return names;
+}
+
+TEST(NetInterfaces, AdvertisedFastestOrdinaryFirstThenBridgesThenLoopback) {
+  // System order: loopback, a bridge, an unknown-speed NIC, a 1 Gbit/s NIC, a 25 Gbit/s NIC, another bridge.
+  const std::vector<NetInterface> system = {
+      Nic("lo", "127.0.0.1", 8),          Nic("docker0", "172.17.0.1", 16),   Nic("ens3", "10.0.0.5", 24),
+      Nic("eno1", "192.168.1.5", 24, 1000), Nic("ens1f0", "10.1.0.5", 24, 25000), Nic("virbr0", "192.168.122.1", 24)};
+  EXPECT_EQ(Names(AdvertisedInterfaces(system, "")),
+            (std::vector<std::string>{"ens1f0", "eno1", "ens3", "docker0", "virbr0", "lo"}));
+  // Named interfaces: only those (loopback too, when named), in the same order.
+  EXPECT_EQ(Names(AdvertisedInterfaces(system, "lo,ens3,eno1")), (std::vector<std::string>{"eno1", "ens3", "lo"}));
+  EXPECT_TRUE(AdvertisedInterfaces(system, "nosuch0").empty());
+  for (const char* bridge : {"docker0", "br-1a2b3c", "virbr0", "veth9f8e", "cni0", "flannel.1", "cali12", "lxcbr0"}) {
+    EXPECT_TRUE(IsVirtualBridge(bridge)) << bridge;
+  }
+  for (const char* nic : {"eth0", "ens1f0", "eno1", "ib0", "bond0", "enp65s0f1", "eth0.100"}) {
+    EXPECT_FALSE(IsVirtualBridge(nic)) << nic;
+  }
+}
+
+TEST(NetInterfaces, APeerOnAnotherHostIsDialedOnASharedSubnetFirstNeverOnOurOwnAddresses) {
+  const std::vector<NetInterface> mine = {Nic("lo", "127.0.0.1", 8), Nic("eth0", "10.199.0.12", 24),
+                                          Nic("docker0", "172.17.0.1", 16), Nic("eth1", "10.50.0.12", 16)};
+  // The peer advertises a storage network first (routed from here: its packets may be dropped),
+  // the bridge address every Docker host has, its data NIC and loopback.
+  const std::vector<std::string> peer = {"10.198.0.11", "172.17.0.1", "10.199.0.11", "10.50.3.4", "127.0.0.1"};
+  EXPECT_EQ(DialOrder(peer, false, mine), (std::vector<std::string>{"10.199.0.11", "10.50.3.4", "10.198.0.11"}));
+  // A bridge's subnet does not count as a shared network.
+  EXPECT_EQ(DialOrder({"172.17.0.2", "10.9.9.9"}, false, mine), (std::vector<std::string>{"172.17.0.2", "10.9.9.9"}));
+  // On the same host: loopback first, then everything the peer advertises.
+  EXPECT_EQ(DialOrder(peer, true, mine), (std::vector<std::string>{"127.0.0.1", "10.198.0.11", "172.17.0.1",
+                                                                   "10.199.0.11", "10.50.3.4"}));
+  EXPECT_EQ(InterfaceOf("10.50.0.12", mine), "eth1");
+  EXPECT_EQ(InterfaceOf("10.50.0.13", mine), "");
+}
+
+TEST(NetInterfaces, ThisHostsListHasLoopbackAndAddressesMatchTheirNames) {
+  const std::vector<NetInterface> system = ListNetInterfaces();
+  ASSERT_FALSE(system.empty());
+  bool loopback = false;
+  for (const NetInterface& i : system) {
+    loopback = loopback || (i.loopback && i.address == "127.0.0.1" && i.netmask == 0xff000000u);
+    EXPECT_EQ(Nic(i.name, i.address, 0).ipv4, i.ipv4) << i.name;
+  }
+  EXPECT_TRUE(loopback);
+  EXPECT_EQ(AdvertisedInterfaces(system, "").back().name, "lo");
 }
 
 }  // namespace

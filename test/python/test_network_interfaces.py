@@ -1,0 +1,74 @@
+"""gradcomp's TCP connections (the negotiation's, and the data's between nodes by default) on
+hosts with several networks, on an emulated cluster (scripts/cluster.sh; needs root).
+
+Every node gets, listed by the system before its eth0 (the network the nodes share):
+- docker0 with 172.17.0.1/16, the address every Docker host has;
+- eth1 on a network of its own (10.198.X.1/24, a storage network, say), which the other nodes
+  route through a host that drops the packets (no forwarding): a dial there waits until it
+  times out.
+Trying a peer's addresses in the order its system lists them would dial this node's own docker0,
+then wait seconds on the dropped network for each peer before reaching eth0; gradcomp must go
+straight to eth0 (ops/comm/net_interfaces.h) and say so.
+"""
+import os
+import subprocess
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+BUILD = os.environ.get("GRADCOMP_BUILD_DIR", os.path.join(ROOT, "build"))
+PY = "/usr/bin/python3"
+NODES = 3
+SETUP = ("ip link add docker0 type veth peer name docker0p && ip addr add 172.17.0.1/16 dev docker0 && "
+         "ip link add eth1 type veth peer name eth1p && ip addr add 10.198.$1.1/24 dev eth1 && "
+         "for i in docker0 docker0p eth1 eth1p; do ip link set $i up; done")
+
+
+@pytest.fixture
+def cluster():
+    tag = "ni" + uuid.uuid4().hex[:6]
+    up = subprocess.run(["bash", CLUSTER, "up", tag, str(NODES), "1gbit"], capture_output=True, text=True,
+                        env=dict(os.environ, CLUSTER_NODE_SETUP=SETUP))
+    try:
+        assert up.returncode == 0, f"the emulated cluster did not come up (needs root, ip, tc):\n{up.stderr}"
+        for node in range(1, NODES + 1):
+            # The other nodes' own networks: through the head namespace, which does not forward.
+            subprocess.run(["ip", "netns", "exec", f"{tag}-n{node}", "ip", "route", "add", "10.198.0.0/16", "via",
+                            "10.199.0.2"], check=True)
+        yield tag, up.stdout.split("\n")[:-1]
+    finally:
+        subprocess.run(["bash", CLUSTER, "down", tag], check=True)
+
+
+def in_node(tag, node, code):
+    return subprocess.run(["ip", "netns", "exec", f"{tag}-n{node}", PY, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_ranks_connect_over_the_network_their_nodes_share(cluster):
+    tag, prefix = cluster
+    # The emulation is what the docstring says: eth1 and docker0 come before eth0, and node 2's
+    # dial to node 1's own network times out rather than being refused.
+    links = subprocess.run(["ip", "netns", "exec", f"{tag}-n1", "ip", "-o", "-4", "addr"], capture_output=True,
+                           text=True, check=True).stdout
+    order = [line.split()[1] for line in links.splitlines()]
+    assert order.index("docker0") < order.index("eth0") and order.index("eth1") < order.index("eth0"), links
+    dial = in_node(tag, 2, "import socket; s = socket.socket(); s.settimeout(1.0); s.connect(('10.198.11.1', 9))")
+    assert "timed out" in dial.stderr, dial.stderr
+
+    code = ("import numpy as np, gradcomp.numpy as g; g.init(); r = g.rank(); "
+            "x = g.allreduce(np.arange(1 << 20, dtype=np.float32) * (r + 1), name='big', op=g.Sum); "
+            "assert (x == np.arange(1 << 20, dtype=np.float32) * 6).all(), x[:4]; "
+            "w = np.sin(np.arange(300000, dtype=np.float32)); "
+            "z = g.allreduce(w + r, name='q', op=g.Average, compression={'codec': 'maxmin', 'bits': 4}); "
+            "err = np.linalg.norm(z - (w + 1)) / np.linalg.norm(w + 1); assert 0 < err < 0.1, err; "
+            "print('sums ok', r, flush=True); g.shutdown()")
+    job = subprocess.run(prefix + ["-np", str(NODES), "-x", "GRADCOMP_LOG_LEVEL=info", "-x", "PYTHONPATH",
+                                   PY, "-c", code], capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    out = job.stdout + job.stderr
+    assert job.returncode == 0 and out.count("sums ok") == NODES, out[-3000:]
+    assert out.count("between nodes over tcp; TCP to other hosts on eth0") == NODES, out[-3000:]
+    assert "only after" not in out, out[-3000:]  # no address tried in vain
