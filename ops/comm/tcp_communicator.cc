@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -93,6 +95,31 @@ struct Peer {
   bool aborting = false;  // the frame being read is a peer's failure
   size_t payload_got = 0;
 };
+
+// Writes what a nonblocking socket takes of `iov`, dropping the written bytes from it; sets
+// *gone when the connection failed (the peer closed or reset it).
+void WriteSome(int fd, std::vector<iovec>* iov, bool* gone) {
+  while (!iov->empty()) {
+    msghdr msg{};
+    msg.msg_iov = iov->data();
+    msg.msg_iovlen = iov->size();
+    const ssize_t wrote = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      *gone = errno != EAGAIN && errno != EWOULDBLOCK;
+      return;
+    }
+    for (size_t left = static_cast<size_t>(wrote); !iov->empty() && (left > 0 || iov->front().iov_len == 0);) {
+      iovec& first = iov->front();
+      const size_t step = std::min(left, first.iov_len);
+      first.iov_base = static_cast<char*>(first.iov_base) + step;
+      first.iov_len -= step;
+      left -= step;
+      if (first.iov_len == 0) iov->erase(iov->begin());
+    }
+    if (wrote == 0) return;
+  }
+}
 
 // The connections of one process to every other rank of the world, shared by the world's
 // communicator and its splits. Single-threaded, like every communicator here.
@@ -196,25 +223,78 @@ class Mesh {
   }
 
   /// Sends `text` to every peer that can take it, then closes the sending side of every
-  /// connection; every later call throws Error(text).
-  void Abort(const std::string& text) {
+  /// connection; every later call throws Error(text). Waits (a bounded time, every peer at once)
+  /// until each peer has acknowledged what it was sent: this process may exit next, and closing a
+  /// socket with unread bytes in it resets the connection, which can drop what the peer has not
+  /// acknowledged yet. finish_frames: the buffers of the sends in flight are still alive (a
+  /// failure met inside an operation), so a peer in the middle of one of this rank's frames gets
+  /// the rest of it, then the reason; otherwise (AbortTcpWorld: the operation may have unwound)
+  /// that peer gets no reason and sees the stream end mid-frame, blaming this rank.
+  void Abort(const std::string& text, bool finish_frames) {
     if (!failed_.empty()) return;
     failed_ = text;
     const std::string body = text.substr(0, kMaxAbortText);
+    const Header h{kAbortContext, 0, body.size()};
+    struct Out {
+      int fd;
+      std::vector<iovec> iov;  // what is left to write
+      bool done = false;
+    };
+    std::vector<Out> outs;
+    size_t most = 0;  // the largest rest of a frame
     for (Peer& p : peers_) {
       if (p.fd < 0 || p.closed) continue;
-      // A frame half written cannot be followed by another: the peer sees the stream end.
+      Out out{p.fd, {}};
       const bool mid_frame = !p.sends.empty() && p.sends.front()->done > 0;
-      if (!mid_frame) {
-        const Header h{kAbortContext, 0, body.size()};
-        iovec iov[2] = {{const_cast<Header*>(&h), sizeof h}, {const_cast<char*>(body.data()), body.size()}};
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = 2;
-        (void)::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);  // best effort
+      if (mid_frame && finish_frames) {
+        Op& op = *p.sends.front();
+        if (op.done < sizeof(Header)) {
+          out.iov.push_back({reinterpret_cast<char*>(&op.header) + op.done, sizeof(Header) - op.done});
+          out.iov.push_back({op.data, op.bytes});
+        } else {
+          out.iov.push_back({op.data + (op.done - sizeof(Header)), sizeof(Header) + op.bytes - op.done});
+        }
+        most = std::max<size_t>(most, sizeof(Header) + op.bytes - op.done);
       }
-      ::shutdown(p.fd, SHUT_WR);
+      if (!mid_frame || finish_frames) {
+        out.iov.push_back({const_cast<Header*>(&h), sizeof h});
+        out.iov.push_back({const_cast<char*>(body.data()), body.size()});
+      }
+      outs.push_back(std::move(out));
     }
+    // A quarter second, plus the rest of the largest frame at 100 Mbit/s, at most 5 s: a peer
+    // that takes nothing (stopped, its link cut) delays this rank's exit by that much at most.
+    const double grace = std::min(5.0, 0.25 + static_cast<double>(most) / 12.5e6);
+    const Clock::time_point deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(grace * 1e6));
+    std::vector<pollfd> polls;
+    while (true) {
+      polls.clear();
+      for (Out& o : outs) {
+        if (o.done) continue;
+        WriteSome(o.fd, &o.iov, &o.done);
+        if (o.done || !o.iov.empty()) continue;
+        int unacknowledged = 0;  // everything written: the sending side closes, the peer acknowledges
+        ::shutdown(o.fd, SHUT_WR);
+        o.done = ::ioctl(o.fd, SIOCOUTQ, &unacknowledged) != 0 || unacknowledged == 0;
+      }
+      for (const Out& o : outs) {
+        if (!o.done) polls.push_back(pollfd{o.fd, static_cast<short>(POLLIN | (o.iov.empty() ? 0 : POLLOUT)), 0});
+      }
+      const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (polls.empty() || left <= 0) break;
+      if (::poll(polls.data(), polls.size(), static_cast<int>(std::min<int64_t>(left, 5))) <= 0) continue;
+      for (const pollfd& pf : polls) {
+        // What the peer sends meanwhile is dropped, so that two ranks failing at once never block
+        // each other on full buffers; a peer that closed its end needs nothing more.
+        char drop[65536];
+        bool gone = (pf.revents & (POLLERR | POLLHUP)) != 0;
+        if (pf.revents & POLLIN) gone = gone || ::recv(pf.fd, drop, sizeof drop, MSG_DONTWAIT) == 0;
+        if (gone) {
+          for (Out& o : outs) o.done = o.done || o.fd == pf.fd;
+        }
+      }
+    }
+    for (const Out& o : outs) ::shutdown(o.fd, SHUT_WR);
   }
 
  private:
@@ -239,8 +319,9 @@ class Mesh {
            std::to_string(peer) + " while " + doing + " (rank " + std::to_string(peer) +
            " exited or failed without saying why)";
   }
+  // A failure met inside an operation: the buffers of the sends in flight are alive.
   [[noreturn]] void Fail(const std::string& text) {
-    Abort(text);
+    Abort(text, true);
     throw Error(text);
   }
 
@@ -1013,7 +1094,7 @@ std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const Tcp
 void AbortTcpWorld(Communicator& comm, const std::string& why) {
   auto* tcp = dynamic_cast<TcpCommunicator*>(&comm);
   if (tcp == nullptr) return;
-  tcp->mesh().Abort("tcp communicator: rank " + std::to_string(tcp->mesh().rank()) + " failed: " + why);
+  tcp->mesh().Abort("tcp communicator: rank " + std::to_string(tcp->mesh().rank()) + " failed: " + why, false);
 }
 
 }  // namespace gradcomp
