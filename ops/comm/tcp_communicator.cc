@@ -869,42 +869,112 @@ bool Exchange(int fd, char* data, size_t bytes, bool send, Clock::time_point dea
   return true;
 }
 
-// Connects to addr:port and greets; returns the socket or -1 with `why`.
-int Dial(const std::string& addr, uint16_t port, const Hello& mine, int expect_rank, Clock::time_point deadline,
-         std::string* why) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
-    *why = "not an IPv4 address";
-    return -1;
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *why = ErrnoText(errno);
-    return -1;
-  }
-  SetNonBlocking(fd);
-  // A connection attempt gets a few seconds, so a dead address leaves time for the next one.
-  const Clock::time_point attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  if (rc != 0 && errno == EINPROGRESS) {
-    if (!WaitFor(fd, POLLOUT, attempt)) {
-      *why = "timed out";
-      ::close(fd);
-      return -1;
+// How long a connection attempt to one of a peer's addresses runs alone before the next address
+// is tried beside it, and how long an attempt may take at all.
+constexpr auto kStagger = std::chrono::milliseconds(250);
+constexpr auto kAttempt = std::chrono::seconds(5);
+
+// Opens a TCP connection to the first of the addresses in `left` (in order) that answers, on
+// `port`: each address gets an attempt of its own, the next one starting beside it when it has
+// not connected within kStagger or has failed, as in happy eyeballs (RFC 8305), so an address
+// whose packets are dropped costs kStagger instead of a connect timeout. Returns the socket
+// (and its address in *at, taken out of `left`) or -1. Addresses that failed are taken out of
+// `left` and listed in *failures with why; those still connecting when another one won stay in
+// `left` (listed as not answering in time), to be tried again should the winner's greeting fail.
+int ConnectFirst(std::vector<std::string>* left, uint16_t port, Clock::time_point deadline, std::string* at,
+                 std::string* failures) {
+  struct Attempt {
+    int fd;
+    std::string address;
+    Clock::time_point until;
+  };
+  const std::vector<std::string> order = *left;
+  const auto failed = [&](const std::string& address, const std::string& why) {
+    *failures += (failures->empty() ? "" : "; ") + address + ":" + std::to_string(port) + ": " + why;
+    left->erase(std::find(left->begin(), left->end(), address));
+  };
+  std::vector<Attempt> flying;
+  std::vector<pollfd> polls;
+  size_t next = 0;
+  Clock::time_point next_start = Clock::now();
+  int won = -1;
+  while (won < 0) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) break;
+    if (next < order.size() && (flying.empty() || now >= next_start)) {
+      const std::string& address = order[next++];
+      next_start = now + kStagger;
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(port);
+      if (::inet_pton(AF_INET, address.c_str(), &sa.sin_addr) != 1) {
+        failed(address, "not an IPv4 address");
+        continue;
+      }
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        failed(address, ErrnoText(errno));
+        continue;
+      }
+      SetNonBlocking(fd);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+        won = fd;
+        *at = address;
+      } else if (errno == EINPROGRESS) {
+        flying.push_back({fd, address, std::min(deadline, now + kAttempt)});
+      } else {
+        failed(address, ErrnoText(errno));
+        ::close(fd);
+      }
+      continue;
     }
-    int err = 0;
-    socklen_t len = sizeof err;
-    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    rc = err == 0 ? 0 : -1;
-    errno = err;
+    if (flying.empty()) break;  // every address failed
+    Clock::time_point wake = deadline;
+    if (next < order.size()) wake = std::min(wake, next_start);
+    for (const Attempt& a : flying) wake = std::min(wake, a.until);
+    polls.clear();
+    for (const Attempt& a : flying) polls.push_back(pollfd{a.fd, POLLOUT, 0});
+    const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
+    if (::poll(polls.data(), polls.size(), static_cast<int>(std::min<int64_t>(ms, 1 << 30))) < 0 && errno != EINTR) {
+      break;
+    }
+    const Clock::time_point then = Clock::now();
+    std::vector<Attempt> still;
+    for (size_t i = 0; i < flying.size(); ++i) {
+      Attempt& a = flying[i];
+      if (won < 0 && polls[i].revents != 0) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(a.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err == 0) {
+          won = a.fd;
+          *at = a.address;
+          continue;
+        }
+        failed(a.address, ErrnoText(err));
+        ::close(a.fd);
+        next_start = then;  // a failure starts the next address at once
+      } else if (then >= a.until) {
+        failed(a.address, "timed out");
+        ::close(a.fd);
+        next_start = then;
+      } else {
+        still.push_back(std::move(a));
+      }
+    }
+    flying = std::move(still);
   }
-  if (rc != 0) {
-    *why = ErrnoText(errno);
-    ::close(fd);
-    return -1;
+  for (const Attempt& a : flying) {  // slower than the winner (or out of time)
+    *failures += (failures->empty() ? "" : "; ") + a.address + ":" + std::to_string(port) + ": no answer within " +
+                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kStagger).count()) + " ms";
+    ::close(a.fd);
   }
+  if (won >= 0) left->erase(std::find(left->begin(), left->end(), *at));
+  return won;
+}
+
+// Greets on a new connection to rank `expect_rank`: true when that rank of this job answered.
+bool Greet(int fd, const Hello& mine, int expect_rank, Clock::time_point deadline, std::string* why) {
   SetNoDelay(fd);
   Hello theirs{};
   Hello hello = mine;
@@ -912,16 +982,14 @@ int Dial(const std::string& addr, uint16_t port, const Hello& mine, int expect_r
   // The peer answers once it is done connecting to the ranks below it: up to the deadline.
   if (!Exchange(fd, reinterpret_cast<char*>(&hello), sizeof hello, true, deadline, why) ||
       !Exchange(fd, reinterpret_cast<char*>(&theirs), sizeof theirs, false, deadline, why)) {
-    ::close(fd);
-    return -1;
+    return false;
   }
   if (theirs.magic != kHelloMagic || theirs.token != mine.token || theirs.rank != expect_rank ||
       theirs.size != mine.size) {
     *why = "another process answered there (not rank " + std::to_string(expect_rank) + " of this job)";
-    ::close(fd);
-    return -1;
+    return false;
   }
-  return fd;
+  return true;
 }
 
 // Every rank's listening address, as "host port addr,addr,...".
@@ -993,21 +1061,23 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   // Dial every rank below, then take the calls of every rank above.
   for (int p = 0; p < rank && error.empty(); ++p) {
     const Endpoint e = ParseEndpoint(all[static_cast<size_t>(p)]);
-    const std::vector<std::string> tries = DialOrder(e.addresses, e.host == host, interfaces);
+    std::vector<std::string> left = DialOrder(e.addresses, e.host == host, interfaces);
     if (e.port == 0) continue;  // it could not listen: its own error says why
     std::string failures;
-    for (const std::string& a : tries) {
-      std::string why;
-      const int fd = Dial(a, e.port, hello, p, deadline, &why);
-      if (fd >= 0) {
-        (*fds)[static_cast<size_t>(p)] = fd;
-        if (!failures.empty()) {
-          report->detours.push_back("rank " + std::to_string(rank) + " reached rank " + std::to_string(p) + " (host " +
-                                    e.host + ") at " + a + " only after " + failures);
-        }
-        break;
+    while (!left.empty() && (*fds)[static_cast<size_t>(p)] < 0) {
+      std::string at, why;
+      const int fd = ConnectFirst(&left, e.port, deadline, &at, &failures);
+      if (fd < 0) break;
+      if (!Greet(fd, hello, p, deadline, &why)) {
+        failures += (failures.empty() ? "" : "; ") + at + ":" + std::to_string(e.port) + ": " + why;
+        ::close(fd);
+        continue;
       }
-      failures += (failures.empty() ? "" : "; ") + a + ":" + std::to_string(e.port) + ": " + why;
+      (*fds)[static_cast<size_t>(p)] = fd;
+      if (!failures.empty()) {
+        report->detours.push_back("rank " + std::to_string(rank) + " reached rank " + std::to_string(p) + " (host " +
+                                  e.host + ") at " + at + " only after " + failures);
+      }
     }
     if ((*fds)[static_cast<size_t>(p)] < 0) {
       error = "cannot reach rank " + std::to_string(p) + " (host " + e.host + ") at " +
