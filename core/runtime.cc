@@ -200,10 +200,15 @@ std::unique_ptr<Communicator> Runtime::ConnectTcp() {
                e.what());
     return nullptr;
   }
-  for (const std::string& detour : report.detours) {
-    log_->warn("tcp communicator: {} (GRADCOMP_CONTROLLER_IFACE, gcrun --network-interface, names the interfaces to "
-               "use)",
-               detour);
+  // One line per peer, the first few of them (a large job's every rank could name every peer).
+  constexpr size_t kDetoursShown = 3;
+  for (size_t i = 0; i < std::min(report.detours.size(), kDetoursShown); ++i) {
+    log_->warn("tcp communicator: {}{} (GRADCOMP_CONTROLLER_IFACE, gcrun --network-interface, names the interfaces "
+               "to use)",
+               report.detours[i],
+               i + 1 == kDetoursShown && report.detours.size() > kDetoursShown
+                   ? "; and " + std::to_string(report.detours.size() - kDetoursShown) + " more peers like it"
+                   : std::string());
   }
   tcp_interfaces_ = report.interfaces;
   if (tcp_data || auto_data) MoveCrossTrafficOnto(*mesh);
