@@ -17,8 +17,8 @@
 namespace gradcomp {
 namespace {
 
-// 0: an ordinary interface, 1: a container or VM bridge, 2: loopback.
-int Rank(const NetInterface& i) { return i.loopback ? 2 : IsVirtualBridge(i.name) ? 1 : 0; }
+// 0: an ordinary interface, 1: a bridge or tunnel (IsBridgeOrTunnel), 2: loopback.
+int Rank(const NetInterface& i) { return i.loopback ? 2 : IsBridgeOrTunnel(i.name) ? 1 : 0; }
 
 int SpeedOf(const std::string& name) {
   std::ifstream in("/sys/class/net/" + name + "/speed");
@@ -36,9 +36,10 @@ bool Parse(const std::string& address, uint32_t* ipv4) {
 
 }  // namespace
 
-bool IsVirtualBridge(const std::string& name) {
-  static const char* const kPrefixes[] = {"docker", "virbr", "br-",   "veth",   "cni",    "flannel", "cali",
-                                          "weave",  "lxcbr", "lxdbr", "podman", "cilium", "kube-",   "vxlan"};
+bool IsBridgeOrTunnel(const std::string& name) {
+  static const char* const kPrefixes[] = {"docker",    "virbr", "br-",   "veth",   "cni",    "flannel", "cali",
+                                          "weave",     "lxcbr", "lxdbr", "podman", "cilium", "kube-",   "vxlan",
+                                          "tailscale", "wg",    "zt",    "tun",    "tap"};
   for (const char* prefix : kPrefixes) {
     if (name.rfind(prefix, 0) == 0) return true;
   }

@@ -13,7 +13,8 @@
 // TCP BTL (reachability by subnet):
 // - A rank advertises ordinary interfaces first, fastest first (/sys/class/net/NAME/speed;
 //   unknown speeds after known ones, in system order among themselves), then container and VM
-//   bridges (docker*, virbr*, br-*, veth*, cni*, flannel*, cali*, ...), then loopback.
+//   bridges (docker*, virbr*, br-*, veth*, cni*, flannel*, cali*, ...) and VPN tunnels
+//   (tailscale*, wg*, zt*, tun*, tap*), then loopback.
 // - A rank dialing a peer on another host skips the peer's loopback addresses and every address
 //   that is also one of its own (a shared bridge address reaches this host, not the peer), and
 //   tries first the addresses on a subnet of one of its own ordinary interfaces: a peer on the
@@ -39,8 +40,9 @@ struct NetInterface {
 };
 
 /// True for the names of container and VM bridges and of their virtual cables (docker0, br-1a2b,
-/// virbr0, veth12ab, cni0, flannel.1, cali123, weave, lxcbr0, ...).
-bool IsVirtualBridge(const std::string& name);
+/// virbr0, veth12ab, cni0, flannel.1, cali123, weave, lxcbr0, ...) and of VPN and overlay
+/// tunnels (tailscale0, wg0, zt..., tun0, tap0): reachable, maybe, but slower than a NIC.
+bool IsBridgeOrTunnel(const std::string& name);
 
 /// The interfaces that are up with an IPv4 address, in system order, with their speeds.
 std::vector<NetInterface> ListNetInterfaces();

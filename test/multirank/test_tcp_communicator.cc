@@ -302,11 +302,12 @@ TEST(NetInterfaces, AdvertisedFastestOrdinaryFirstThenBridgesThenLoopback) {
   // Named interfaces: only those (loopback too, when named), in the same order.
   EXPECT_EQ(Names(AdvertisedInterfaces(system, "lo,ens3,eno1")), (std::vector<std::string>{"eno1", "ens3", "lo"}));
   EXPECT_TRUE(AdvertisedInterfaces(system, "nosuch0").empty());
-  for (const char* bridge : {"docker0", "br-1a2b3c", "virbr0", "veth9f8e", "cni0", "flannel.1", "cali12", "lxcbr0"}) {
-    EXPECT_TRUE(IsVirtualBridge(bridge)) << bridge;
+  for (const char* bridge : {"docker0", "br-1a2b3c", "virbr0", "veth9f8e", "cni0", "flannel.1", "cali12", "lxcbr0",
+                             "tailscale0", "wg0", "ztabcdef12", "tun0", "tap3"}) {
+    EXPECT_TRUE(IsBridgeOrTunnel(bridge)) << bridge;
   }
   for (const char* nic : {"eth0", "ens1f0", "eno1", "ib0", "bond0", "enp65s0f1", "eth0.100"}) {
-    EXPECT_FALSE(IsVirtualBridge(nic)) << nic;
+    EXPECT_FALSE(IsBridgeOrTunnel(nic)) << nic;
   }
 }
 
