@@ -162,7 +162,7 @@ const std::vector<Entry>& Registry() {
        "the network interface whose IPv4 addresses gradcomp's TCP connections (the controller's, and the data's "
        "between nodes under GRADCOMP_CROSS_COMMUNICATOR auto or tcp) use, comma-separated (empty: every interface "
        "that is up, the fastest ordinary ones first, container bridges such as docker0 after, loopback last; a peer "
-       "on another host is dialed first on an address of a network this host is on, never on one of this host's own "
+       "on another host is dialed first on an address of a network this host is on, last on one of this host's own "
        "addresses; one on the same host on 127.0.0.1 first); gcrun --network-interface sets it"},
       {"GRADCOMP_INTRA_BROADCAST", "CGX_INTRA_BROADCAST", Kind::kBool, Of(&Settings::intra_broadcast), "0",
        "in hierarchical operations only one rank per node crosses the network, then broadcasts in the node"},

@@ -87,7 +87,7 @@ std::vector<NetInterface> AdvertisedInterfaces(std::vector<NetInterface> interfa
 
 std::vector<std::string> DialOrder(const std::vector<std::string>& advertised, bool same_host,
                                    const std::vector<NetInterface>& mine) {
-  std::vector<std::string> direct, other;
+  std::vector<std::string> direct, other, own;
   auto add = [](std::vector<std::string>& to, const std::string& a) {
     if (std::find(to.begin(), to.end(), a) == to.end()) to.push_back(a);
   };
@@ -100,14 +100,17 @@ std::vector<std::string> DialOrder(const std::vector<std::string>& advertised, b
     uint32_t ip = 0;
     if (!Parse(a, &ip)) continue;
     if ((ip >> 24) == 127) continue;  // a loopback address reaches only its own host
-    const bool own = std::any_of(mine.begin(), mine.end(), [&](const NetInterface& i) { return i.ipv4 == ip; });
-    if (own) continue;  // the same bridge address on both hosts: it would reach this one
+    // One of this host's own addresses (docker0's, the same on every Docker host) reaches this
+    // host: last, for a peer that is on this host after all (another host name, the same network
+    // namespace: a container sharing the host's network under a name of its own).
+    const bool mine_too = std::any_of(mine.begin(), mine.end(), [&](const NetInterface& i) { return i.ipv4 == ip; });
     const bool on_my_network = std::any_of(mine.begin(), mine.end(), [&](const NetInterface& i) {
       return Rank(i) == 0 && i.netmask != 0 && (i.ipv4 & i.netmask) == (ip & i.netmask);
     });
-    if (std::find(direct.begin(), direct.end(), a) == direct.end()) add(on_my_network ? direct : other, a);
+    add(mine_too ? own : on_my_network ? direct : other, a);
   }
   for (const std::string& a : other) add(direct, a);
+  for (const std::string& a : own) add(direct, a);
   return direct;
 }
 

@@ -15,10 +15,11 @@
 //   unknown speeds after known ones, in system order among themselves), then container and VM
 //   bridges (docker*, virbr*, br-*, veth*, cni*, flannel*, cali*, ...) and VPN tunnels
 //   (tailscale*, wg*, zt*, tun*, tap*), then loopback.
-// - A rank dialing a peer on another host skips the peer's loopback addresses and every address
-//   that is also one of its own (a shared bridge address reaches this host, not the peer), and
-//   tries first the addresses on a subnet of one of its own ordinary interfaces: a peer on the
-//   same network is reached directly, before any routed address. A peer on the same host is
+// - A rank dialing a peer on another host skips the peer's loopback addresses, tries first the
+//   addresses on a subnet of one of its own ordinary interfaces (a peer on the same network is
+//   reached directly, before any routed address), then the others, and last every address that
+//   is also one of its own (a shared bridge address reaches this host, not the peer; kept for a
+//   peer that shares this host's network under another host name). A peer on the same host is
 //   tried on 127.0.0.1 first. (tcp_communicator.cc then starts the next address beside one that
 //   has not connected within 250 ms: happy eyeballs.)
 // GRADCOMP_CONTROLLER_IFACE (gcrun --network-interface) still names the interfaces outright.

@@ -891,7 +891,8 @@ int ConnectFirst(std::vector<std::string>* left, uint16_t port, Clock::time_poin
   const std::vector<std::string> order = *left;
   const auto failed = [&](const std::string& address, const std::string& why) {
     *failures += (failures->empty() ? "" : "; ") + address + ":" + std::to_string(port) + ": " + why;
-    left->erase(std::find(left->begin(), left->end(), address));
+    const auto it = std::find(left->begin(), left->end(), address);
+    if (it != left->end()) left->erase(it);
   };
   std::vector<Attempt> flying;
   std::vector<pollfd> polls;
@@ -969,7 +970,10 @@ int ConnectFirst(std::vector<std::string>* left, uint16_t port, Clock::time_poin
                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kStagger).count()) + " ms";
     ::close(a.fd);
   }
-  if (won >= 0) left->erase(std::find(left->begin(), left->end(), *at));
+  if (won >= 0) {
+    const auto it = std::find(left->begin(), left->end(), *at);
+    if (it != left->end()) left->erase(it);
+  }
   return won;
 }
 

@@ -311,13 +311,14 @@ TEST(NetInterfaces, AdvertisedFastestOrdinaryFirstThenBridgesThenLoopback) {
   }
 }
 
-TEST(NetInterfaces, APeerOnAnotherHostIsDialedOnASharedSubnetFirstNeverOnOurOwnAddresses) {
+TEST(NetInterfaces, APeerOnAnotherHostIsDialedOnASharedSubnetFirstAndOnOurOwnAddressesLast) {
   const std::vector<NetInterface> mine = {Nic("lo", "127.0.0.1", 8), Nic("eth0", "10.199.0.12", 24),
                                           Nic("docker0", "172.17.0.1", 16), Nic("eth1", "10.50.0.12", 16)};
   // The peer advertises a storage network first (routed from here: its packets may be dropped),
   // the bridge address every Docker host has, its data NIC and loopback.
   const std::vector<std::string> peer = {"10.198.0.11", "172.17.0.1", "10.199.0.11", "10.50.3.4", "127.0.0.1"};
-  EXPECT_EQ(DialOrder(peer, false, mine), (std::vector<std::string>{"10.199.0.11", "10.50.3.4", "10.198.0.11"}));
+  EXPECT_EQ(DialOrder(peer, false, mine),
+            (std::vector<std::string>{"10.199.0.11", "10.50.3.4", "10.198.0.11", "172.17.0.1"}));
   // A bridge's subnet does not count as a shared network.
   EXPECT_EQ(DialOrder({"172.17.0.2", "10.9.9.9"}, false, mine), (std::vector<std::string>{"172.17.0.2", "10.9.9.9"}));
   // On the same host: loopback first, then everything the peer advertises.

@@ -88,3 +88,21 @@ def test_ranks_connect_over_the_network_their_nodes_share(cluster):
     for line in detours:
         assert re.search(r"only after 10\.198\.1[12]\.1:\d+: no answer within 250 ms", line), line
         assert "172.17." not in line, line
+
+
+def test_ranks_sharing_a_network_under_other_host_names_connect():
+    # Two ranks in this host's network namespace, each with a host name of its own (containers
+    # sharing the host's network under names of their own): every address a peer advertises is
+    # also this rank's own. Tried last, not skipped: the ranks connect over them.
+    code = ("import numpy as np, gradcomp.numpy as g; g.init(); r = g.rank(); "
+            "x = g.allreduce(np.full(1 << 20, r + 1.0, dtype=np.float32), name='big', op=g.Sum); "
+            "assert (x == 3).all(), x[:4]; print('sum ok', r, flush=True); g.shutdown()")
+    rank = (f'exec unshare --uts sh -c "hostname gcuts$OMPI_COMM_WORLD_RANK && exec {PY} -c \\"$0\\""')
+    job = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
+                          "-x", "PYTHONPATH", "-x", "GRADCOMP_LOCAL_SIZE=1", "-x", "GRADCOMP_LOG_LEVEL=info",
+                          "sh", "-c", rank, code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    out = job.stdout + job.stderr
+    assert job.returncode == 0 and out.count("sum ok") == 2, out[-3000:]
+    assert out.count("negotiating over tcp, between nodes over tcp") == 2, out[-3000:]
+    assert "[warning]" not in out, out[-3000:]
