@@ -96,6 +96,18 @@ struct Peer {
   size_t payload_got = 0;
 };
 
+// What is left to write of a send's frame (header, then payload) after op.done bytes: one or
+// two pieces into iov, their number returned.
+int FrameRest(Op& op, iovec iov[2]) {
+  if (op.done >= sizeof(Header)) {
+    iov[0] = {op.data + (op.done - sizeof(Header)), sizeof(Header) + op.bytes - op.done};
+    return 1;
+  }
+  iov[0] = {reinterpret_cast<char*>(&op.header) + op.done, sizeof(Header) - op.done};
+  iov[1] = {op.data, op.bytes};
+  return op.bytes > 0 ? 2 : 1;
+}
+
 // Writes what a nonblocking socket takes of `iov`, dropping the written bytes from it; sets
 // *gone when the connection failed (the peer closed or reset it).
 void WriteSome(int fd, std::vector<iovec>* iov, bool* gone) {
@@ -248,12 +260,8 @@ class Mesh {
       const bool mid_frame = !p.sends.empty() && p.sends.front()->done > 0;
       if (mid_frame && finish_frames) {
         Op& op = *p.sends.front();
-        if (op.done < sizeof(Header)) {
-          out.iov.push_back({reinterpret_cast<char*>(&op.header) + op.done, sizeof(Header) - op.done});
-          out.iov.push_back({op.data, op.bytes});
-        } else {
-          out.iov.push_back({op.data + (op.done - sizeof(Header)), sizeof(Header) + op.bytes - op.done});
-        }
+        iovec rest[2];
+        out.iov.assign(rest, rest + FrameRest(op, rest));
         most = std::max<size_t>(most, sizeof(Header) + op.bytes - op.done);
       }
       if (!mid_frame || finish_frames) {
@@ -371,13 +379,7 @@ class Mesh {
       Op& op = *p.sends.front();
       const size_t total = sizeof(Header) + op.bytes;
       iovec iov[2];
-      int n = 0;
-      if (op.done < sizeof(Header)) {
-        iov[n++] = {reinterpret_cast<char*>(&op.header) + op.done, sizeof(Header) - op.done};
-        if (op.bytes > 0) iov[n++] = {op.data, op.bytes};
-      } else {
-        iov[n++] = {op.data + (op.done - sizeof(Header)), total - op.done};
-      }
+      const int n = FrameRest(op, iov);
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = static_cast<size_t>(n);
@@ -869,6 +871,11 @@ bool Exchange(int fd, char* data, size_t bytes, bool send, Clock::time_point dea
   return true;
 }
 
+// Appends "address:port: why" to a "; "-separated list of failed attempts.
+void AddFailure(std::string* failures, const std::string& address, uint16_t port, const std::string& why) {
+  *failures += (failures->empty() ? "" : "; ") + address + ":" + std::to_string(port) + ": " + why;
+}
+
 // How long a connection attempt to one of a peer's addresses runs alone before the next address
 // is tried beside it, and how long an attempt may take at all.
 constexpr auto kStagger = std::chrono::milliseconds(250);
@@ -890,7 +897,7 @@ int ConnectFirst(std::vector<std::string>* left, uint16_t port, Clock::time_poin
   };
   const std::vector<std::string> order = *left;
   const auto failed = [&](const std::string& address, const std::string& why) {
-    *failures += (failures->empty() ? "" : "; ") + address + ":" + std::to_string(port) + ": " + why;
+    AddFailure(failures, address, port, why);
     const auto it = std::find(left->begin(), left->end(), address);
     if (it != left->end()) left->erase(it);
   };
@@ -966,8 +973,9 @@ int ConnectFirst(std::vector<std::string>* left, uint16_t port, Clock::time_poin
     flying = std::move(still);
   }
   for (const Attempt& a : flying) {  // slower than the winner (or out of time)
-    *failures += (failures->empty() ? "" : "; ") + a.address + ":" + std::to_string(port) + ": no answer within " +
-                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kStagger).count()) + " ms";
+    AddFailure(failures, a.address, port,
+               "no answer within " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kStagger).count()) + " ms");
     ::close(a.fd);
   }
   if (won >= 0) {
@@ -1059,12 +1067,13 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   ::gethostname(host, sizeof host - 1);
   std::string mine = std::string(host) + " " + std::to_string(error.empty() ? ntohs(sa.sin_port) : 0) + " ";
   for (size_t i = 0; i < advertised.size(); ++i) mine += (i ? "," : "") + advertised[i].address;
-  const std::vector<std::string> all = AllgatherStrings(bootstrap, mine);
+  std::vector<Endpoint> endpoints;
+  for (const std::string& text : AllgatherStrings(bootstrap, mine)) endpoints.push_back(ParseEndpoint(text));
 
   Hello hello{kHelloMagic, token, rank, n, rank, 0};
   // Dial every rank below, then take the calls of every rank above.
   for (int p = 0; p < rank && error.empty(); ++p) {
-    const Endpoint e = ParseEndpoint(all[static_cast<size_t>(p)]);
+    const Endpoint& e = endpoints[static_cast<size_t>(p)];
     std::vector<std::string> left = DialOrder(e.addresses, e.host == host, interfaces);
     if (e.port == 0) continue;  // it could not listen: its own error says why
     std::string failures;
@@ -1073,7 +1082,7 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
       const int fd = ConnectFirst(&left, e.port, deadline, &at, &failures);
       if (fd < 0) break;
       if (!Greet(fd, hello, p, deadline, &why)) {
-        failures += (failures.empty() ? "" : "; ") + at + ":" + std::to_string(e.port) + ": " + why;
+        AddFailure(&failures, at, e.port, why);
         ::close(fd);
         continue;
       }
@@ -1123,7 +1132,7 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
     SetNonBlocking(fd);
     sockaddr_in local{};
     socklen_t local_len = sizeof local;
-    if (ParseEndpoint(all[static_cast<size_t>(p)]).host == host ||
+    if (endpoints[static_cast<size_t>(p)].host == host ||
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) {
       continue;
     }
