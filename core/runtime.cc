@@ -210,6 +210,7 @@ std::unique_ptr<Communicator> Runtime::ConnectTcp() {
                    ? "; and " + std::to_string(report.detours.size() - kDetoursShown) + " more peers like it"
                    : std::string());
   }
+  if (!report.open_file_limit.empty()) log_->info("tcp communicator: {}", report.open_file_limit);
   tcp_interfaces_ = report.interfaces;
   if (tcp_data || auto_data) MoveCrossTrafficOnto(*mesh);
   return mesh;

@@ -1,12 +1,14 @@
 #include "ops/comm/tcp_communicator.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -1004,6 +1006,59 @@ bool Greet(int fd, const Hello& mine, int expect_rank, Clock::time_point deadlin
   return true;
 }
 
+// The descriptors this process has open now (/proc/self/fd's entries, less the directory's own).
+int OpenDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  int count = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  ::closedir(dir);
+  return count - 1;
+}
+
+// The mesh holds a socket per peer: at a thousand ranks that is the soft open-file limit many
+// systems start a process with (1024), and past it socket() and accept() fail with EMFILE in
+// the middle of the connection phase. Raises the soft limit to the hard one when the
+// connections would not fit (as Go's runtime does for every program since 1.19; the hard limit
+// is the administrator's); returns "" or why they cannot fit, naming the limits. `raised`
+// tells the log what was changed.
+std::string MakeRoomForConnections(int peers, std::string* raised) {
+  constexpr rlim_t kSpare = 64;  // for the rest of the process: MPI's own sockets, files, pipes
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return "";
+  const int open = OpenDescriptors();
+  const rlim_t needed = static_cast<rlim_t>(open) + static_cast<rlim_t>(peers) + 1;  // and the listener
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= needed + kSpare) return "";
+  rlimit want = lim;
+  want.rlim_cur = lim.rlim_max;
+  if (lim.rlim_max == RLIM_INFINITY) want.rlim_cur = std::max<rlim_t>(needed + kSpare, 1 << 20);  // Linux's nr_open
+  if (want.rlim_cur > lim.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &want) == 0) {
+    *raised = "raised this process's open-file limit from " + std::to_string(lim.rlim_cur) + " to " +
+              std::to_string(want.rlim_cur) + " for its TCP connections to " + std::to_string(peers) + " peers";
+    lim = want;
+  }
+  if (lim.rlim_cur >= needed) return "";
+  return "the TCP connections to " + std::to_string(peers) + " peers need " + std::to_string(needed) +
+         " open files with the " + std::to_string(open) + " this process has open, and its open-file limit is " +
+         std::to_string(lim.rlim_cur) + " (hard limit " +
+         (lim.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_max)) +
+         "): raise it (ulimit -n, systemd's LimitNOFILE, docker run --ulimit nofile=...)";
+}
+
+// "rank 3", "ranks 0-2, 5, 7-9": a large job's ranks named in one line.
+std::string RankSet(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return (ranks.size() == 1 ? "rank " : "ranks ") + text;
+}
+
 // Every rank's listening address, as "host port addr,addr,...".
 struct Endpoint {
   std::string host;
@@ -1023,8 +1078,11 @@ Endpoint ParseEndpoint(const std::string& text) {
   return e;
 }
 
-// This rank's part of the connection phase; returns "" or what went wrong.
-std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std::vector<int>* fds, TcpReport* report) {
+// This rank's part of the connection phase; returns "" or what went wrong. `elsewhere` tells
+// a rank that found nothing wrong itself that some other rank gave up before connecting (its
+// own error says why), so that nobody waits for its calls.
+std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std::vector<int>* fds, TcpReport* report,
+                        bool* elsewhere) {
   const int rank = bootstrap.rank(), n = bootstrap.size();
   const Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_seconds * 1000));
@@ -1036,8 +1094,8 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   }
   bootstrap.Broadcast(&token, sizeof token, 0);
 
-  std::string error;
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  std::string error = MakeRoomForConnections(n - 1, &report->open_file_limit);
+  const int listener = error.empty() ? ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -1045,8 +1103,9 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   // Ports left in TIME_WAIT by earlier connections stay usable (a job's restart, a test's many worlds).
   int one = 1;
   if (listener >= 0) ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(listener, n) != 0 ||
-      ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+  if (error.empty() &&
+      (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+       ::listen(listener, n) != 0 || ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0)) {
     error = "cannot listen on a TCP port: " + ErrnoText(errno);
   }
   std::vector<NetInterface> interfaces, advertised;
@@ -1069,13 +1128,18 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   for (size_t i = 0; i < advertised.size(); ++i) mine += (i ? "," : "") + advertised[i].address;
   std::vector<Endpoint> endpoints;
   for (const std::string& text : AllgatherStrings(bootstrap, mine)) endpoints.push_back(ParseEndpoint(text));
+  // A rank that gave up already (port 0) would never dial the ranks below it: nobody waits.
+  for (const Endpoint& e : endpoints) *elsewhere = *elsewhere || (error.empty() && e.port == 0);
+  if (*elsewhere) {
+    if (listener >= 0) ::close(listener);
+    return "";
+  }
 
   Hello hello{kHelloMagic, token, rank, n, rank, 0};
   // Dial every rank below, then take the calls of every rank above.
   for (int p = 0; p < rank && error.empty(); ++p) {
     const Endpoint& e = endpoints[static_cast<size_t>(p)];
     std::vector<std::string> left = DialOrder(e.addresses, e.host == host, interfaces);
-    if (e.port == 0) continue;  // it could not listen: its own error says why
     std::string failures;
     while (!left.empty() && (*fds)[static_cast<size_t>(p)] < 0) {
       std::string at, why;
@@ -1100,15 +1164,23 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   if (error.empty()) SetNonBlocking(listener);
   for (int expected = n - 1 - rank; error.empty() && expected > 0;) {
     if (!WaitFor(listener, POLLIN, deadline)) {
-      std::string missing;
+      std::vector<int> missing;
       for (int p = rank + 1; p < n; ++p) {
-        if ((*fds)[static_cast<size_t>(p)] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+        if ((*fds)[static_cast<size_t>(p)] < 0) missing.push_back(p);
       }
-      error = "ranks " + missing + " did not connect within " + std::to_string(options.connect_timeout_seconds) + " s";
+      std::ostringstream timeout;
+      timeout << options.connect_timeout_seconds;
+      error = RankSet(missing) + " did not connect within " + timeout.str() + " s";
       break;
     }
     const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // The caller's connection stays queued, so retrying would spin until the deadline.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        error = "cannot accept the connections of the ranks above it: " + ErrnoText(errno);
+      }
+      continue;
+    }
     SetNoDelay(fd);
     Hello theirs{};
     std::string why;
@@ -1153,19 +1225,26 @@ std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const Tcp
   TcpReport ignored;
   if (report == nullptr) report = &ignored;
   *report = TcpReport();
-  const std::string error = n > 1 ? ConnectMesh(bootstrap, options, &fds, report) : std::string();
+  bool elsewhere = false;
+  const std::string error = n > 1 ? ConnectMesh(bootstrap, options, &fds, report, &elsewhere) : std::string();
   // Every rank learns whether every rank connected, and fails alike if not.
-  int ok = error.empty() ? 1 : 0;
+  int ok = error.empty() && !elsewhere ? 1 : 0;
   bootstrap.Allreduce(&ok, &ok, 1, DataType::kInt32, ReduceOp::kMin);
   if (!ok) {
     for (int fd : fds) {
       if (fd >= 0) ::close(fd);
     }
     const std::vector<std::string> errors = AllgatherStrings(bootstrap, error);
-    std::string text = "cannot connect the ranks over TCP:";
+    // Each reason once, with the ranks that gave it (at a thousand ranks, often all of them).
+    std::vector<std::pair<std::string, std::vector<int>>> reasons;
     for (size_t r = 0; r < errors.size(); ++r) {
-      if (!errors[r].empty()) text += " rank " + std::to_string(r) + ": " + errors[r] + ";";
+      if (errors[r].empty()) continue;
+      auto same = std::find_if(reasons.begin(), reasons.end(), [&](const auto& x) { return x.first == errors[r]; });
+      if (same == reasons.end()) same = reasons.insert(reasons.end(), {errors[r], {}});
+      same->second.push_back(static_cast<int>(r));
     }
+    std::string text = "cannot connect the ranks over TCP:";
+    for (const auto& [reason, ranks] : reasons) text += " " + RankSet(ranks) + ": " + reason + ";";
     throw Error(text);
   }
   std::vector<int> members(static_cast<size_t>(n));

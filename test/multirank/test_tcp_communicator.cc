@@ -4,7 +4,9 @@
 // instead of polling (in its collectives and in a polling loop's naps), and a failed or vanished
 // rank becoming an error on every other rank. The generic collectives run over it in
 // test_inproc_collectives too.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -185,14 +187,14 @@ TEST(Tcp, APollingLoopsNapEndsWhenThePeersBytesArrive) {
 
 // Runs `fn` on thread ranks over TCP and returns each rank's error message ("" if none).
 std::vector<std::string> ErrorsOn(int world, const std::function<void(std::unique_ptr<Communicator>&)>& fn,
-                                  const TcpOptions& options = {}) {
+                                  const std::function<TcpOptions(int rank)>& options_of) {
   std::vector<std::unique_ptr<Communicator>> boot = CreateInProcessWorld(world);
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        std::unique_ptr<Communicator> comm = ConnectTcpWorld(*boot[static_cast<size_t>(r)], options);
+        std::unique_ptr<Communicator> comm = ConnectTcpWorld(*boot[static_cast<size_t>(r)], options_of(r));
         fn(comm);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -201,6 +203,11 @@ std::vector<std::string> ErrorsOn(int world, const std::function<void(std::uniqu
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+std::vector<std::string> ErrorsOn(int world, const std::function<void(std::unique_ptr<Communicator>&)>& fn,
+                                  const TcpOptions& options = {}) {
+  return ErrorsOn(world, fn, [&](int) { return options; });
 }
 
 TEST(Tcp, AFailedRanksReasonReachesEveryRank) {
@@ -255,6 +262,79 @@ TEST(Tcp, ARankThatCannotConnectFailsEveryRankWithItsReason) {
   }
   // A world of one connects to nobody.
   EXPECT_EQ(ErrorsOn(1, [](std::unique_ptr<Communicator>& comm) { comm->Barrier(); }), std::vector<std::string>{""});
+}
+
+TEST(Tcp, ARankThatGivesUpBeforeDialingFailsEveryRankAtOnce) {
+  // Rank 1 of 4 cannot take part; rank 0 waits for calls from ranks 1-3 and would otherwise
+  // wait out the whole connection phase for rank 1's.
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = ErrorsOn(4, [](std::unique_ptr<Communicator>&) {}, [](int rank) {
+    TcpOptions options;
+    options.connect_timeout_seconds = 20;
+    if (rank == 1) options.iface = "nosuch0";
+    return options;
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank 1: no IPv4 address on network interface 'nosuch0'"),
+              std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  }
+}
+
+int OpenFiles() {
+  int count = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  while (const dirent* entry = ::readdir(dir)) count += entry->d_name[0] != '.';
+  ::closedir(dir);
+  return count - 1;
+}
+
+TEST(Tcp, TheOpenFileLimitIsRaisedForTheConnections) {
+  // A soft limit that 8 thread ranks' 56 sockets do not fit under (1024 where a thousand
+  // ranks would not fit): raised to the hard limit, and the world connects.
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &before), 0);
+  const rlim_t low = static_cast<rlim_t>(OpenFiles()) + 30;
+  ASSERT_GT(before.rlim_max, low + 200) << "this test needs a hard open-file limit above " << low + 200;
+  rlimit lowered = before;
+  lowered.rlim_cur = low;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  const auto errors = ErrorsOn(8, [](std::unique_ptr<Communicator>& comm) {
+    int x = comm->rank();
+    comm->Allreduce(&x, &x, 1, DataType::kInt32, ReduceOp::kSum);
+    GC_ENFORCE(x == 28, "sum " + std::to_string(x));
+  });
+  rlimit after{};
+  ::getrlimit(RLIMIT_NOFILE, &after);
+  ::setrlimit(RLIMIT_NOFILE, &before);
+  EXPECT_EQ(errors, std::vector<std::string>(8, ""));
+  EXPECT_EQ(after.rlim_cur, before.rlim_max);
+}
+
+// In a child process (lowering the hard limit cannot be undone): 8 thread ranks under a hard
+// and soft limit that not even one rank's 8 sockets fit under (each rank checks its own need:
+// one process per rank in a real job); exits 0 when every rank's error names the limit.
+void ConnectUnderTooLowALimit() {
+  const rlim_t limit = static_cast<rlim_t>(OpenFiles()) + 4;
+  const rlimit low{limit, limit};
+  if (::setrlimit(RLIMIT_NOFILE, &low) != 0) std::exit(2);
+  const auto errors = ErrorsOn(8, [](std::unique_ptr<Communicator>&) {});
+  int named = 0;
+  for (const std::string& e : errors) {
+    named += e.find(": the TCP connections to 7 peers need") != std::string::npos &&
+             e.find("its open-file limit is " + std::to_string(limit) + " (hard limit " + std::to_string(limit) +
+                    "): raise it") != std::string::npos &&
+             e.find("did not connect") == std::string::npos && e.find("cannot reach") == std::string::npos;
+  }
+  std::fprintf(stderr, "%d ranks named the limit; rank 0: %s\n", named, errors[0].c_str());
+  std::exit(named == 8 ? 0 : 1);
+}
+
+TEST(TcpDeathTest, AnOpenFileLimitTooLowForTheConnectionsIsNamedOnEveryRank) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ConnectUnderTooLowALimit(), ::testing::ExitedWithCode(0), "8 ranks named the limit");
 }
 
 TEST(Tcp, MismatchedSizesAreAnErrorNamingBothRanks) {
