@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "ops/comm/net_interfaces.h"
 #include "ops/common/enforce.h"
@@ -1078,6 +1080,51 @@ Endpoint ParseEndpoint(const std::string& text) {
   return e;
 }
 
+// Takes the calls of every rank above `mine.rank` on `listener` (non-blocking) until they all
+// came, the deadline passed or `stop` was set; returns "" or what went wrong.
+std::string AcceptAbove(int listener, const Hello& mine, double timeout_seconds, Clock::time_point deadline,
+                        std::vector<int>* fds, const std::atomic<bool>& stop) {
+  const int rank = mine.rank, n = mine.size;
+  Hello hello = mine;
+  for (int expected = n - 1 - rank; expected > 0 && !stop;) {
+    // In slices, to notice `stop` (the dialing failed) soon.
+    const Clock::time_point slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+    if (!WaitFor(listener, POLLIN, slice)) {
+      if (Clock::now() < deadline) continue;
+      std::vector<int> missing;
+      for (int p = rank + 1; p < n; ++p) {
+        if ((*fds)[static_cast<size_t>(p)] < 0) missing.push_back(p);
+      }
+      std::ostringstream timeout;
+      timeout << timeout_seconds;
+      return RankSet(missing) + " did not connect within " + timeout.str() + " s";
+    }
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      // The caller's connection stays queued, so retrying would spin until the deadline.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        return "cannot accept the connections of the ranks above it: " + ErrnoText(errno);
+      }
+      continue;
+    }
+    SetNoDelay(fd);
+    Hello theirs{};
+    std::string why;
+    const Clock::time_point greeting = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+    const bool ok = Exchange(fd, reinterpret_cast<char*>(&theirs), sizeof theirs, false, greeting, &why) &&
+                    theirs.magic == kHelloMagic && theirs.token == mine.token && theirs.size == n &&
+                    theirs.to == rank && theirs.rank > rank && theirs.rank < n && (*fds)[static_cast<size_t>(theirs.rank)] < 0 &&
+                    Exchange(fd, reinterpret_cast<char*>(&hello), sizeof hello, true, greeting, &why);
+    if (!ok) {  // a stranger, or a rank that gave up: keep listening
+      ::close(fd);
+      continue;
+    }
+    (*fds)[static_cast<size_t>(theirs.rank)] = fd;
+    --expected;
+  }
+  return "";
+}
+
 // This rank's part of the connection phase; returns "" or what went wrong. `elsewhere` tells
 // a rank that found nothing wrong itself that some other rank gave up before connecting (its
 // own error says why), so that nobody waits for its calls.
@@ -1136,8 +1183,22 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   }
 
   Hello hello{kHelloMagic, token, rank, n, rank, 0};
-  // Dial every rank below, then take the calls of every rank above.
-  for (int p = 0; p < rank && error.empty(); ++p) {
+  // Take the calls of every rank above on a thread of its own while dialing every rank below,
+  // the nearest first. Dialing first and answering after, as before, chained the ranks: a
+  // rank's greeting was answered only once the peer had dialed all of its own, so the phase
+  // lasted a round trip per rank in the world; and every rank dialing rank 0 first sent the
+  // whole world's calls into rank 0's listen queue at once (net.core.somaxconn: 128 before
+  // Linux 5.4, 4096 since), whose overflow costs each dropped call a SYN retry of a second or
+  // more. Nearest first, a rank's calls arrive one or two at a time.
+  std::atomic<bool> stop{false};
+  std::string accept_error;
+  std::thread acceptor;
+  if (error.empty() && rank + 1 < n) {
+    SetNonBlocking(listener);
+    acceptor = std::thread(
+        [&] { accept_error = AcceptAbove(listener, hello, options.connect_timeout_seconds, deadline, fds, stop); });
+  }
+  for (int p = rank - 1; p >= 0 && error.empty(); --p) {
     const Endpoint& e = endpoints[static_cast<size_t>(p)];
     std::vector<std::string> left = DialOrder(e.addresses, e.host == host, interfaces);
     std::string failures;
@@ -1161,41 +1222,9 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
               (failures.empty() ? std::string("no address") : failures);
     }
   }
-  if (error.empty()) SetNonBlocking(listener);
-  for (int expected = n - 1 - rank; error.empty() && expected > 0;) {
-    if (!WaitFor(listener, POLLIN, deadline)) {
-      std::vector<int> missing;
-      for (int p = rank + 1; p < n; ++p) {
-        if ((*fds)[static_cast<size_t>(p)] < 0) missing.push_back(p);
-      }
-      std::ostringstream timeout;
-      timeout << options.connect_timeout_seconds;
-      error = RankSet(missing) + " did not connect within " + timeout.str() + " s";
-      break;
-    }
-    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      // The caller's connection stays queued, so retrying would spin until the deadline.
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        error = "cannot accept the connections of the ranks above it: " + ErrnoText(errno);
-      }
-      continue;
-    }
-    SetNoDelay(fd);
-    Hello theirs{};
-    std::string why;
-    const Clock::time_point greeting = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-    const bool ok = Exchange(fd, reinterpret_cast<char*>(&theirs), sizeof theirs, false, greeting, &why) &&
-                    theirs.magic == kHelloMagic && theirs.token == token && theirs.size == n && theirs.to == rank &&
-                    theirs.rank > rank && theirs.rank < n && (*fds)[static_cast<size_t>(theirs.rank)] < 0 &&
-                    Exchange(fd, reinterpret_cast<char*>(&hello), sizeof hello, true, greeting, &why);
-    if (!ok) {  // a stranger, or a rank that gave up: keep listening
-      ::close(fd);
-      continue;
-    }
-    (*fds)[static_cast<size_t>(theirs.rank)] = fd;
-    --expected;
-  }
+  if (!error.empty()) stop = true;  // the world fails anyway: no reason to wait for the calls
+  if (acceptor.joinable()) acceptor.join();
+  if (error.empty()) error = accept_error;
   if (listener >= 0) ::close(listener);
   std::set<std::string> used;  // this rank's interfaces towards other hosts
   for (int p = 0; p < n; ++p) {

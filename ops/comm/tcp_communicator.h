@@ -57,9 +57,9 @@ struct TcpReport {
 };
 
 /// Collective over `bootstrap` (every rank must call it): each rank listens on an ephemeral
-/// port, the addresses go round through `bootstrap`, each rank connects to the ranks below it
-/// (trying their addresses in net_interfaces.h's DialOrder: a peer on the same host through
-/// 127.0.0.1 first) and accepts the ranks above it; a shared random token checks that each
+/// port, the addresses go round through `bootstrap`, each rank connects to the ranks below it,
+/// the nearest first (trying their addresses in net_interfaces.h's DialOrder: a peer on the
+/// same host through 127.0.0.1 first), while a thread of its own accepts the ranks above it; a shared random token checks that each
 /// connection reached this job. The result has bootstrap's ranks. A socket per peer: the soft
 /// open-file limit is raised to the hard one where they would not fit. Throws gradcomp::Error
 /// naming the ranks and addresses that could not be joined, or the limits that are too low; a

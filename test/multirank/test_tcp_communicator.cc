@@ -5,8 +5,14 @@
 // rank becoming an error on every other rank. The generic collectives run over it in
 // test_inproc_collectives too.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -335,6 +341,49 @@ void ConnectUnderTooLowALimit() {
 TEST(TcpDeathTest, AnOpenFileLimitTooLowForTheConnectionsIsNamedOnEveryRank) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(ConnectUnderTooLowALimit(), ::testing::ExitedWithCode(0), "8 ranks named the limit");
+}
+
+// In a child process, in a network namespace of its own whose listen queues hold 4 calls
+// (net.core.somaxconn: 128 before Linux 5.4, 4096 since; a world of thousands of ranks
+// overflows either): 100 thread ranks connect within a 10 s connection phase. Every rank
+// dialing rank 0 first, and answering calls only after its own dials, took 6.9 s at 64 ranks
+// under a queue of 8 and 17 s at 128 (calls dropped from the queue wait for a SYN retry).
+void ConnectManyThroughShortListenQueues() {
+  if (::unshare(CLONE_NEWNET) != 0) {
+    std::fprintf(stderr, "cannot make a network namespace (needs root): %s\n", std::strerror(errno));
+    std::exit(3);
+  }
+  const int fd = ::open("/proc/sys/net/core/somaxconn", O_WRONLY);
+  if (fd < 0 || ::write(fd, "4", 1) != 1) std::exit(4);
+  ::close(fd);
+  const int s = ::socket(AF_INET, SOCK_DGRAM, 0);
+  ifreq lo{};
+  std::strcpy(lo.ifr_name, "lo");
+  if (::ioctl(s, SIOCGIFFLAGS, &lo) != 0) std::exit(5);
+  lo.ifr_flags |= IFF_UP;
+  if (::ioctl(s, SIOCSIFFLAGS, &lo) != 0) std::exit(6);
+  ::close(s);
+  TcpOptions options;
+  options.connect_timeout_seconds = 10;
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = ErrorsOn(
+      100,
+      [](std::unique_ptr<Communicator>& comm) {
+        int x = 1;
+        comm->Allreduce(&x, &x, 1, DataType::kInt32, ReduceOp::kSum);
+        GC_ENFORCE(x == 100, "sum " + std::to_string(x));
+      },
+      options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const size_t failed = static_cast<size_t>(std::count_if(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); }));
+  std::fprintf(stderr, "100 ranks: %zu failed in %.1f s%s%s\n", failed, seconds, failed ? "; rank 0: " : "",
+               errors[0].c_str());
+  std::exit(failed == 0 ? 0 : 1);
+}
+
+TEST(TcpDeathTest, AThousandRanksWorthOfCallsThroughShortListenQueues) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ConnectManyThroughShortListenQueues(), ::testing::ExitedWithCode(0), "100 ranks: 0 failed");
 }
 
 TEST(Tcp, MismatchedSizesAreAnErrorNamingBothRanks) {
