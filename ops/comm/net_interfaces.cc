@@ -1,14 +1,16 @@
 #include "ops/comm/net_interfaces.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -21,9 +23,17 @@ namespace {
 int Rank(const NetInterface& i) { return i.loopback ? 2 : IsBridgeOrTunnel(i.name) ? 1 : 0; }
 
 int SpeedOf(const std::string& name) {
-  std::ifstream in("/sys/class/net/" + name + "/speed");
-  long speed = -1;
-  if (!(in >> speed) || speed <= 0 || speed > (1L << 30)) return -1;  // down, virtual, or "unknown"
+  // read(), not an ifstream: a failed open (out of descriptors) inside ifstream's constructor
+  // trips UBSan's vptr check on libstdc++'s construction vtables.
+  const int fd = ::open(("/sys/class/net/" + name + "/speed").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[32] = {};
+  const ssize_t got = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (got <= 0) return -1;
+  char* end = nullptr;
+  const long speed = std::strtol(text, &end, 10);
+  if (end == text || speed <= 0 || speed > (1L << 30)) return -1;  // down, virtual, or "unknown"
   return static_cast<int>(speed);
 }
 

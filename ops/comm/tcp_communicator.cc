@@ -1157,9 +1157,9 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   }
   std::vector<NetInterface> interfaces, advertised;
   try {
-    interfaces = ListNetInterfaces();
+    if (error.empty()) interfaces = ListNetInterfaces();
   } catch (const Error& e) {
-    if (error.empty()) error = e.what();
+    error = e.what();
   }
   if (error.empty()) {
     advertised = AdvertisedInterfaces(interfaces, options.iface);
