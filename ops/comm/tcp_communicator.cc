@@ -1113,7 +1113,8 @@ std::string AcceptAbove(int listener, const Hello& mine, double timeout_seconds,
     const Clock::time_point greeting = std::min(deadline, Clock::now() + std::chrono::seconds(5));
     const bool ok = Exchange(fd, reinterpret_cast<char*>(&theirs), sizeof theirs, false, greeting, &why) &&
                     theirs.magic == kHelloMagic && theirs.token == mine.token && theirs.size == n &&
-                    theirs.to == rank && theirs.rank > rank && theirs.rank < n && (*fds)[static_cast<size_t>(theirs.rank)] < 0 &&
+                    theirs.to == rank && theirs.rank > rank && theirs.rank < n &&
+                    (*fds)[static_cast<size_t>(theirs.rank)] < 0 &&
                     Exchange(fd, reinterpret_cast<char*>(&hello), sizeof hello, true, greeting, &why);
     if (!ok) {  // a stranger, or a rank that gave up: keep listening
       ::close(fd);

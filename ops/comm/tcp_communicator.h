@@ -59,11 +59,12 @@ struct TcpReport {
 /// Collective over `bootstrap` (every rank must call it): each rank listens on an ephemeral
 /// port, the addresses go round through `bootstrap`, each rank connects to the ranks below it,
 /// the nearest first (trying their addresses in net_interfaces.h's DialOrder: a peer on the
-/// same host through 127.0.0.1 first), while a thread of its own accepts the ranks above it; a shared random token checks that each
-/// connection reached this job. The result has bootstrap's ranks. A socket per peer: the soft
-/// open-file limit is raised to the hard one where they would not fit. Throws gradcomp::Error
-/// naming the ranks and addresses that could not be joined, or the limits that are too low; a
-/// rank that gives up before dialing makes every rank fail at once, not at the timeout.
+/// same host through 127.0.0.1 first), while a thread of its own accepts the ranks above it; a
+/// shared random token checks that each connection reached this job. The result has
+/// bootstrap's ranks. A socket per peer: the soft open-file limit is raised to the hard one
+/// where they would not fit. Throws gradcomp::Error naming the ranks and addresses that could
+/// not be joined, or the limits that are too low; a rank that gives up before dialing makes
+/// every rank fail at once, not at the timeout.
 std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const TcpOptions& options,
                                               TcpReport* report = nullptr);
 

@@ -375,7 +375,8 @@ void ConnectManyThroughShortListenQueues() {
       },
       options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const size_t failed = static_cast<size_t>(std::count_if(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); }));
+  const auto failed = static_cast<size_t>(
+      std::count_if(errors.begin(), errors.end(), [](const std::string& e) { return !e.empty(); }));
   std::fprintf(stderr, "100 ranks: %zu failed in %.1f s%s%s\n", failed, seconds, failed ? "; rank 0: " : "",
                errors[0].c_str());
   std::exit(failed == 0 ? 0 : 1);
