@@ -1051,14 +1051,7 @@ std::string MakeRoomForConnections(int peers, std::string* raised) {
 
 // "rank 3", "ranks 0-2, 5, 7-9": a large job's ranks named in one line.
 std::string RankSet(const std::vector<int>& ranks) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
-    i = j + 1;
-  }
-  return (ranks.size() == 1 ? "rank " : "ranks ") + text;
+  return (ranks.size() == 1 ? "rank " : "ranks ") + NumberRanges(ranks, ", ");
 }
 
 // Every rank's listening address, as "host port addr,addr,...".

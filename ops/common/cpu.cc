@@ -9,6 +9,10 @@
 #include <cpuid.h>
 #endif
 
+#include <vector>
+
+#include "ops/common/enforce.h"
+
 namespace gradcomp {
 
 namespace {
@@ -40,14 +44,11 @@ std::string AllowedCpus(int* count) {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
   *count = CPU_COUNT(&set);
+  std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set)) continue;
-    int last = c;
-    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
-    if (!out.empty()) out += ",";
-    out += last == c ? std::to_string(c) : std::to_string(c) + "-" + std::to_string(last);
-    c = last;
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
   }
+  out = NumberRanges(cpus, ",");
 #endif
   return out;
 }

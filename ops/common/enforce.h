@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace gradcomp {
 
@@ -20,6 +21,10 @@ class InvalidArgument : public Error {
  public:
   explicit InvalidArgument(const std::string& what) : Error(what) {}
 };
+
+/// Ascending numbers with their runs shortened, for messages and logs: "0-3, 8" (separator
+/// ", "), "0-3,8" (","): a large job's ranks or a machine's CPUs in one line.
+std::string NumberRanges(const std::vector<int>& ascending, const char* separator);
 
 namespace detail {
 /// Concatenates any streamable arguments into one string.

@@ -289,6 +289,14 @@ TEST(Tcp, ARankThatGivesUpBeforeDialingFailsEveryRankAtOnce) {
   }
 }
 
+TEST(Tcp, NumberRangesNameALargeJobsRanksInOneLine) {
+  // The connection errors' "ranks 0-2, 5" (and AllowedCpus's "0-3,8").
+  EXPECT_EQ(NumberRanges({}, ", "), "");
+  EXPECT_EQ(NumberRanges({7}, ", "), "7");
+  EXPECT_EQ(NumberRanges({0, 1, 2, 5, 7, 8, 9}, ", "), "0-2, 5, 7-9");
+  EXPECT_EQ(NumberRanges({0, 1, 2, 3, 8}, ","), "0-3,8");
+}
+
 int OpenFiles() {
   int count = 0;
   DIR* dir = ::opendir("/proc/self/fd");
