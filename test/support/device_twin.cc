@@ -17,6 +17,7 @@ class DeviceCopy {
   DeviceCopy(const void* host, size_t bytes) : bytes_(bytes) {
     ptr_ = TestDevice().Allocate(bytes);
     TestDevice().CopyFromHost(ptr_, host, bytes, Stream());
+    Stream().Synchronize();  // the collective runs on streams of its own
   }
   ~DeviceCopy() { TestDevice().Free(ptr_, bytes_); }
   DeviceCopy(const DeviceCopy&) = delete;
@@ -25,6 +26,7 @@ class DeviceCopy {
   std::vector<char> Read() const {
     std::vector<char> out(bytes_);
     TestDevice().CopyToHost(out.data(), ptr_, bytes_, Stream());
+    Stream().Synchronize();
     return out;
   }
 
