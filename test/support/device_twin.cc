@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "ops/common/enforce.h"
+#if GRADCOMP_TEST_CUDA_DEVICE
+#include "ops/device/cuda_device.h"
+#endif
 
 namespace gradcomp::testing {
 
@@ -47,8 +50,12 @@ std::vector<char> HostBytes(const void* p, size_t n) {
 }  // namespace
 
 Device& TestDevice() {
+#if GRADCOMP_TEST_CUDA_DEVICE
+  return CudaDevice(0);  // a GPU's, or the emulated CUDA runtime's (test/CMakeLists.txt)
+#else
   static const std::unique_ptr<Device> device = NewSeparateMemoryDevice();
   return *device;
+#endif
 }
 
 namespace {
@@ -62,8 +69,9 @@ struct Outcome {
 void Expect(const Outcome& got, const Outcome& want, const char* how, const CompressedAllreduceOptions& o) {
   const auto check = [&](bool same, const char* what) {
     if (!same) {
-      GC_THROW("the separate-memory device run (", how, ")'s ", what, " differs from the host run's (tensor '",
-               o.name, "', ", o.count, " values, codec ", o.codec->name(), ")");
+      GC_THROW("the ", TestDevice().name(), " device run (", how, ")'s ", what,
+               " differs from the host run's (tensor '", o.name, "', ", o.count, " values, codec ", o.codec->name(),
+               ")");
     }
   };
   check(got.output == want.output, "output");

@@ -10,7 +10,8 @@
 
 namespace gradcomp::testing {
 
-/// The separate-memory device the tests of a process share (thread-safe).
+/// The separate-memory device the tests of a process share (thread-safe); CUDA device 0 where
+/// the support library is built with GRADCOMP_TEST_CUDA_DEVICE (the emulated CUDA tests).
 Device& TestDevice();
 
 /// Runs a compressed collective three times: `run(options, false)` on the host with copies of

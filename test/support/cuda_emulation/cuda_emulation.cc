@@ -1,0 +1,849 @@
+// The emulated CUDA runtime (cuda_runtime.h says what it is for and what it checks).
+//
+// One engine for the process, under one lock: a stream is a queue of work (kernels, copies,
+// fills, event records and waits) that runs only when the host synchronizes with it. A kernel
+// runs block after block on the synchronizing host thread. A block whose kernel uses barriers or
+// warp shuffles runs its threads as fibers (their own stacks, switched by a few instructions of
+// x86-64 assembly) that advance to the next barrier in turn; the first block of every kernel runs
+// so, and a kernel that used none there runs its other blocks' threads as plain calls.
+#include "test/support/cuda_emulation/cuda_runtime.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#if !defined(__x86_64__)
+#error "the CUDA emulation's fibers switch stacks with x86-64 assembly"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define GC_EMU_ASAN 1
+#else
+#define GC_EMU_ASAN 0
+#endif
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+struct CUstream_st {
+  struct Work {
+    std::function<void()> run;
+    std::vector<const void*> touches;  // device memory it may access (whole allocations open)
+  };
+  std::deque<Work> work;
+  unsigned flags = 0;
+};
+
+struct CUevent_st {
+  CUstream_st* stream = nullptr;
+  uint64_t recorded = 0;   // records so far
+  uint64_t completed = 0;  // the last record whose point its stream has passed
+  bool reported_pending = false;
+};
+
+// Saves the callee-saved registers on the current stack, stores its pointer at *save, and
+// continues on the stack `to` (one this function saved, or a new fiber's: FiberStack).
+extern "C" void gc_cuda_emulation_switch(void** save, void* to);
+asm(R"(
+  .text
+  .globl gc_cuda_emulation_switch
+  .type gc_cuda_emulation_switch, @function
+gc_cuda_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size gc_cuda_emulation_switch, .-gc_cuda_emulation_switch
+)");
+
+namespace gc_cuda_emulation {
+namespace {
+
+[[noreturn]] void Fatal(const std::string& what) {
+  std::fprintf(stderr, "gradcomp CUDA emulation: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// ---- memory -----------------------------------------------------------------------------------
+
+struct Allocation {
+  char* map = nullptr;  // the mapping: its data pages, then one guard page
+  size_t map_bytes = 0;
+  size_t bytes = 0;     // what was asked for
+  bool device = false;  // else page-locked host memory
+  int open = 0;         // work running that may touch it
+};
+
+std::recursive_mutex mu;
+std::map<uintptr_t, Allocation> allocations;  // by the pointer handed out
+cudaError_t sticky = cudaSuccess;             // a kernel's fault poisons the context, as CUDA's
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local int current_device = 0;
+CUstream_st legacy_stream;
+std::set<CUstream_st*> streams;
+std::set<CUevent_st*> events;
+
+size_t PageSize() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// GRADCOMP_CUDA_EMULATION_CLOSED_MEMORY=0 leaves device memory open to the host (guard pages
+// stay): for long tests whose host code the separate-memory device already checks.
+bool ClosedMemory() {
+  static const bool closed = [] {
+    const char* v = std::getenv("GRADCOMP_CUDA_EMULATION_CLOSED_MEMORY");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return closed;
+}
+
+void Protect(const Allocation& a, bool open) {
+  if (!ClosedMemory()) return;
+  if (mprotect(a.map, a.map_bytes - PageSize(), open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) {
+    Fatal("mprotect failed");
+  }
+}
+
+// The allocation holding [p, p + bytes), or null. With bytes 0, p may be one past its end (a
+// kernel's pointer argument may be).
+const Allocation* Find(const void* p, size_t bytes) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations.upper_bound(addr);
+  if (it == allocations.begin()) return nullptr;
+  --it;
+  if (addr - it->first + bytes > it->second.bytes) return nullptr;
+  return &it->second;
+}
+
+bool IsDevice(const void* p, size_t bytes) {
+  const Allocation* a = Find(p, bytes);
+  return a != nullptr && a->device;
+}
+bool IsPinned(const void* p, size_t bytes) {
+  const Allocation* a = Find(p, bytes);
+  return a != nullptr && !a->device;
+}
+
+// While one lives, the device memory a piece of stream work names is open to the host thread
+// that runs it; the rest stays closed, so a kernel reaching memory its arguments do not name
+// faults too.
+class OpenFor {
+ public:
+  explicit OpenFor(const std::vector<const void*>& pointers) {
+    for (const void* p : pointers) {
+      auto it = allocations.upper_bound(reinterpret_cast<uintptr_t>(p));
+      if (it == allocations.begin()) continue;
+      Allocation& a = (--it)->second;
+      if (!a.device || reinterpret_cast<uintptr_t>(p) - it->first > a.bytes) continue;
+      if (a.open++ == 0) Protect(a, true);
+      opened_.push_back(&a);
+    }
+  }
+  ~OpenFor() {
+    for (Allocation* a : opened_) {
+      if (--a->open == 0) Protect(*a, false);
+    }
+  }
+  OpenFor(const OpenFor&) = delete;
+  OpenFor& operator=(const OpenFor&) = delete;
+
+ private:
+  std::vector<Allocation*> opened_;
+};
+
+// Faults on device memory from the host name the allocation; anything else is passed on.
+struct sigaction previous_segv;
+void OnSegv(int sig, siginfo_t* info, void* context) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const auto& [p, a] : allocations) {  // not async-signal-safe; the process is ending
+    const auto start = reinterpret_cast<uintptr_t>(a.map);
+    if (addr < start || addr >= start + a.map_bytes) continue;
+    char line[256];
+    if (addr >= start + a.map_bytes - PageSize()) {
+      std::snprintf(line, sizeof line, "gradcomp CUDA emulation: an access at %p is past the end of the %zu bytes "
+                    "of %s memory at %p\n", info->si_addr, a.bytes, a.device ? "device" : "page-locked",
+                    reinterpret_cast<void*>(p));
+    } else {
+      std::snprintf(line, sizeof line, "gradcomp CUDA emulation: the host touched device memory at %p (%zu bytes "
+                    "at %p) outside the stream work that names it: the host must copy it out first, and a kernel may "
+                    "reach only the memory its arguments point into\n", info->si_addr, a.bytes,
+                    reinterpret_cast<void*>(p));
+    }
+    if (write(2, line, std::strlen(line)) < 0) break;
+    break;
+  }
+  sigaction(SIGSEGV, &previous_segv, nullptr);
+  if (previous_segv.sa_flags & SA_SIGINFO) {
+    if (previous_segv.sa_sigaction != nullptr) previous_segv.sa_sigaction(sig, info, context);
+  } else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) {
+    previous_segv.sa_handler(sig);
+  }
+  // Returning re-runs the access under the handler restored above.
+}
+
+void InstallSegvHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSegv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+  });
+}
+
+cudaError_t Allocate(void** ptr, size_t bytes, bool device) {
+  if (ptr == nullptr) return cudaErrorInvalidValue;
+  InstallSegvHandler();
+  const size_t page = PageSize();
+  const size_t rounded = RoundUp(std::max<size_t>(bytes, 1), 256);  // cudaMalloc's alignment
+  Allocation a;
+  a.map_bytes = RoundUp(rounded, page) + page;
+  a.bytes = bytes;
+  a.device = device;
+  void* m = mmap(nullptr, a.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
+  a.map = static_cast<char*>(m);
+  if (mprotect(a.map + a.map_bytes - page, page, PROT_NONE) != 0) Fatal("mprotect of a guard page failed");
+  // The data ends where the guard page starts; cudaMalloc's memory is not zeroed: 0xff bytes are
+  // NaN in every float type, so a kernel reading what nothing wrote shows.
+  char* user = a.map + a.map_bytes - page - rounded;
+  std::memset(a.map, 0xff, a.map_bytes - page);
+  if (device) Protect(a, false);
+  allocations[reinterpret_cast<uintptr_t>(user)] = a;
+  *ptr = user;
+  return cudaSuccess;
+}
+
+// ---- streams ----------------------------------------------------------------------------------
+
+CUstream_st* Resolve(cudaStream_t s) { return s != nullptr ? s : &legacy_stream; }
+
+bool Known(cudaStream_t s) { return s == nullptr || streams.count(s) > 0; }
+
+void RunOne(CUstream_st* s) {
+  CUstream_st::Work work = std::move(s->work.front());
+  s->work.pop_front();
+  if (sticky != cudaSuccess) return;  // a poisoned context runs nothing more
+  OpenFor open(work.touches);
+  work.run();
+}
+
+void Drain(CUstream_st* s) {
+  while (!s->work.empty()) RunOne(s);
+}
+
+void DrainAll() {
+  for (bool again = true; again;) {
+    Drain(&legacy_stream);
+    for (CUstream_st* s : streams) Drain(s);
+    again = !legacy_stream.work.empty();
+    for (CUstream_st* s : streams) again = again || !s->work.empty();
+  }
+}
+
+// Runs e's stream until e's record number `seq` has passed.
+void RunToEvent(CUevent_st* e, uint64_t seq) {
+  while (e->completed < seq && sticky == cudaSuccess) {
+    if (e->stream->work.empty()) Fatal("an event's stream ran out of work before the event's point");
+    RunOne(e->stream);
+  }
+}
+
+void Push(cudaStream_t s, std::function<void()> run, std::vector<const void*> touches = {}) {
+  Resolve(s)->work.push_back(CUstream_st::Work{std::move(run), std::move(touches)});
+}
+
+cudaError_t Fail(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+
+// ---- fibers -----------------------------------------------------------------------------------
+
+constexpr size_t kFiberStack = size_t{256} << 10;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+struct Fiber {
+  enum State { kReady, kAtBarrier, kAtShuffle, kDone };
+  void* sp = nullptr;
+  State state = kReady;
+  uint3 tid;
+  unsigned mask = 0;       // at a shuffle: its mask
+  unsigned shuffles = 0;   // shuffles done (their slots alternate)
+};
+
+// One block being run on this host thread.
+struct Block {
+  const std::function<void()>* thread = nullptr;
+  const char* kernel = "";
+  bool fibers = false;          // else threads run as plain calls
+  bool used_barriers = false;
+  std::vector<Fiber> all;
+  size_t current = 0;
+  void* scheduler_sp = nullptr;
+  // Warp shuffles: two slots per lane (consecutive shuffles alternate), 8 bytes each.
+  std::vector<uint64_t> slots;
+#if GC_EMU_ASAN
+  const void* scheduler_bottom = nullptr;  // the host thread's stack
+  size_t scheduler_size = 0;
+#endif
+};
+thread_local Block* running = nullptr;
+
+struct Stacks {
+  char* base = nullptr;
+  size_t count = 0;
+  ~Stacks() {
+    if (base != nullptr) munmap(base, count * kFiberStack);
+  }
+  char* Get(size_t i) {
+    if (i >= count) {
+      if (base != nullptr) munmap(base, count * kFiberStack);
+      count = std::max<size_t>(i + 1, 256);
+      void* m = mmap(nullptr, count * kFiberStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+      if (m == MAP_FAILED) Fatal("no memory for fiber stacks");
+      base = static_cast<char*>(m);
+    }
+    return base + i * kFiberStack;
+  }
+};
+thread_local Stacks stacks;
+
+// Leaves the stack of the fiber at `from` (the scheduler: b.all.size()) for the next fiber
+// after it that is ready to run, or for the scheduler when none is: fibers hand over to each
+// other directly, the scheduler only releases barriers.
+void SwitchFrom(Block& b, size_t from, bool finished) {
+  const size_t n = b.all.size();
+  size_t to = from < n ? from + 1 : 0;
+  while (to < n && b.all[to].state != Fiber::kReady) ++to;
+  void** save = from < n ? &b.all[from].sp : &b.scheduler_sp;
+  void* target = to < n ? b.all[to].sp : b.scheduler_sp;
+  if (to < n) {
+    b.current = to;
+    threadIdx = b.all[to].tid;
+  }
+#if GC_EMU_ASAN
+  void* fake = nullptr;
+  if (to < n) {
+    __sanitizer_start_switch_fiber(finished ? nullptr : &fake, stacks.Get(to), kFiberStack);
+  } else {
+    __sanitizer_start_switch_fiber(finished ? nullptr : &fake, b.scheduler_bottom, b.scheduler_size);
+  }
+  gc_cuda_emulation_switch(save, target);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)finished;
+  gc_cuda_emulation_switch(save, target);
+#endif
+}
+
+extern "C" [[noreturn]] void FiberMain() {
+  Block& b = *running;
+#if GC_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+  (*b.thread)();
+  const size_t me = b.current;
+  b.all[me].state = Fiber::kDone;
+  SwitchFrom(b, me, true);
+  Fatal("a finished fiber was resumed");
+}
+
+void* NewFiberStack(char* base) {
+#if GC_EMU_ASAN
+  // A finished fiber's last frame never returned: its redzones are still poisoned.
+  ASAN_UNPOISON_MEMORY_REGION(base, kFiberStack);
+#endif
+  auto top = (reinterpret_cast<uintptr_t>(base) + kFiberStack) & ~uintptr_t{15};
+  auto** sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;  // FiberMain's return address: it never returns
+  *--sp = reinterpret_cast<void*>(&FiberMain);
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp, rbx, r12-r15
+  return sp;
+}
+
+unsigned LinearId(const uint3& t, const dim3& d) { return t.x + d.x * (t.y + d.y * t.z); }
+
+Fiber& Self(const char* what) {
+  Block* b = running;
+  if (b == nullptr) Fatal(std::string(what) + " called outside a kernel");
+  if (!b->fibers) {
+    Fatal(std::string("kernel ") + b->kernel + " called " + what + " in a block run without fibers: its first "
+          "block used no barrier, so the emulation took it for a kernel without any");
+  }
+  b->used_barriers = true;
+  return b->all[b->current];
+}
+
+void Yield(Block& b) { SwitchFrom(b, b.current, false); }
+
+std::string Describe(const Block& b) {
+  std::string s;
+  for (const Fiber& f : b.all) {
+    static const char* names[] = {"ready", "at __syncthreads", "at a shuffle", "done"};
+    s += " " + std::to_string(LinearId(f.tid, blockDim)) + ":" + names[f.state];
+    if (s.size() > 600) return s + " ...";
+  }
+  return s;
+}
+
+// Releases the fibers whose barrier every participant has reached; false if none can go on.
+bool Release(Block& b) {
+  size_t live = 0, at_barrier = 0;
+  for (const Fiber& f : b.all) {
+    live += f.state != Fiber::kDone;
+    at_barrier += f.state == Fiber::kAtBarrier;
+  }
+  if (live > 0 && at_barrier == live) {
+    for (Fiber& f : b.all) f.state = Fiber::kReady;
+    return true;
+  }
+  bool released = false;
+  const size_t n = b.all.size();
+  for (size_t first = 0; first < n; first += 32) {
+    const size_t lanes = std::min<size_t>(32, n - first);
+    unsigned waiting = 0, done = 0, mask = 0;
+    bool same = true;
+    for (size_t l = 0; l < lanes; ++l) {
+      const Fiber& f = b.all[first + l];
+      done |= static_cast<unsigned>(f.state == Fiber::kDone) << l;
+      if (f.state != Fiber::kAtShuffle) continue;
+      if (waiting != 0 && f.mask != mask) same = false;
+      waiting |= 1u << l;
+      mask = f.mask;
+    }
+    if (waiting == 0) continue;
+    const unsigned absent = lanes == 32 ? 0 : ~0u << lanes;
+    if (mask & (done | absent)) {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "%08x", mask);
+      Fatal(std::string("kernel ") + b.kernel + ": a warp shuffle's mask 0x" + hex + " in warp " +
+            std::to_string(first / 32) + " of block " + std::to_string(blockIdx.x) +
+            " names a lane that has exited or does not exist");
+    }
+    if (!same || waiting != mask) continue;
+    for (size_t l = 0; l < lanes; ++l) {
+      if (waiting & (1u << l)) b.all[first + l].state = Fiber::kReady;
+    }
+    released = true;
+  }
+  return released;
+}
+
+void RunBlockWithFibers(Block& b) {
+  const size_t n = static_cast<size_t>(blockDim.x) * blockDim.y * blockDim.z;
+  b.all.assign(n, Fiber{});
+  b.slots.assign(2 * n, 0);
+  stacks.Get(n - 1);  // every stack now: growing the pool moves it
+  for (size_t i = 0; i < n; ++i) {
+    Fiber& f = b.all[i];
+    f.tid = uint3(static_cast<unsigned>(i % blockDim.x), static_cast<unsigned>(i / blockDim.x % blockDim.y),
+                  static_cast<unsigned>(i / (size_t{blockDim.x} * blockDim.y)));
+    f.sp = NewFiberStack(stacks.Get(i));
+  }
+#if GC_EMU_ASAN
+  pthread_attr_t attr;
+  void* bottom = nullptr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) Fatal("pthread_getattr_np failed");
+  pthread_attr_getstack(&attr, &bottom, &b.scheduler_size);
+  pthread_attr_destroy(&attr);
+  b.scheduler_bottom = bottom;
+#endif
+  for (;;) {
+    SwitchFrom(b, n, false);  // the ready fibers run, each handing over to the next
+    bool all_done = true;
+    for (const Fiber& f : b.all) all_done = all_done && f.state == Fiber::kDone;
+    if (all_done) return;
+    if (!Release(b)) {
+      Fatal(std::string("kernel ") + b.kernel + ", block " + std::to_string(blockIdx.x) +
+            ": its threads wait at barriers that not every live thread reaches:" + Describe(b));
+    }
+  }
+}
+
+// Which kernels use barriers, learned from their first block (by kernel address).
+std::map<const void*, bool> uses_barriers;
+
+void RunGrid(const char* name, const void* kernel, const Config& c, const std::vector<const void*>& pointers,
+             const std::function<void()>& thread) {
+  for (size_t i = 0; i < pointers.size(); ++i) {
+    const void* p = pointers[i];
+    if (p == nullptr || Find(p, 0) != nullptr) continue;
+    std::fprintf(stderr,
+                 "gradcomp CUDA emulation: kernel %s's pointer argument %zu (%p) is neither device nor page-locked "
+                 "memory: an illegal address on a GPU\n",
+                 name, i, p);
+    sticky = cudaErrorIllegalAddress;
+    return;
+  }
+  Block b;
+  b.thread = &thread;
+  b.kernel = name;
+  Block* outer = running;
+  running = &b;
+  gridDim = c.grid;
+  blockDim = c.block;
+  auto known = uses_barriers.find(kernel);
+  for (unsigned z = 0; z < c.grid.z; ++z) {
+    for (unsigned y = 0; y < c.grid.y; ++y) {
+      for (unsigned x = 0; x < c.grid.x; ++x) {
+        blockIdx = uint3(x, y, z);
+        b.fibers = known == uses_barriers.end() || known->second;
+        if (b.fibers) {
+          RunBlockWithFibers(b);
+          if (known == uses_barriers.end()) known = uses_barriers.emplace(kernel, b.used_barriers).first;
+          continue;
+        }
+        for (unsigned tz = 0; tz < c.block.z; ++tz) {
+          for (unsigned ty = 0; ty < c.block.y; ++ty) {
+            for (unsigned tx = 0; tx < c.block.x; ++tx) {
+              threadIdx = uint3(tx, ty, tz);
+              thread();
+            }
+          }
+        }
+      }
+    }
+  }
+  running = outer;
+}
+
+}  // namespace
+
+void Enqueue(const char* name, const void* kernel, const Config& c, std::vector<const void*> pointers,
+             std::function<void()> thread) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  const size_t threads = static_cast<size_t>(c.block.x) * c.block.y * c.block.z;
+  if (c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0 || threads == 0 || threads > 1024 || c.block.z > 64 ||
+      c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535 || c.shared_bytes > 48 * 1024) {
+    last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (!Known(c.stream)) {
+    last_error = cudaErrorInvalidResourceHandle;
+    return;
+  }
+  if (sticky != cudaSuccess) return;
+  std::vector<const void*> touches = pointers;
+  Push(
+      c.stream, [name, kernel, c, pointers = std::move(pointers), thread = std::move(thread)] {
+        RunGrid(name, kernel, c, pointers, thread);
+      },
+      std::move(touches));
+}
+
+void WarpShuffle(unsigned mask, Shuffle how, int arg, int width, const void* value, void* out, size_t bytes) {
+  Fiber& f = Self("a warp shuffle");
+  Block& b = *running;
+  const size_t me = b.current;
+  const unsigned lane = static_cast<unsigned>(me % 32);
+  if (!(mask & (1u << lane))) Fatal(std::string("kernel ") + b.kernel + ": a shuffle's mask leaves out its own lane");
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) Fatal("a shuffle's width is not a power of 2 up to 32");
+  const unsigned slot = f.shuffles++ % 2;
+  uint64_t mine = 0;
+  std::memcpy(&mine, value, bytes);
+  b.slots[2 * me + slot] = mine;
+  f.state = Fiber::kAtShuffle;
+  f.mask = mask;
+  Yield(b);
+  const int w = width, base = static_cast<int>(lane) / w * w, in = static_cast<int>(lane) - base;
+  int src = in;
+  switch (how) {
+    case Shuffle::kIndex: src = arg % w; break;
+    case Shuffle::kXor: src = in ^ arg; break;
+    case Shuffle::kDown: src = in + arg; break;
+    case Shuffle::kUp: src = in - arg; break;
+  }
+  if (src < 0 || src >= w) src = in;  // outside the segment: the lane's own value
+  const size_t from = me - lane + static_cast<size_t>(base + src);
+  if (!(mask & (1u << (base + src)))) {
+    Fatal(std::string("kernel ") + b.kernel + ": a shuffle reads lane " + std::to_string(base + src) +
+          ", which its mask leaves out");
+  }
+  std::memcpy(out, &b.slots[2 * from + slot], bytes);
+}
+
+}  // namespace gc_cuda_emulation
+
+using namespace gc_cuda_emulation;  // NOLINT: the C-style API below is global, as CUDA's
+
+void __syncthreads() {
+  Fiber& f = Self("__syncthreads");
+  f.state = Fiber::kAtBarrier;
+  Yield(*running);
+}
+
+void __syncwarp(unsigned mask) {
+  uint64_t none = 0;
+  WarpShuffle(mask, Shuffle::kIndex, static_cast<int>(running->current % 32), 32, &none, &none, sizeof none);
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return Fail(cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return Fail(cudaErrorInvalidValue);
+  *device = current_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  DrainAll();
+  return sticky;
+}
+
+cudaError_t cudaGetLastError() {
+  if (sticky != cudaSuccess) return sticky;
+  const cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() { return sticky != cudaSuccess ? sticky : last_error; }
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorNotSupported: return "operation not supported";
+  }
+  return "unrecognized error code";
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (sticky != cudaSuccess) return sticky;
+  return Allocate(ptr, bytes, true) == cudaSuccess ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (sticky != cudaSuccess) return sticky;
+  return Allocate(ptr, bytes, false) == cudaSuccess ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
+}
+
+namespace {
+cudaError_t Release(void* ptr, bool device) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  DrainAll();  // cudaFree and cudaFreeHost synchronize the device
+  auto it = allocations.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations.end() || it->second.device != device) return Fail(cudaErrorInvalidValue);
+  munmap(it->second.map, it->second.map_bytes);
+  allocations.erase(it);
+  return sticky;
+}
+}  // namespace
+
+cudaError_t cudaFree(void* ptr) { return Release(ptr, true); }
+cudaError_t cudaFreeHost(void* ptr) { return Release(ptr, false); }
+
+namespace {
+
+// Where a copy's pointers are, as its kind says they must be: InvalidValue otherwise.
+bool KindHolds(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  const bool src_device = IsDevice(src, bytes), dst_device = IsDevice(dst, bytes);
+  switch (kind) {
+    case cudaMemcpyHostToDevice: return dst_device && !src_device;
+    case cudaMemcpyDeviceToHost: return src_device && !dst_device;
+    case cudaMemcpyDeviceToDevice: return src_device && dst_device;
+    case cudaMemcpyHostToHost: return !src_device && !dst_device;
+    case cudaMemcpyDefault: return true;
+  }
+  return false;
+}
+
+cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (sticky != cudaSuccess) return sticky;
+  if (!Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
+  if (bytes == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr || !KindHolds(dst, src, bytes, kind)) return Fail(cudaErrorInvalidValue);
+  const bool from_pageable = !IsDevice(src, bytes) && !IsPinned(src, bytes);
+  const bool to_pageable = !IsDevice(dst, bytes) && !IsPinned(dst, bytes);
+  if (from_pageable) {
+    // CUDA stages pageable source bytes before returning; the copy itself keeps its place.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    Push(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }, {dst});
+  } else {
+    Push(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); }, {dst, src});
+  }
+  // A copy into pageable memory returns once it is done (and so is all before it on the stream).
+  if (to_pageable) Drain(Resolve(stream));
+  return sticky;
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  return CopyAsync(dst, src, bytes, kind, stream);
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  const cudaError_t e = CopyAsync(dst, src, bytes, kind, nullptr);
+  if (e != cudaSuccess) return e;
+  Drain(&legacy_stream);  // synchronous on the legacy stream, which non-blocking streams do not join
+  return sticky;
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (sticky != cudaSuccess) return sticky;
+  if (!Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
+  if (bytes == 0) return cudaSuccess;
+  if (!IsDevice(dst, bytes)) return Fail(cudaErrorInvalidValue);
+  Push(stream, [dst, value, bytes] { std::memset(dst, value, bytes); }, {dst});
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  const cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
+  if (e != cudaSuccess) return e;
+  Drain(&legacy_stream);
+  return sticky;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  if (stream == nullptr) return Fail(cudaErrorInvalidValue);
+  // The data path creates only non-blocking streams; the legacy stream's implicit
+  // synchronization with blocking ones is not emulated.
+  if (flags != cudaStreamNonBlocking) return Fail(cudaErrorNotSupported);
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  auto* s = new CUstream_st;
+  s->flags = flags;
+  streams.insert(s);
+  *stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (stream == nullptr || streams.count(stream) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  Drain(stream);  // its work completes, as CUDA's does after the call returns
+  for (CUevent_st* e : events) {
+    if (e->stream == stream) e->stream = nullptr;
+  }
+  streams.erase(stream);
+  delete stream;
+  return sticky;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (!Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
+  Drain(Resolve(stream));
+  return sticky;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  if (event == nullptr || (flags & ~cudaEventDisableTiming) != 0) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  auto* e = new CUevent_st;
+  events.insert(e);
+  *event = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  if (event->stream != nullptr) RunToEvent(event, event->recorded);  // its record still happens
+  events.erase(event);
+  delete event;
+  return sticky;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (events.count(event) == 0 || !Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
+  if (sticky != cudaSuccess) return sticky;
+  const uint64_t seq = ++event->recorded;
+  event->stream = Resolve(stream);
+  event->reported_pending = false;
+  Push(stream, [event, seq] { event->completed = std::max(event->completed, seq); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  if (sticky != cudaSuccess) return sticky;
+  if (event->completed >= event->recorded) return cudaSuccess;
+  // Pending: the stream gets there now, but this query says not yet once, so a caller that
+  // polls sees both answers.
+  RunToEvent(event, event->recorded);
+  if (!event->reported_pending) {
+    event->reported_pending = true;
+    return cudaErrorNotReady;
+  }
+  return sticky;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  if (event->stream != nullptr) RunToEvent(event, event->recorded);
+  return sticky;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (events.count(event) == 0 || !Known(stream) || flags != 0) return Fail(cudaErrorInvalidResourceHandle);
+  if (sticky != cudaSuccess) return sticky;
+  if (event->stream == nullptr || event->completed >= event->recorded) return cudaSuccess;
+  const uint64_t seq = event->recorded;
+  Push(stream, [event, seq] {
+    if (events.count(event) > 0 && event->stream != nullptr) RunToEvent(event, seq);
+  });
+  return cudaSuccess;
+}
