@@ -266,7 +266,8 @@ TEST(Sra, PipelinedStripesGiveTheSameBytes) {
 // Over gradcomp's TCP connections (the runtime's data between nodes) the striped SRA gives the
 // bytes it gives in process, and its loop waits on events: with rank 0 starting 0.3 s late the
 // others' exchange threads wake a few dozen times (poll() on the sockets and the pipeline's
-// eventfd), where a loop napping on a timer (50-500 us) wakes hundreds of times.
+// eventfd; up to ~150 with other tests busy on the cores, data then arriving in more pieces),
+// where a loop napping on a timer (50-500 us) would wake at least 600 times in those 0.3 s.
 TEST(Sra, StripedOverTcpGivesTheSameBytesAndWaitsOnEvents) {
   const size_t count = (size_t{1} << 20) + 4097;
   const int world = 3;
@@ -293,7 +294,7 @@ TEST(Sra, StripedOverTcpGivesTheSameBytesAndWaitsOnEvents) {
     EXPECT_EQ(BitIdentical(outs[1]), "");
     EXPECT_EQ(outs[1], outs[0]) << stripes << " stripes";
     for (int r = 1; r < world; ++r) {
-      EXPECT_LT(switches[static_cast<size_t>(r)], 100) << "rank " << r << ", " << stripes << " stripes";
+      EXPECT_LT(switches[static_cast<size_t>(r)], 300) << "rank " << r << ", " << stripes << " stripes";
     }
   }
 }
