@@ -135,7 +135,7 @@ void Protect(const Allocation& a, bool open) {
 
 // The allocation holding [p, p + bytes), or null. With bytes 0, p may be one past its end (a
 // kernel's pointer argument may be).
-const Allocation* Find(const void* p, size_t bytes) {
+Allocation* Find(const void* p, size_t bytes) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
   auto it = allocations.upper_bound(addr);
   if (it == allocations.begin()) return nullptr;
@@ -148,10 +148,6 @@ bool IsDevice(const void* p, size_t bytes) {
   const Allocation* a = Find(p, bytes);
   return a != nullptr && a->device;
 }
-bool IsPinned(const void* p, size_t bytes) {
-  const Allocation* a = Find(p, bytes);
-  return a != nullptr && !a->device;
-}
 
 // While one lives, the device memory a piece of stream work names is open to the host thread
 // that runs it; the rest stays closed, so a kernel reaching memory its arguments do not name
@@ -160,12 +156,10 @@ class OpenFor {
  public:
   explicit OpenFor(const std::vector<const void*>& pointers) {
     for (const void* p : pointers) {
-      auto it = allocations.upper_bound(reinterpret_cast<uintptr_t>(p));
-      if (it == allocations.begin()) continue;
-      Allocation& a = (--it)->second;
-      if (!a.device || reinterpret_cast<uintptr_t>(p) - it->first > a.bytes) continue;
-      if (a.open++ == 0) Protect(a, true);
-      opened_.push_back(&a);
+      Allocation* a = Find(p, 0);
+      if (a == nullptr || !a->device) continue;
+      if (a->open++ == 0) Protect(*a, true);
+      opened_.push_back(a);
     }
   }
   ~OpenFor() {
@@ -262,13 +256,10 @@ void Drain(CUstream_st* s) {
   while (!s->work.empty()) RunOne(s);
 }
 
+// Nothing enqueues while work runs (the engine's lock is held): one pass empties every stream.
 void DrainAll() {
-  for (bool again = true; again;) {
-    Drain(&legacy_stream);
-    for (CUstream_st* s : streams) Drain(s);
-    again = !legacy_stream.work.empty();
-    for (CUstream_st* s : streams) again = again || !s->work.empty();
-  }
+  Drain(&legacy_stream);
+  for (CUstream_st* s : streams) Drain(s);
 }
 
 // Runs e's stream until e's record number `seq` has passed.
@@ -670,7 +661,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 }
 
 namespace {
-cudaError_t Release(void* ptr, bool device) {
+cudaError_t FreeAllocation(void* ptr, bool device) {
   if (ptr == nullptr) return cudaSuccess;
   std::lock_guard<std::recursive_mutex> lock(mu);
   DrainAll();  // cudaFree and cudaFreeHost synchronize the device
@@ -682,14 +673,13 @@ cudaError_t Release(void* ptr, bool device) {
 }
 }  // namespace
 
-cudaError_t cudaFree(void* ptr) { return Release(ptr, true); }
-cudaError_t cudaFreeHost(void* ptr) { return Release(ptr, false); }
+cudaError_t cudaFree(void* ptr) { return FreeAllocation(ptr, true); }
+cudaError_t cudaFreeHost(void* ptr) { return FreeAllocation(ptr, false); }
 
 namespace {
 
 // Where a copy's pointers are, as its kind says they must be: InvalidValue otherwise.
-bool KindHolds(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  const bool src_device = IsDevice(src, bytes), dst_device = IsDevice(dst, bytes);
+bool KindHolds(bool src_device, bool dst_device, cudaMemcpyKind kind) {
   switch (kind) {
     case cudaMemcpyHostToDevice: return dst_device && !src_device;
     case cudaMemcpyDeviceToHost: return src_device && !dst_device;
@@ -704,9 +694,13 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
   if (sticky != cudaSuccess) return sticky;
   if (!Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
-  if (dst == nullptr || src == nullptr || !KindHolds(dst, src, bytes, kind)) return Fail(cudaErrorInvalidValue);
-  const bool from_pageable = !IsDevice(src, bytes) && !IsPinned(src, bytes);
-  const bool to_pageable = !IsDevice(dst, bytes) && !IsPinned(dst, bytes);
+  if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
+  const Allocation* from = Find(src, bytes);  // null: pageable host memory
+  const Allocation* to = Find(dst, bytes);
+  if (!KindHolds(from != nullptr && from->device, to != nullptr && to->device, kind)) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  const bool from_pageable = from == nullptr, to_pageable = to == nullptr;
   if (from_pageable) {
     // CUDA stages pageable source bytes before returning; the copy itself keeps its place.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
