@@ -7,6 +7,7 @@
 // finds CUDA.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -281,9 +282,11 @@ class Cuda final : public Device {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (indices_capacity_ < count) {
+      // Sent counts vary from step to step and tensor to tensor (a threshold picks them): room
+      // for twice this one, so that steady steps do not allocate (cudaFree stalls the device).
       if (indices_ != nullptr) cudaFree(indices_);
-      indices_ = static_cast<uint32_t*>(Allocate(count * sizeof(uint32_t)));
-      indices_capacity_ = count;
+      indices_capacity_ = std::max(2 * count, 2 * indices_capacity_);
+      indices_ = static_cast<uint32_t*>(Allocate(indices_capacity_ * sizeof(uint32_t)));
     }
     CopyFromHost(indices_, host_indices, count * sizeof(uint32_t), s);
     ZeroAtKernel<<<Blocks(count), kThreads, 0, Native(s)>>>(buf, indices_, count);
