@@ -1,9 +1,11 @@
 // The runtime with its tensors on a device: a few training-like steps (fused and single
 // tensors, float32 and float16, the layer filter's uncompressed tensors next to compressed
 // ones, error feedback and DGC memories carried across steps, a broadcast) run once with
-// every tensor on the host and again with every tensor on the separate-memory device (and
-// with half of them there), through host staging and through communicators that take device
-// memory, and every step must give the same bytes.
+// every tensor on the host and again with every tensor on the test device (and with half of
+// them there), through host staging and through communicators that take device memory, and
+// every step must give the same bytes. The test device is the separate-memory device
+// (test_runtime_device) or GPU 0 of the emulated CUDA runtime, whose kernels then do the device's
+// work (test_runtime_device_emulated).
 #include <gtest/gtest.h>
 
 #include <algorithm>
