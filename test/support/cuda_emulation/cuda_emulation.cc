@@ -8,19 +8,25 @@
 // so, and a kernel that used none there runs its other blocks' threads as plain calls.
 #include "test/support/cuda_emulation/cuda_runtime.h"
 
+#include "test/support/cuda_emulation/engine.h"
+
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 #if !defined(__x86_64__)
 #error "the CUDA emulation's fibers switch stacks with x86-64 assembly"
@@ -46,6 +52,8 @@ struct CUstream_st {
   };
   std::deque<Work> work;
   unsigned flags = 0;
+  int device = 0;
+  std::thread::id runner;  // the thread running its front work now, if any
 };
 
 struct CUevent_st {
@@ -82,13 +90,14 @@ gc_cuda_emulation_switch:
 )");
 
 namespace gc_cuda_emulation {
-namespace {
 
-[[noreturn]] void Fatal(const std::string& what) {
+void Fatal(const std::string& what) {
   std::fprintf(stderr, "gradcomp CUDA emulation: %s\n", what.c_str());
   std::fflush(stderr);
   std::abort();
 }
+
+namespace {
 
 // ---- memory -----------------------------------------------------------------------------------
 
@@ -97,17 +106,41 @@ struct Allocation {
   size_t map_bytes = 0;
   size_t bytes = 0;     // what was asked for
   bool device = false;  // else page-locked host memory
+  int ordinal = -1;     // the device's, for device memory
   int open = 0;         // work running that may touch it
 };
 
 std::recursive_mutex mu;
+thread_local int held = 0;  // times this thread holds mu
+std::mutex change_mu;
+std::condition_variable changed;
+uint64_t generation = 0;  // under change_mu: changes of state so far (Notify)
+
 std::map<uintptr_t, Allocation> allocations;  // by the pointer handed out
 cudaError_t sticky = cudaSuccess;             // a kernel's fault poisons the context, as CUDA's
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int current_device = 0;
-CUstream_st legacy_stream;
+constexpr int kMaxDevices = 16;
+CUstream_st legacy_streams[kMaxDevices];
 std::set<CUstream_st*> streams;
+// Destroyed streams stay allocated: a thread that drained one while it waited may look at it again.
+std::vector<std::unique_ptr<CUstream_st>> destroyed_streams;
 std::set<CUevent_st*> events;
+
+// GRADCOMP_CUDA_EMULATION_DEVICES GPUs (8 unless set), each with its own memory and streams.
+int Devices() {
+  static const int devices = [] {
+    const char* v = std::getenv("GRADCOMP_CUDA_EMULATION_DEVICES");
+    if (v == nullptr) return 8;
+    const int n = std::atoi(v);
+    if (n < 1 || n > kMaxDevices) {
+      Fatal(std::string("GRADCOMP_CUDA_EMULATION_DEVICES=") + v + " is not a count from 1 to " +
+            std::to_string(kMaxDevices));
+    }
+    return n;
+  }();
+  return devices;
+}
 
 size_t PageSize() {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -224,6 +257,7 @@ cudaError_t Allocate(void** ptr, size_t bytes, bool device) {
   a.map_bytes = RoundUp(rounded, page) + page;
   a.bytes = bytes;
   a.device = device;
+  a.ordinal = device ? current_device : -1;
   void* m = mmap(nullptr, a.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
   a.map = static_cast<char*>(m);
@@ -240,33 +274,70 @@ cudaError_t Allocate(void** ptr, size_t bytes, bool device) {
 
 // ---- streams ----------------------------------------------------------------------------------
 
-CUstream_st* Resolve(cudaStream_t s) { return s != nullptr ? s : &legacy_stream; }
+// The null stream is the current device's legacy stream.
+CUstream_st* Resolve(cudaStream_t s) {
+  if (s != nullptr) return s;
+  CUstream_st* legacy = &legacy_streams[current_device];
+  legacy->device = current_device;
+  return legacy;
+}
 
 bool Known(cudaStream_t s) { return s == nullptr || streams.count(s) > 0; }
+
+// Another thread runs s's front work: s's next work waits for it (work that waits for peers
+// releases the engine's lock meanwhile).
+bool BusyElsewhere(const CUstream_st* s) {
+  return s->runner != std::thread::id() && s->runner != std::this_thread::get_id();
+}
 
 void RunOne(CUstream_st* s) {
   CUstream_st::Work work = std::move(s->work.front());
   s->work.pop_front();
   if (sticky != cudaSuccess) return;  // a poisoned context runs nothing more
-  OpenFor open(work.touches);
-  work.run();
+  const std::thread::id outer = s->runner;
+  s->runner = std::this_thread::get_id();
+  {
+    OpenFor open(work.touches);
+    work.run();
+  }
+  s->runner = outer;
+  Notify();
 }
 
 void Drain(CUstream_st* s) {
-  while (!s->work.empty()) RunOne(s);
+  for (;;) {
+    if (BusyElsewhere(s)) {
+      WaitForChange();
+    } else if (s->work.empty()) {
+      return;
+    } else {
+      RunOne(s);
+    }
+  }
 }
 
-// Nothing enqueues while work runs (the engine's lock is held): one pass empties every stream.
-void DrainAll() {
-  Drain(&legacy_stream);
-  for (CUstream_st* s : streams) Drain(s);
+// Every stream of `device`: what they hold when called runs (what other threads enqueue while
+// this waits may run too).
+void DrainDevice(int device) {
+  Drain(&legacy_streams[device]);
+  std::vector<CUstream_st*> of_device;
+  for (CUstream_st* s : streams) {
+    if (s->device == device) of_device.push_back(s);
+  }
+  for (CUstream_st* s : of_device) Drain(s);  // one destroyed meanwhile is empty (destroyed_streams)
 }
 
 // Runs e's stream until e's record number `seq` has passed.
 void RunToEvent(CUevent_st* e, uint64_t seq) {
   while (e->completed < seq && sticky == cudaSuccess) {
-    if (e->stream->work.empty()) Fatal("an event's stream ran out of work before the event's point");
-    RunOne(e->stream);
+    CUstream_st* s = e->stream;
+    if (s == nullptr) return;  // destroyed meanwhile, after its work ran
+    if (BusyElsewhere(s)) {
+      WaitForChange();
+      continue;
+    }
+    if (s->work.empty()) Fatal("an event's stream ran out of work before the event's point");
+    RunOne(s);
   }
 }
 
@@ -486,15 +557,23 @@ void RunBlockWithFibers(Block& b) {
 // Which kernels use barriers, learned from their first block (by kernel address).
 std::map<const void*, bool> uses_barriers;
 
-void RunGrid(const char* name, const void* kernel, const Config& c, const std::vector<const void*>& pointers,
-             const std::function<void()>& thread) {
+void RunGrid(const char* name, const void* kernel, const Config& c, int device,
+             const std::vector<const void*>& pointers, const std::function<void()>& thread) {
   for (size_t i = 0; i < pointers.size(); ++i) {
     const void* p = pointers[i];
-    if (p == nullptr || Find(p, 0) != nullptr) continue;
-    std::fprintf(stderr,
-                 "gradcomp CUDA emulation: kernel %s's pointer argument %zu (%p) is neither device nor page-locked "
-                 "memory: an illegal address on a GPU\n",
-                 name, i, p);
+    const Allocation* a = p == nullptr ? nullptr : Find(p, 0);
+    if (p == nullptr || (a != nullptr && (!a->device || a->ordinal == device))) continue;
+    if (a == nullptr) {
+      std::fprintf(stderr,
+                   "gradcomp CUDA emulation: kernel %s's pointer argument %zu (%p) is neither device nor page-locked "
+                   "memory: an illegal address on a GPU\n",
+                   name, i, p);
+    } else {
+      std::fprintf(stderr,
+                   "gradcomp CUDA emulation: kernel %s on device %d: its pointer argument %zu (%p) is device %d's "
+                   "memory: an illegal address without peer access\n",
+                   name, device, i, p, a->ordinal);
+    }
     sticky = cudaErrorIllegalAddress;
     return;
   }
@@ -534,7 +613,7 @@ void RunGrid(const char* name, const void* kernel, const Config& c, const std::v
 
 void Enqueue(const char* name, const void* kernel, const Config& c, std::vector<const void*> pointers,
              std::function<void()> thread) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   const size_t threads = static_cast<size_t>(c.block.x) * c.block.y * c.block.z;
   if (c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0 || threads == 0 || threads > 1024 || c.block.z > 64 ||
       c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535 || c.shared_bytes > 48 * 1024) {
@@ -547,9 +626,10 @@ void Enqueue(const char* name, const void* kernel, const Config& c, std::vector<
   }
   if (sticky != cudaSuccess) return;
   std::vector<const void*> touches = pointers;
+  const int device = Resolve(c.stream)->device;
   Push(
-      c.stream, [name, kernel, c, pointers = std::move(pointers), thread = std::move(thread)] {
-        RunGrid(name, kernel, c, pointers, thread);
+      c.stream, [name, kernel, c, device, pointers = std::move(pointers), thread = std::move(thread)] {
+        RunGrid(name, kernel, c, device, pointers, thread);
       },
       std::move(touches));
 }
@@ -585,6 +665,74 @@ void WarpShuffle(unsigned mask, Shuffle how, int arg, int width, const void* val
   std::memcpy(out, &b.slots[2 * from + slot], bytes);
 }
 
+// ---- the engine, for the emulated NCCL (engine.h) ---------------------------------------------
+
+EngineLock::EngineLock() {
+  mu.lock();
+  ++held;
+}
+
+EngineLock::~EngineLock() {
+  --held;
+  mu.unlock();
+}
+
+void WaitForChange() {
+  uint64_t seen = 0;
+  {
+    std::lock_guard<std::mutex> g(change_mu);
+    seen = generation;
+  }
+  const int depth = held;
+  for (int i = 0; i < depth; ++i) mu.unlock();
+  held = 0;
+  {
+    std::unique_lock<std::mutex> g(change_mu);
+    changed.wait_for(g, std::chrono::seconds(1), [&] { return generation != seen; });
+  }
+  for (int i = 0; i < depth; ++i) mu.lock();
+  held = depth;
+}
+
+void Notify() {
+  std::lock_guard<std::mutex> g(change_mu);
+  ++generation;
+  changed.notify_all();
+}
+
+cudaError_t EnqueueWork(cudaStream_t stream, std::function<void()> run, std::vector<const void*> touches) {
+  EngineLock lock;
+  if (sticky != cudaSuccess) return sticky;
+  if (!Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
+  Push(stream, std::move(run), std::move(touches));
+  return cudaSuccess;
+}
+
+int DeviceOf(const void* p, size_t bytes) {
+  EngineLock lock;
+  const Allocation* a = Find(p, bytes);
+  return a != nullptr && a->device ? a->ordinal : -1;
+}
+
+std::string DescribeMemory(const void* p, size_t bytes) {
+  EngineLock lock;
+  const Allocation* a = Find(p, 0);
+  if (a == nullptr) return "pageable host memory";
+  if (!a->device) return "page-locked host memory";
+  uintptr_t start = 0;
+  for (const auto& [at, other] : allocations) {
+    if (&other == a) start = at;
+  }
+  const size_t offset = reinterpret_cast<uintptr_t>(p) - start;
+  return "GPU " + std::to_string(a->ordinal) + "'s memory at byte " + std::to_string(offset) + " of an allocation of " +
+         std::to_string(a->bytes) + (offset + bytes > a->bytes ? " bytes, which it overruns" : " bytes");
+}
+
+int DeviceOfStream(cudaStream_t stream) {
+  EngineLock lock;
+  return Known(stream) ? Resolve(stream)->device : -1;
+}
+
 }  // namespace gc_cuda_emulation
 
 using namespace gc_cuda_emulation;  // NOLINT: the C-style API below is global, as CUDA's
@@ -602,7 +750,7 @@ void __syncwarp(unsigned mask) {
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return Fail(cudaErrorInvalidValue);
-  *count = 1;
+  *count = Devices();
   return cudaSuccess;
 }
 
@@ -613,14 +761,14 @@ cudaError_t cudaGetDevice(int* device) {
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= Devices()) return Fail(cudaErrorInvalidDevice);
   current_device = device;
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  DrainAll();
+  EngineLock lock;
+  DrainDevice(current_device);
   return sticky;
 }
 
@@ -649,13 +797,13 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (sticky != cudaSuccess) return sticky;
   return Allocate(ptr, bytes, true) == cudaSuccess ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (sticky != cudaSuccess) return sticky;
   return Allocate(ptr, bytes, false) == cudaSuccess ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
 }
@@ -663,10 +811,12 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 namespace {
 cudaError_t FreeAllocation(void* ptr, bool device) {
   if (ptr == nullptr) return cudaSuccess;
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  DrainAll();  // cudaFree and cudaFreeHost synchronize the device
+  EngineLock lock;
   auto it = allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations.end() || it->second.device != device) return Fail(cudaErrorInvalidValue);
+  DrainDevice(device ? it->second.ordinal : current_device);  // cudaFree and cudaFreeHost synchronize the device
+  it = allocations.find(reinterpret_cast<uintptr_t>(ptr));   // (the drain may have waited, unlocked)
+  if (it == allocations.end()) return Fail(cudaErrorInvalidValue);
   munmap(it->second.map, it->second.map_bytes);
   allocations.erase(it);
   return sticky;
@@ -717,20 +867,20 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
 }  // namespace
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   return CopyAsync(dst, src, bytes, kind, stream);
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   const cudaError_t e = CopyAsync(dst, src, bytes, kind, nullptr);
   if (e != cudaSuccess) return e;
-  Drain(&legacy_stream);  // synchronous on the legacy stream, which non-blocking streams do not join
+  Drain(Resolve(nullptr));  // synchronous on the legacy stream, which non-blocking streams do not join
   return sticky;
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (sticky != cudaSuccess) return sticky;
   if (!Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
@@ -740,10 +890,10 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   const cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
-  Drain(&legacy_stream);
+  Drain(Resolve(nullptr));
   return sticky;
 }
 
@@ -752,28 +902,29 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   // The data path creates only non-blocking streams; the legacy stream's implicit
   // synchronization with blocking ones is not emulated.
   if (flags != cudaStreamNonBlocking) return Fail(cudaErrorNotSupported);
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   auto* s = new CUstream_st;
   s->flags = flags;
+  s->device = current_device;
   streams.insert(s);
   *stream = s;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (stream == nullptr || streams.count(stream) == 0) return Fail(cudaErrorInvalidResourceHandle);
   Drain(stream);  // its work completes, as CUDA's does after the call returns
   for (CUevent_st* e : events) {
     if (e->stream == stream) e->stream = nullptr;
   }
   streams.erase(stream);
-  delete stream;
+  destroyed_streams.emplace_back(stream);
   return sticky;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (!Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
   Drain(Resolve(stream));
   return sticky;
@@ -781,7 +932,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
   if (event == nullptr || (flags & ~cudaEventDisableTiming) != 0) return Fail(cudaErrorInvalidValue);
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   auto* e = new CUevent_st;
   events.insert(e);
   *event = e;
@@ -789,7 +940,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
   if (event->stream != nullptr) RunToEvent(event, event->recorded);  // its record still happens
   events.erase(event);
@@ -798,7 +949,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (events.count(event) == 0 || !Known(stream)) return Fail(cudaErrorInvalidResourceHandle);
   if (sticky != cudaSuccess) return sticky;
   const uint64_t seq = ++event->recorded;
@@ -809,7 +960,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
   if (sticky != cudaSuccess) return sticky;
   if (event->completed >= event->recorded) return cudaSuccess;
@@ -824,14 +975,14 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
   if (event->stream != nullptr) RunToEvent(event, event->recorded);
   return sticky;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
+  EngineLock lock;
   if (events.count(event) == 0 || !Known(stream) || flags != 0) return Fail(cudaErrorInvalidResourceHandle);
   if (sticky != cudaSuccess) return sticky;
   if (event->stream == nullptr || event->completed >= event->recorded) return cudaSuccess;
