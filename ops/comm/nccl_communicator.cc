@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/common/enforce.h"
+#include "ops/device/cuda_device.h"
 
 namespace gradcomp {
 namespace {
@@ -79,6 +80,9 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* kind() const override { return "nccl"; }
+  // Every buffer is in the GPU's memory: the compressed collectives keep their wire buffers there.
+  Device* device_memory() const override { return &CudaDevice(device_); }
+  bool reduces(DataType dtype) const override { return dtype != DataType::kInt16; }  // NCCL has no int16
 
   void Send(const void* data, size_t bytes, int peer, int /*tag*/) override {
     GC_NCCL_CHECK(ncclSend(data, bytes, ncclUint8, peer, comm_, stream_));

@@ -5,11 +5,12 @@
 // them there), through host staging and through communicators that take device memory, and
 // every step must give the same bytes. The test device is the separate-memory device
 // (test_runtime_device) or GPU 0 of the emulated CUDA runtime, whose kernels then do the device's
-// work (test_runtime_device_emulated).
+// work (test_runtime_device_emulated, which also runs a GPU a rank with NCCL at every level).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -22,6 +23,11 @@
 #include "test/support/device_twin.h"
 #include "test/support/harness.h"
 #include "test/support/sra_reference.h"
+#if GRADCOMP_CUDA_EMULATION
+#include <nccl.h>  // the emulated NCCL's
+
+#include "ops/device/cuda_device.h"
+#endif
 
 namespace gradcomp {
 namespace {
@@ -65,9 +71,11 @@ std::vector<char> GradientBytes(const Tensor& t, int rank, int step) {
 using Results = std::vector<std::vector<char>>;
 
 // With `device_comms` the runtime gets communicators that take the device's memory (as NCCL
-// would be for GPU tensors; test/support/device_comm.h).
+// would be for GPU tensors; test/support/device_comm.h). Rank r's device is device_of(r), else
+// the test device.
 Results Train(int world, const std::map<std::string, std::string>& vars, Where where, bool device_comms = false,
-              int steps = 3) {
+              const std::function<Device&(int)>& device_of = nullptr) {
+  const int steps = 3;
   Results results(static_cast<size_t>(world));
   const std::vector<std::string> failures = RunRanks(world, [&](Communicator& comm) {
     RuntimeOptions options;
@@ -79,15 +87,16 @@ Results Train(int world, const std::map<std::string, std::string>& vars, Where w
       };
     }
     Runtime rt(std::move(options));
+    Device& dev = device_of ? device_of(rt.rank()) : TestDevice();
     const auto& model = Model();
-    std::unique_ptr<Stream> stream = TestDevice().NewStream();
+    std::unique_ptr<Stream> stream = dev.NewStream();
     // Buffers: host vectors, and device copies for the tensors placed on the device.
     std::vector<std::vector<char>> host(model.size());
     std::vector<void*> device(model.size(), nullptr);
     const auto on_device = [&](size_t i) { return where == Where::kDevice || (where == Where::kMixed && i % 2 == 0); };
     for (size_t i = 0; i < model.size(); ++i) {
       host[i].resize(Bytes(model[i]));
-      if (on_device(i)) device[i] = TestDevice().Allocate(Bytes(model[i]));
+      if (on_device(i)) device[i] = dev.Allocate(Bytes(model[i]));
     }
     std::vector<char>& mine = results[static_cast<size_t>(rt.rank())];
     uint64_t after_first_step = 0;
@@ -106,14 +115,14 @@ Results Train(int world, const std::map<std::string, std::string>& vars, Where w
           host[i] = GradientBytes(model[i], rt.rank(), step);
           void* buf = host[i].data();
           if (on_device(i)) {
-            TestDevice().CopyFromHost(device[i], host[i].data(), host[i].size(), *stream);
+            dev.CopyFromHost(device[i], host[i].data(), host[i].size(), *stream);
             buf = device[i];
           }
           names.push_back(model[i].name);
           shapes.push_back(model[i].shape);
           inputs.push_back(buf);
           outputs.push_back(buf);
-          placements.push_back(on_device(i) ? Placement{&TestDevice(), stream.get()} : Placement{});
+          placements.push_back(on_device(i) ? Placement{&dev, stream.get()} : Placement{});
         }
         const auto h = rt.GroupedAllreduce(names, dtype, shapes, inputs, outputs, ReduceOp::kAverage, 1.0, 1.0,
                                            nullptr, placements);
@@ -123,22 +132,22 @@ Results Train(int world, const std::map<std::string, std::string>& vars, Where w
       // A broadcast of the first tensor from the last rank, where it lies.
       void* first = on_device(0) ? device[0] : host[0].data();
       rt.Broadcast("bcast", model[0].dtype, model[0].shape, first, rt.size() - 1,
-                   on_device(0) ? Placement{&TestDevice(), stream.get()} : Placement{})
+                   on_device(0) ? Placement{&dev, stream.get()} : Placement{})
           ->Wait();
       for (size_t i = 0; i < model.size(); ++i) {
-        if (on_device(i)) TestDevice().CopyToHost(host[i].data(), device[i], host[i].size(), *stream);
+        if (on_device(i)) dev.CopyToHost(host[i].data(), device[i], host[i].size(), *stream);
         mine.insert(mine.end(), host[i].begin(), host[i].end());
       }
-      if (step == 0) after_first_step = TestDevice().allocations();
+      if (step == 0) after_first_step = dev.allocations();
     }
-    // Steady steps allocate nothing on the device (every rank's runtime shares it; each rank
+    // Steady steps allocate nothing on the device (the ranks' runtimes may share it; each rank
     // checks after its own last step, when the others may still be in theirs: still nothing).
-    if (where != Where::kHost && TestDevice().allocations() != after_first_step) {
-      return "the device allocated " + std::to_string(TestDevice().allocations() - after_first_step) +
+    if (where != Where::kHost && dev.allocations() != after_first_step) {
+      return "the device allocated " + std::to_string(dev.allocations() - after_first_step) +
              " times after the first step";
     }
     for (size_t i = 0; i < model.size(); ++i) {
-      if (device[i] != nullptr) TestDevice().Free(device[i], Bytes(model[i]));
+      if (device[i] != nullptr) dev.Free(device[i], Bytes(model[i]));
     }
     return std::string();
   });
@@ -176,6 +185,17 @@ TEST_P(RuntimeOnDevice, SameBytesAsOnTheHostAtEveryStep) {
     const Results direct = Train(world, GetParam(), Where::kDevice, true);
     ASSERT_GT(DeviceMemoryCommunicatorBytes(), before) << "the device communicators were not used";
     const Results mixed_direct = Train(world, GetParam(), Where::kMixed, true);
+#if GRADCOMP_CUDA_EMULATION
+    // A GPU a rank, NCCL at every level (the emulation's GPUs and NCCL, whose sums run in rank order).
+    std::map<std::string, std::string> nccl_vars = GetParam();
+    nccl_vars["GRADCOMP_INNER_COMMUNICATOR"] = "nccl";
+    nccl_vars["GRADCOMP_CROSS_COMMUNICATOR"] = "nccl";
+    const size_t nccl_before = gc_cuda_emulation::NcclBytes();
+    const Results nccl = Train(world, nccl_vars, Where::kDevice, false, [](int rank) -> Device& {
+      return CudaDevice(rank);
+    });
+    ASSERT_GT(gc_cuda_emulation::NcclBytes(), nccl_before) << "NCCL was not used";
+#endif
     for (int r = 0; r < world; ++r) {
       const std::vector<char>& want = host[static_cast<size_t>(r)];
       ASSERT_EQ(FirstDifference(device[static_cast<size_t>(r)], want), "")
@@ -186,6 +206,10 @@ TEST_P(RuntimeOnDevice, SameBytesAsOnTheHostAtEveryStep) {
           << "all on the device, device communicators, world " << world << " rank " << r;
       ASSERT_EQ(FirstDifference(mixed_direct[static_cast<size_t>(r)], want), "")
           << "half on the device, device communicators, world " << world << " rank " << r;
+#if GRADCOMP_CUDA_EMULATION
+      ASSERT_EQ(FirstDifference(nccl[static_cast<size_t>(r)], want), "")
+          << "a GPU a rank, NCCL, world " << world << " rank " << r;
+#endif
     }
   }
 }
