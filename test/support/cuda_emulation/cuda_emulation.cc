@@ -5,7 +5,9 @@
 // runs block after block on the synchronizing host thread. A block whose kernel uses barriers or
 // warp shuffles runs its threads as fibers (their own stacks, switched by a few instructions of
 // x86-64 assembly) that advance to the next barrier in turn; the first block of every kernel runs
-// so, and a kernel that used none there runs its other blocks' threads as plain calls.
+// so, and a kernel that used none there runs its other blocks' threads as plain calls. Work that
+// waits for other threads' work (the emulated NCCL's, engine.h) releases the lock while it waits;
+// its stream runs nothing else meanwhile.
 #include "test/support/cuda_emulation/cuda_runtime.h"
 
 #include "test/support/cuda_emulation/engine.h"

@@ -13,8 +13,9 @@
 //  - device memory is closed to the host (touching it faults, with a message) except while
 //    stream work that names it runs (a kernel's pointer arguments, a copy's or fill's buffers),
 //    has a guard page after it, and starts as 0xff bytes;
-//  - a kernel's pointer arguments must be device or page-locked memory (else the context gets
-//    CUDA's sticky illegal-address error); launch configurations are checked as CUDA does;
+//  - a kernel's pointer arguments must be page-locked memory or its own GPU's (of
+//    GRADCOMP_CUDA_EMULATION_DEVICES, 8 unless set; else the context gets CUDA's sticky
+//    illegal-address error); launch configurations are checked as CUDA does;
 //  - __syncthreads and warp shuffles run the block's threads as fibers, in lockstep at each
 //    barrier; a lane that exits before a shuffle its mask names, or a barrier not every live
 //    thread reaches, is a fatal error.
