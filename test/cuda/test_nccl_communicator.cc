@@ -18,6 +18,8 @@
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #if GRADCOMP_TEST_THREAD_RANKS
+#include <nccl.h>  // the emulated NCCL's
+
 #include "test/support/harness.h"
 #else
 #include <mpi.h>
@@ -206,6 +208,45 @@ TEST(NcclVsInProcess, HostMemoryIsAnInvalidArgument) {
     }
   });
   EXPECT_EQ(Failures(failures), "");
+}
+
+// The emulated NCCL names what a buffer that is not the communicator's GPU's memory is.
+TEST(NcclEmulation, BuffersNotOnTheCommunicatorsGpuAreNamed) {
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  const auto refused = [&](void* buf, size_t count) {
+    EXPECT_EQ(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, nullptr), ncclInvalidArgument);
+    return std::string(ncclGetLastError(comm));
+  };
+  const auto says = [](const std::string& what, const std::string& want) {
+    return what.find(want) != std::string::npos && what.find("ncclAllReduce: sendbuff") != std::string::npos &&
+           what.find("(rank 0 of communicator") != std::string::npos;
+  };
+  std::vector<float> host(10);
+  EXPECT_PRED2(says, refused(host.data(), 10), "(40 bytes) is pageable host memory, not GPU 1's");
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, 40), cudaSuccess);
+  EXPECT_PRED2(says, refused(pinned, 10), "(40 bytes) is page-locked host memory, not GPU 1's");
+  void* other = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&other, 40), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  EXPECT_PRED2(says, refused(other, 10), "(40 bytes) is GPU 0's memory at byte 0 of an allocation of 40 bytes, not "
+                                         "GPU 1's");
+  void* mine = nullptr;
+  ASSERT_EQ(cudaMalloc(&mine, 40), cudaSuccess);
+  EXPECT_PRED2(says, refused(static_cast<char*>(mine) + 8, 10),
+               "(40 bytes) is GPU 1's memory at byte 8 of an allocation of 40 bytes, which it overruns, not GPU 1's");
+  EXPECT_EQ(ncclAllReduce(mine, mine, 10, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(mine);
+  cudaFree(other);
+  cudaFreeHost(pinned);
+  ncclCommDestroy(comm);
+  cudaSetDevice(0);
 }
 
 // Ranks that disagree on a collective, or on a message's size, stop with both calls named (NCCL

@@ -168,15 +168,21 @@ void Protect(const Allocation& a, bool open) {
   }
 }
 
-// The allocation holding [p, p + bytes), or null. With bytes 0, p may be one past its end (a
-// kernel's pointer argument may be).
-Allocation* Find(const void* p, size_t bytes) {
+// The entry (start, allocation) of the allocation holding [p, p + bytes), or allocations.end().
+// With bytes 0, p may be one past its end (a kernel's pointer argument may be).
+std::map<uintptr_t, Allocation>::iterator Holding(const void* p, size_t bytes) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
   auto it = allocations.upper_bound(addr);
-  if (it == allocations.begin()) return nullptr;
+  if (it == allocations.begin()) return allocations.end();
   --it;
-  if (addr - it->first + bytes > it->second.bytes) return nullptr;
-  return &it->second;
+  if (addr - it->first + bytes > it->second.bytes) return allocations.end();
+  return it;
+}
+
+// The allocation holding [p, p + bytes), or null.
+Allocation* Find(const void* p, size_t bytes) {
+  const auto it = Holding(p, bytes);
+  return it == allocations.end() ? nullptr : &it->second;
 }
 
 bool IsDevice(const void* p, size_t bytes) {
@@ -718,16 +724,13 @@ int DeviceOf(const void* p, size_t bytes) {
 
 std::string DescribeMemory(const void* p, size_t bytes) {
   EngineLock lock;
-  const Allocation* a = Find(p, 0);
-  if (a == nullptr) return "pageable host memory";
-  if (!a->device) return "page-locked host memory";
-  uintptr_t start = 0;
-  for (const auto& [at, other] : allocations) {
-    if (&other == a) start = at;
-  }
-  const size_t offset = reinterpret_cast<uintptr_t>(p) - start;
-  return "GPU " + std::to_string(a->ordinal) + "'s memory at byte " + std::to_string(offset) + " of an allocation of " +
-         std::to_string(a->bytes) + (offset + bytes > a->bytes ? " bytes, which it overruns" : " bytes");
+  const auto it = Holding(p, 0);
+  if (it == allocations.end()) return "pageable host memory";
+  const Allocation& a = it->second;
+  if (!a.device) return "page-locked host memory";
+  const size_t offset = reinterpret_cast<uintptr_t>(p) - it->first;
+  return "GPU " + std::to_string(a.ordinal) + "'s memory at byte " + std::to_string(offset) + " of an allocation of " +
+         std::to_string(a.bytes) + (offset + bytes > a.bytes ? " bytes, which it overruns" : " bytes");
 }
 
 int DeviceOfStream(cudaStream_t stream) {
