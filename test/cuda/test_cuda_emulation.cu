@@ -1,11 +1,14 @@
 // The emulated CUDA runtime (test/support/cuda_emulation) catches what it says it catches: work
 // that runs only when the host synchronizes, host access to device memory, kernel arguments
 // that are not device memory, bad launch configurations, and it runs barriers and warp shuffles
-// in lockstep. Built only against the emulation (cmake/EmulateCuda.cmake rewrites the launches).
+// in lockstep; under TSan, a block's threads racing are reported. Built only against the
+// emulation (cmake/EmulateCuda.cmake rewrites the launches).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -53,6 +56,36 @@ __global__ void BarrierAndShuffleWaitForEachOther(uint32_t* out) {
     out[threadIdx.x] = 1;
   } else {
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, threadIdx.x, 1);
+  }
+}
+
+#if defined(__SANITIZE_THREAD__)
+// Under TSan a block's threads are threads to it (cuda_emulation.cc): what orders them on a GPU
+// orders them there, and nothing else does.
+
+// Each thread reads its neighbour's value after a barrier (no race), or without one (a race), or
+// after a warp shuffle, which orders no memory, or after __syncwarp, which does.
+enum class Order { kBarrier, kNone, kShuffle, kSyncwarp };
+__global__ void ReadNeighbour(const uint32_t* in, uint32_t* out, Order order) {
+  __shared__ uint32_t part[64];
+  part[threadIdx.x] = in[threadIdx.x];
+  uint32_t lane = threadIdx.x % 32;
+  if (order == Order::kBarrier) __syncthreads();
+  if (order == Order::kShuffle) lane = __shfl_xor_sync(0xffffffffu, lane, 1) ^ 1u;
+  if (order == Order::kSyncwarp) __syncwarp();
+  out[threadIdx.x] = part[threadIdx.x - threadIdx.x % 32 + (lane + 1) % 32];
+}
+
+#endif
+
+// Every thread counts itself into one word and a half into a float: atomically (no race under
+// TSan) or not (a race). No barrier, so outside TSan its blocks' threads run as plain calls.
+__global__ void CountThreads(uint32_t* count, float* halves, bool atomic) {
+  if (atomic) {
+    atomicAdd(count, 1u);
+    atomicAdd(halves, 0.5f);
+  } else {
+    *count += 1;
   }
 }
 
@@ -138,6 +171,19 @@ TEST(CudaEmulation, BarriersAndShufflesRunInLockstep) {
   }
 }
 
+TEST(CudaEmulation, AtomicAddsCountEveryThread) {
+  Device count(4), halves(4);
+  CUDA_OK(cudaMemset(count.ptr, 0, 4));
+  CUDA_OK(cudaMemset(halves.ptr, 0, 4));
+  CountThreads<<<3, 256>>>(static_cast<uint32_t*>(count.ptr), static_cast<float*>(halves.ptr), true);
+  uint32_t counted = 0;
+  float half_sum = 0;
+  CUDA_OK(cudaMemcpy(&counted, count.ptr, 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(&half_sum, halves.ptr, 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(counted, 768u);
+  EXPECT_EQ(half_sum, 384.0f);
+}
+
 TEST(CudaEmulation, BadLaunchConfigurationsAreTheLastError) {
   Device d(4);
   AddOne<<<1, 2048>>>(static_cast<float*>(d.ptr), 1);
@@ -205,5 +251,50 @@ TEST_F(CudaEmulationDeathTest, ShufflesAndBarriersThatCannotCompleteAreNamed) {
       },
       "kernel BarrierAndShuffleWaitForEachOther, block 0: its threads wait at barriers that not every live thread");
 }
+
+#if defined(__SANITIZE_THREAD__)
+// Runs ReadNeighbour over 64 threads (2 warps) and checks what every thread read.
+void ReadNeighbours(Order order) {
+  Device in(64 * 4), out(64 * 4);
+  std::vector<uint32_t> values(64), read(64);
+  std::iota(values.begin(), values.end(), 100u);
+  ASSERT_EQ(cudaMemcpy(in.ptr, values.data(), 256, cudaMemcpyHostToDevice), cudaSuccess);
+  ReadNeighbour<<<1, 64>>>(static_cast<const uint32_t*>(in.ptr), static_cast<uint32_t*>(out.ptr), order);
+  ASSERT_EQ(cudaMemcpy(read.data(), out.ptr, 256, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (unsigned t = 0; t < 64; ++t) EXPECT_EQ(read[t], 100 + t - t % 32 + (t % 32 + 1) % 32) << "thread " << t;
+}
+
+TEST(CudaEmulationUnderTsan, BarriersAndSyncwarpOrderABlocksThreads) {
+  ReadNeighbours(Order::kBarrier);
+  ReadNeighbours(Order::kSyncwarp);
+}
+
+// TSan's report fails the process whether or not it halts at the first (halt_on_error).
+bool ExitedWithAnError(int status) { return WIFEXITED(status) && WEXITSTATUS(status) != 0; }
+
+TEST_F(CudaEmulationDeathTest, ABlocksThreadsRacingAreReportedByTsan) {
+  EXPECT_EXIT(
+      {
+        ReadNeighbours(Order::kNone);
+        std::exit(0);
+      },
+      ExitedWithAnError, "ThreadSanitizer: data race.*ReadNeighbour");
+  EXPECT_EXIT(
+      {
+        ReadNeighbours(Order::kShuffle);
+        std::exit(0);
+      },
+      ExitedWithAnError, "ThreadSanitizer: data race.*ReadNeighbour");
+  EXPECT_EXIT(
+      {
+        Device count(4);
+        cudaMemset(count.ptr, 0, 4);
+        CountThreads<<<1, 64>>>(static_cast<uint32_t*>(count.ptr), nullptr, false);
+        cudaDeviceSynchronize();
+        std::exit(0);
+      },
+      ExitedWithAnError, "ThreadSanitizer: data race.*CountThreads");
+}
+#endif
 
 }  // namespace

@@ -158,6 +158,7 @@ Results Train(int world, const std::map<std::string, std::string>& vars, Where w
 // "" when equal, else where the first byte differs (step and tensor).
 std::string FirstDifference(const std::vector<char>& got, const std::vector<char>& want) {
   if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " and " + std::to_string(want.size());
+  if (got == want) return "";  // one memcmp: the byte loop below costs minutes under TSan
   size_t at = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] == want[i]) continue;

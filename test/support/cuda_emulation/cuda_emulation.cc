@@ -42,6 +42,20 @@
 #define GC_EMU_ASAN 0
 #endif
 
+// Under TSan a block's threads are fibers TSan knows (a context each), switched without
+// synchronizing: TSan sees them as concurrent threads, ordered only by what orders a GPU's threads
+// (the block's start and end, __syncthreads, __syncwarp), and reports their data races as it does
+// host threads'. The fibers' machinery is not instrumented (GC_EMU_MACHINERY): its bookkeeping
+// of the block is the scheduler's, not the kernel's.
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define GC_EMU_TSAN 1
+#define GC_EMU_MACHINERY __attribute__((no_sanitize_thread, noinline))
+#else
+#define GC_EMU_TSAN 0
+#define GC_EMU_MACHINERY
+#endif
+
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
 thread_local dim3 blockDim;
@@ -370,6 +384,8 @@ struct Fiber {
   uint3 tid;
   unsigned mask = 0;       // at a shuffle: its mask
   unsigned shuffles = 0;   // shuffles done (their slots alternate)
+  unsigned barriers = 0;   // __syncthreads passed (TSan's tokens alternate)
+  unsigned warp_syncs = 0; // __syncwarp passed
 };
 
 // One block being run on this host thread.
@@ -377,7 +393,11 @@ struct Block {
   const std::function<void()>* thread = nullptr;
   const char* kernel = "";
   bool fibers = false;          // else threads run as plain calls
-  bool used_barriers = false;
+  bool used_barriers = false;   // __syncthreads or a shuffle, in any block so far
+  bool used_syncthreads = false;
+  // Under TSan: whether this block's start follows what came before it (the launch, the block
+  // before), and whether what comes after follows its end.
+  bool ordered_start = true, ordered_end = true;
   std::vector<Fiber> all;
   size_t current = 0;
   void* scheduler_sp = nullptr;
@@ -387,8 +407,41 @@ struct Block {
   const void* scheduler_bottom = nullptr;  // the host thread's stack
   size_t scheduler_size = 0;
 #endif
+#if GC_EMU_TSAN
+  void* scheduler_fiber = nullptr;  // the host thread's TSan context
+#endif
 };
 thread_local Block* running = nullptr;
+
+#if GC_EMU_TSAN
+// TSan's contexts for the fibers of a block (one per thread of the block, kept from block to
+// block and for the process: blocks run one at a time, under the engine's lock, so the largest
+// block's count is all there are, and TSan's vector clocks stay that short), and the addresses
+// whose release and acquire order them: a block's start (the scheduler releases, each fiber
+// acquires), its end (the reverse), each barrier (every arriving thread releases, every released
+// one acquires; two tokens, alternating, so that a thread already past a barrier orders nothing
+// of the next one's interval), and each warp's __syncwarp. A kernel's first block's start and
+// its last block's end are ordered (the launch before, the host after); the blocks in between
+// only in a kernel that calls __syncthreads, whose shared memory (one host variable for every
+// block) the next block reuses. Ordering every block costs TSan two vector-clock merges a
+// thread (twice the time of the runtime's test); context i runs thread i of every block, so the
+// blocks of a kernel without shared memory need none.
+struct TsanFibers {
+  std::vector<void*> contexts;
+  char start = 0, end = 0, barrier[2] = {0, 0};
+  std::vector<char> warp;  // two per warp
+  GC_EMU_MACHINERY void* Context(size_t i) {
+    while (contexts.size() <= i) contexts.push_back(__tsan_create_fiber(0));
+    return contexts[i];
+  }
+};
+TsanFibers& tsan = *new TsanFibers;  // under the engine's lock; never destroyed (work may run at exit)
+#define GC_EMU_TSAN_RELEASE(token) __tsan_release(&(token))
+#define GC_EMU_TSAN_ACQUIRE(token) __tsan_acquire(&(token))
+#else
+#define GC_EMU_TSAN_RELEASE(token) ((void)0)
+#define GC_EMU_TSAN_ACQUIRE(token) ((void)0)
+#endif
 
 struct Stacks {
   char* base = nullptr;
@@ -413,7 +466,7 @@ thread_local Stacks stacks;
 // Leaves the stack of the fiber at `from` (the scheduler: b.all.size()) for the next fiber
 // after it that is ready to run, or for the scheduler when none is: fibers hand over to each
 // other directly, the scheduler only releases barriers.
-void SwitchFrom(Block& b, size_t from, bool finished) {
+GC_EMU_MACHINERY void SwitchFrom(Block& b, size_t from, bool finished) {
   const size_t n = b.all.size();
   size_t to = from < n ? from + 1 : 0;
   while (to < n && b.all[to].state != Fiber::kReady) ++to;
@@ -423,6 +476,9 @@ void SwitchFrom(Block& b, size_t from, bool finished) {
     b.current = to;
     threadIdx = b.all[to].tid;
   }
+#if GC_EMU_TSAN
+  __tsan_switch_to_fiber(to < n ? tsan.Context(to) : b.scheduler_fiber, __tsan_switch_to_fiber_no_sync);
+#endif
 #if GC_EMU_ASAN
   void* fake = nullptr;
   if (to < n) {
@@ -438,19 +494,21 @@ void SwitchFrom(Block& b, size_t from, bool finished) {
 #endif
 }
 
-extern "C" [[noreturn]] void FiberMain() {
+extern "C" [[noreturn]] GC_EMU_MACHINERY void FiberMain() {
   Block& b = *running;
 #if GC_EMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
+  if (b.ordered_start) GC_EMU_TSAN_ACQUIRE(tsan.start);
   (*b.thread)();
+  if (b.ordered_end) GC_EMU_TSAN_RELEASE(tsan.end);
   const size_t me = b.current;
   b.all[me].state = Fiber::kDone;
   SwitchFrom(b, me, true);
   Fatal("a finished fiber was resumed");
 }
 
-void* NewFiberStack(char* base) {
+GC_EMU_MACHINERY void* NewFiberStack(char* base) {
 #if GC_EMU_ASAN
   // A finished fiber's last frame never returned: its redzones are still poisoned.
   ASAN_UNPOISON_MEMORY_REGION(base, kFiberStack);
@@ -465,7 +523,7 @@ void* NewFiberStack(char* base) {
 
 unsigned LinearId(const uint3& t, const dim3& d) { return t.x + d.x * (t.y + d.y * t.z); }
 
-Fiber& Self(const char* what) {
+GC_EMU_MACHINERY Fiber& Self(const char* what) {
   Block* b = running;
   if (b == nullptr) Fatal(std::string(what) + " called outside a kernel");
   if (!b->fibers) {
@@ -476,7 +534,7 @@ Fiber& Self(const char* what) {
   return b->all[b->current];
 }
 
-void Yield(Block& b) { SwitchFrom(b, b.current, false); }
+GC_EMU_MACHINERY void Yield(Block& b) { SwitchFrom(b, b.current, false); }
 
 std::string Describe(const Block& b) {
   std::string s;
@@ -489,7 +547,7 @@ std::string Describe(const Block& b) {
 }
 
 // Releases the fibers whose barrier every participant has reached; false if none can go on.
-bool Release(Block& b) {
+GC_EMU_MACHINERY bool Release(Block& b) {
   size_t live = 0, at_barrier = 0;
   for (const Fiber& f : b.all) {
     live += f.state != Fiber::kDone;
@@ -531,7 +589,7 @@ bool Release(Block& b) {
   return released;
 }
 
-void RunBlockWithFibers(Block& b) {
+GC_EMU_MACHINERY void RunBlockWithFibers(Block& b) {
   const size_t n = static_cast<size_t>(blockDim.x) * blockDim.y * blockDim.z;
   b.all.assign(n, Fiber{});
   b.slots.assign(2 * n, 0);
@@ -550,11 +608,20 @@ void RunBlockWithFibers(Block& b) {
   pthread_attr_destroy(&attr);
   b.scheduler_bottom = bottom;
 #endif
+#if GC_EMU_TSAN
+  b.scheduler_fiber = __tsan_get_current_fiber();
+  tsan.Context(n - 1);
+  tsan.warp.assign((n + 31) / 32 * 2, 0);
+#endif
+  if (b.ordered_start) GC_EMU_TSAN_RELEASE(tsan.start);
   for (;;) {
     SwitchFrom(b, n, false);  // the ready fibers run, each handing over to the next
     bool all_done = true;
     for (const Fiber& f : b.all) all_done = all_done && f.state == Fiber::kDone;
-    if (all_done) return;
+    if (all_done) {
+      if (b.ordered_end) GC_EMU_TSAN_ACQUIRE(tsan.end);
+      return;
+    }
     if (!Release(b)) {
       Fatal(std::string("kernel ") + b.kernel + ", block " + std::to_string(blockIdx.x) +
             ": its threads wait at barriers that not every live thread reaches:" + Describe(b));
@@ -565,7 +632,7 @@ void RunBlockWithFibers(Block& b) {
 // Which kernels use barriers, learned from their first block (by kernel address).
 std::map<const void*, bool> uses_barriers;
 
-void RunGrid(const char* name, const void* kernel, const Config& c, int device,
+GC_EMU_MACHINERY void RunGrid(const char* name, const void* kernel, const Config& c, int device,
              const std::vector<const void*>& pointers, const std::function<void()>& thread) {
   for (size_t i = 0; i < pointers.size(); ++i) {
     const void* p = pointers[i];
@@ -597,7 +664,12 @@ void RunGrid(const char* name, const void* kernel, const Config& c, int device,
     for (unsigned y = 0; y < c.grid.y; ++y) {
       for (unsigned x = 0; x < c.grid.x; ++x) {
         blockIdx = uint3(x, y, z);
-        b.fibers = known == uses_barriers.end() || known->second;
+        const bool first = x == 0 && y == 0 && z == 0;
+        const bool last = x + 1 == c.grid.x && y + 1 == c.grid.y && z + 1 == c.grid.z;
+        b.ordered_start = first || b.used_syncthreads;
+        b.ordered_end = first || last || b.used_syncthreads;
+        // Under TSan every block's threads are fibers: its threads' races are what it checks.
+        b.fibers = GC_EMU_TSAN || known == uses_barriers.end() || known->second;
         if (b.fibers) {
           RunBlockWithFibers(b);
           if (known == uses_barriers.end()) known = uses_barriers.emplace(kernel, b.used_barriers).first;
@@ -642,7 +714,7 @@ void Enqueue(const char* name, const void* kernel, const Config& c, std::vector<
       std::move(touches));
 }
 
-void WarpShuffle(unsigned mask, Shuffle how, int arg, int width, const void* value, void* out, size_t bytes) {
+GC_EMU_MACHINERY uint64_t WarpShuffle(unsigned mask, Shuffle how, int arg, int width, uint64_t value) {
   Fiber& f = Self("a warp shuffle");
   Block& b = *running;
   const size_t me = b.current;
@@ -650,9 +722,7 @@ void WarpShuffle(unsigned mask, Shuffle how, int arg, int width, const void* val
   if (!(mask & (1u << lane))) Fatal(std::string("kernel ") + b.kernel + ": a shuffle's mask leaves out its own lane");
   if (width <= 0 || width > 32 || (width & (width - 1)) != 0) Fatal("a shuffle's width is not a power of 2 up to 32");
   const unsigned slot = f.shuffles++ % 2;
-  uint64_t mine = 0;
-  std::memcpy(&mine, value, bytes);
-  b.slots[2 * me + slot] = mine;
+  b.slots[2 * me + slot] = value;
   f.state = Fiber::kAtShuffle;
   f.mask = mask;
   Yield(b);
@@ -670,7 +740,7 @@ void WarpShuffle(unsigned mask, Shuffle how, int arg, int width, const void* val
     Fatal(std::string("kernel ") + b.kernel + ": a shuffle reads lane " + std::to_string(base + src) +
           ", which its mask leaves out");
   }
-  std::memcpy(out, &b.slots[2 * from + slot], bytes);
+  return b.slots[2 * from + slot];
 }
 
 // ---- the engine, for the emulated NCCL (engine.h) ---------------------------------------------
@@ -742,15 +812,26 @@ int DeviceOfStream(cudaStream_t stream) {
 
 using namespace gc_cuda_emulation;  // NOLINT: the C-style API below is global, as CUDA's
 
-void __syncthreads() {
+GC_EMU_MACHINERY void __syncthreads() {
   Fiber& f = Self("__syncthreads");
   f.state = Fiber::kAtBarrier;
+  running->used_syncthreads = true;
+  GC_EMU_TSAN_RELEASE(tsan.barrier[f.barriers % 2]);
   Yield(*running);
+  GC_EMU_TSAN_ACQUIRE(tsan.barrier[f.barriers++ % 2]);
 }
 
-void __syncwarp(unsigned mask) {
-  uint64_t none = 0;
-  WarpShuffle(mask, Shuffle::kIndex, static_cast<int>(running->current % 32), 32, &none, &none, sizeof none);
+// A shuffle orders no memory, __syncwarp orders the memory of the lanes it names.
+GC_EMU_MACHINERY void __syncwarp(unsigned mask) {
+  Fiber& f = Self("__syncwarp");
+  [[maybe_unused]] char* token = nullptr;
+#if GC_EMU_TSAN
+  token = &tsan.warp[running->current / 32 * 2 + f.warp_syncs % 2];
+#endif
+  GC_EMU_TSAN_RELEASE(*token);
+  WarpShuffle(mask, Shuffle::kIndex, static_cast<int>(running->current % 32), 32, 0);
+  GC_EMU_TSAN_ACQUIRE(*token);
+  ++f.warp_syncs;
 }
 
 cudaError_t cudaGetDeviceCount(int* count) {

@@ -19,7 +19,11 @@
 //  - __syncthreads and warp shuffles run the block's threads as fibers, in lockstep at each
 //    barrier; a lane that exits before a shuffle its mask names, or a barrier not every live
 //    thread reaches, is a fatal error.
-// It does not find data races between threads, nor measure anything: that is for a GPU.
+//  - under TSan (scripts/test.sh --sanitize thread), a block's threads are threads to TSan, ordered
+//    only by the block's start and end, __syncthreads and __syncwarp (not by shuffles, which order
+//    no memory on a GPU), so races between them are reported (compute-sanitizer's racecheck,
+//    within a block: blocks run one after another) and atomicAdd is a relaxed atomic.
+// It measures nothing: that is for a GPU.
 #pragma once
 
 #include <math.h>
@@ -143,14 +147,21 @@ inline float __uint_as_float(unsigned u) {
 inline int __float_as_int(float f) { return static_cast<int>(__float_as_uint(f)); }
 inline float __int_as_float(int i) { return __uint_as_float(static_cast<unsigned>(i)); }
 
-// A block's threads take turns on one host thread and switch only at barriers: plain updates
-// are atomic.
+// An atomic read-modify-write with no ordering, as a GPU's: under TSan, which sees a block's
+// threads as concurrent, it is no race with another atomic and orders nothing else.
 template <typename T>
 T atomicAdd(T* address, T value) {
   static_assert(std::is_arithmetic_v<T>, "atomicAdd: an arithmetic type");
-  const T old = *address;
-  *address = static_cast<T>(old + value);
-  return old;
+  if constexpr (std::is_integral_v<T>) {
+    return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+  } else {
+    T seen;
+    __atomic_load(address, &seen, __ATOMIC_RELAXED);
+    for (;;) {
+      T sum = static_cast<T>(seen + value);
+      if (__atomic_compare_exchange(address, &seen, &sum, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return seen;
+    }
+  }
 }
 
 void __syncthreads();
@@ -159,15 +170,18 @@ void __syncwarp(unsigned mask = 0xffffffffu);
 namespace gc_cuda_emulation {
 
 enum class Shuffle { kIndex, kXor, kDown, kUp };
-/// The warp exchange behind the __shfl_*_sync functions: `bytes` of `value` from the lane the
-/// shuffle names (the caller's own when that lane is outside its segment of `width`).
-void WarpShuffle(unsigned mask, Shuffle how, int arg, int width, const void* value, void* out, size_t bytes);
+/// The warp exchange behind the __shfl_*_sync functions: the `value` of the lane the shuffle names
+/// (the caller's own when that lane is outside its segment of `width`).
+uint64_t WarpShuffle(unsigned mask, Shuffle how, int arg, int width, uint64_t value);
 
 template <typename T>
 T Shuffled(unsigned mask, T v, Shuffle how, int arg, int width) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "warp shuffles take up to 8 bytes");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = WarpShuffle(mask, how, arg, width, bits);
   T out;
-  WarpShuffle(mask, how, arg, width, &v, &out, sizeof(T));
+  std::memcpy(&out, &bits, sizeof(T));
   return out;
 }
 
