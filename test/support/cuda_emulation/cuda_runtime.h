@@ -22,7 +22,8 @@
 //  - under TSan (scripts/test.sh --sanitize thread), a block's threads are threads to TSan, ordered
 //    only by the block's start and end, __syncthreads and __syncwarp (not by shuffles, which order
 //    no memory on a GPU), so races between them are reported (compute-sanitizer's racecheck,
-//    within a block: blocks run one after another) and atomicAdd is a relaxed atomic.
+//    within a block; between blocks only across thread indices, in kernels without __syncthreads,
+//    whose blocks run in order) and atomicAdd is a relaxed atomic.
 // It measures nothing: that is for a GPU.
 #pragma once
 
