@@ -11,7 +11,7 @@ time measured between its MPI calls; ops/common/simulation.h).
         [--link 25Gbps] [--latency 5us] [--backbone 3.2Tbps] [--topology flat|fattree]
         [--intra-bw 20GBps] [--intra-latency 1us] [--sizes-mb 64]
         [--variants mpi,sra:maxmin4] [--reps 2] [--warmup 1] [--host-slowdown 1] [--out FILE.json]
-        [--compose [--cross-columns C1[,C2...]]]
+        [--compose [--cross-columns C1[,C2...]]] [--codec-profile FILE]
 
 Platforms: `flat` is one switch (a SimGrid cluster: each node's full-duplex link to a backbone
 of --backbone); `fattree` is a two-level fat tree of 16-port leaves, each leaf's uplinks
@@ -30,7 +30,9 @@ node) from simulations of two of its rows and of its columns (run_composed): 102
 worlds of at most 64. Its grid across nodes is the runtime's (GridShape: rows of 16 nodes at
 1024 x 8, whose 64-node columns run an 8 x 8 grid of their own), or --cross-columns' levels.
 GRADCOMP_SIM_CODEC_SCALE=0 leaves codec time out (the network alone); the default counts it as
-measured on this machine's core. examples/benchmarks/plot_simulation.py plots --out files.
+measured on this machine's core, or, with --codec-profile FILE, as a profile of some device prices
+the work (examples/benchmarks/codec_profile: a GPU's measured once; ops/common/simulation.h).
+examples/benchmarks/plot_simulation.py plots --out files.
 """
 import argparse
 import json
@@ -155,7 +157,7 @@ def run_world(args, nodes, tmp, variants=None, sizes_mb=None, grid_columns=()):
         if parts and parts[0] == "RESULT":
             rows.append({"nodes": nodes, "ranks": ranks, "variant": parts[1], "mb": float(parts[2]),
                          "seconds": float(parts[3]), "bytes_sent": int(parts[4]), "codec_seconds": float(parts[5]),
-                         "communicate_seconds": float(parts[6]),
+                         "communicate_seconds": float(parts[6]), "charged_seconds": float(parts[7]),
                          "shared_buffers": "GRADCOMP_SIM_SHARED_MB" in env})
     return rows
 
@@ -218,7 +220,7 @@ def run_composed(args, nodes, variant, tmp):
         pair = run_world(args, 2, tmp, f"{column_variant}:{codec}", chunk)[0]
         row = dict(two_rows)
         row.update(nodes=nodes, ranks=nodes * args.ranks_per_node, variant=variant)
-        for key in ("seconds", "bytes_sent", "codec_seconds", "communicate_seconds"):
+        for key in ("seconds", "bytes_sent", "codec_seconds", "communicate_seconds", "charged_seconds"):
             row[key] = two_rows[key] - pair[key] + column[key]
         row["composed"] = {"grid": [rows, cols], "levels": shape, "two_rows_seconds": two_rows["seconds"],
                            "pair_seconds": pair["seconds"], "column_seconds": column["seconds"]}
@@ -269,6 +271,10 @@ def main():
                     help="C1[,C2...]: the grids across nodes (sra2d's over the ranks, sra3d's and hier2d's over the "
                          "nodes; --compose's too) have rows of C1, their columns grids of rows of C2, and so on "
                          "(default: the runtime's, GridShape)")
+    ap.add_argument("--codec-profile", default=os.environ.get("GRADCOMP_SIM_CODEC_PROFILE", ""),
+                    help="price encoding and decoding from this profile (examples/benchmarks/codec_profile's "
+                         "output: a GPU's, or this machine's on real data) instead of timing them here "
+                         "(GRADCOMP_SIM_CODEC_PROFILE; ops/common/simulation.h)")
     ap.add_argument("--cfg", action="append", default=[],
                     help="a further SimGrid setting (NAME:VALUE), repeatable: e.g. network/crosstraffic:0")
     ap.add_argument("--out", default="")
@@ -287,14 +293,27 @@ def main():
                 sys.exit(f"simulate: --cross-columns {columns_text}: each row length must be at least 2 and divide "
                          f"the nodes its level spans ({left} of --nodes {nodes}), got {c}")
             left //= c
+    profile_device = ""
+    if args.codec_profile:
+        args.codec_profile = os.path.abspath(args.codec_profile)
+        try:
+            with open(args.codec_profile) as f:
+                profile_device = next((line.split(None, 1)[1].strip() for line in f if line.startswith("device ")), "?")
+        except OSError as e:
+            sys.exit(f"simulate: --codec-profile {args.codec_profile}: {e.strerror}")
+        os.environ["GRADCOMP_SIM_CODEC_PROFILE"] = args.codec_profile
+    else:
+        os.environ.pop("GRADCOMP_SIM_CODEC_PROFILE", None)
     build()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradcomp-sim-") as tmp:
         print(f"simulate: {args.topology} cluster, {args.ranks_per_node} rank(s)/node, links {args.link} "
               f"{args.latency}, backbone {args.backbone}, intra-node {args.intra_bw}, sizes {args.sizes_mb} MB, "
-              f"computation {args.computation}, codec scale {os.environ.get('GRADCOMP_SIM_CODEC_SCALE', '1')}")
+              f"computation {args.computation}, codec scale {os.environ.get('GRADCOMP_SIM_CODEC_SCALE', '1')}, "
+              "codec " + (f"priced from {args.codec_profile} ({profile_device})" if args.codec_profile
+                          else "timed here"))
         print(f"{'nodes':>6} {'ranks':>6} {'variant':<16} {'MB':>5} {'seconds':>9} {'vs mpi':>7} {'vs fp32':>7} "
-              f"{'ideal s':>9} {'% ideal':>8} {'codec s':>8} {'comm s':>8}")
+              f"{'ideal s':>9} {'% ideal':>8} {'codec s':>8} {'charged':>8} {'comm s':>8}")
         for nodes in [int(n) for n in args.nodes.split(",")]:
             composed = [v for v in args.variants.split(",")
                         if args.compose and nodes // composed_shape(args, nodes)[0] > 2
@@ -314,11 +333,13 @@ def main():
                 print(f"{nodes:>6} {r['ranks']:>6} {r['variant']:<16} {r['mb']:>5g} {r['seconds']:>9.4f} {vs:>7} "
                       f"{r['vs_fp32_ideal']:>6.2f}x "
                       f"{r['ideal_seconds']:>9.4f} {pct:>7.0f}% {r['codec_seconds']:>8.4f} "
+                      f"{r['charged_seconds']:>8.4f} "
                       f"{r['communicate_seconds']:>8.4f}", flush=True)
             rows += world
             if args.out:  # after every world: large ones take long
                 with open(args.out, "w") as f:
                     json.dump({"args": vars(args), "codec_scale": os.environ.get("GRADCOMP_SIM_CODEC_SCALE", "1"),
+                               "codec_profile_device": profile_device,
                                "rows": rows}, f, indent=1)
 
 

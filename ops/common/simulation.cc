@@ -1,12 +1,19 @@
 #include "ops/common/simulation.h"
 
+#include <algorithm>
 #include <chrono>
-#include <ctime>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #if defined(GRADCOMP_SIMULATION)
 #include <mpi.h>
@@ -18,6 +25,19 @@
 
 namespace gradcomp {
 namespace sim {
+
+const char* WorkName(Work work) {
+  switch (work) {
+    case Work::kEncode: return "encode";
+    case Work::kDecode: return "decode";
+    case Work::kDecodeAccumulate: return "decode_acc";
+    case Work::kCopy: return "copy";
+    case Work::kElementwise: return "elementwise";
+    case Work::kToHost: return "to_host";
+    case Work::kFromHost: return "from_host";
+  }
+  return "?";
+}
 
 double RealNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -45,15 +65,92 @@ void Compute(double seconds) {
   smpi_bench_begin();
 }
 
-double CodecCost(double real_seconds) {
+namespace {
+
+// GRADCOMP_SIM_CODEC_PROFILE's curves: per "OP CODEC", (values, seconds a call) by size.
+class Profile {
+ public:
+  explicit Profile(const std::string& path) : path_(path) {
+    std::ifstream in(path);
+    if (!in) Fail("cannot be read");
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      std::istringstream words(line);
+      std::string op, codec;
+      double values = 0, seconds = 0;
+      if (!(words >> op) || op[0] == '#' || op == "device") continue;
+      if (!(words >> codec >> values >> seconds) || values <= 0 || seconds < 0) {
+        Fail("line " + std::to_string(number) + " is not 'OP CODEC VALUES SECONDS': '" + line + "'");
+      }
+      curves_[op + " " + codec].emplace_back(values, seconds);
+    }
+    if (curves_.empty()) Fail("has no 'OP CODEC VALUES SECONDS' line");
+    for (auto& kv : curves_) std::sort(kv.second.begin(), kv.second.end());
+  }
+
+  // Seconds of one call on `values` values: linear between the measured sizes, the smallest's
+  // time below them (a call's fixed cost), the largest's rate above.
+  double Seconds(Work work, const char* codec, double values) const {
+    const std::string key = std::string(WorkName(work)) + " " + (codec ? codec : "-");
+    const auto it = curves_.find(key);
+    if (it == curves_.end()) Fail("has no '" + key + "' line (codec_profile --codecs names the codecs measured)");
+    const std::vector<std::pair<double, double>>& c = it->second;
+    if (values <= c.front().first) return c.front().second;
+    if (values >= c.back().first) return c.back().second * values / c.back().first;
+    const auto hi = std::lower_bound(c.begin(), c.end(), std::make_pair(values, 0.0));
+    const auto lo = hi - 1;
+    return lo->second + (hi->second - lo->second) * (values - lo->first) / (hi->first - lo->first);
+  }
+
+ private:
+  [[noreturn]] void Fail(const std::string& what) const {
+    std::fprintf(stderr, "gradcomp simulation: GRADCOMP_SIM_CODEC_PROFILE %s %s\n", path_.c_str(), what.c_str());
+    std::abort();  // every rank is an actor of this process: the run stops here
+  }
+
+  std::string path_;
+  std::map<std::string, std::vector<std::pair<double, double>>> curves_;
+};
+
+const Profile* LoadedProfile() {
+  static const Profile* profile = [] {
+    const char* v = std::getenv("GRADCOMP_SIM_CODEC_PROFILE");
+    return v && *v ? new Profile(v) : nullptr;
+  }();
+  return profile;
+}
+
+// Ranks are actors that take turns on one thread, and a task (where work is counted) never yields.
+double priced = 0;
+std::map<long, double> charged;  // by actor
+
+}  // namespace
+
+void CountWork(Work work, const char* codec, double values) {
+  if (const Profile* profile = LoadedProfile()) priced += profile->Seconds(work, codec, values);
+}
+
+double TakePricedWork() {
+  const double p = priced;
+  priced = 0;
+  return p;
+}
+
+double CodecCost(double real_seconds, double priced_seconds) {
   static const double scale = [] {
     const char* v = std::getenv("GRADCOMP_SIM_CODEC_SCALE");
     return v && *v ? std::atof(v) : 1.0;
   }();
   static const double reference =
       simgrid::s4u::Host::convert_pstate_speed_vector({simgrid::config::get_value<std::string>("smpi/host-speed")})[0];
-  return real_seconds * scale * reference / simgrid::s4u::this_actor::get_host()->get_speed();
+  const double cost = LoadedProfile() != nullptr
+                          ? priced_seconds * scale
+                          : real_seconds * scale * reference / simgrid::s4u::this_actor::get_host()->get_speed();
+  charged[simgrid::s4u::this_actor::get_pid()] += cost;
+  return cost;
 }
+
+double CodecCharged() { return charged[simgrid::s4u::this_actor::get_pid()]; }
 
 namespace {
 // Ranks are actors that take turns on one thread, and an Unaccounted section never yields.
@@ -118,7 +215,9 @@ double WorkNow() { return RealNow(); }
 double TaskNow() { return RealNow(); }
 
 void Compute(double) {}
-double CodecCost(double real_seconds) { return real_seconds; }
+double CodecCost(double real_seconds, double) { return real_seconds; }
+double CodecCharged() { return 0; }
+double TakePricedWork() { return 0; }
 
 void* SharedAllocate(size_t) { return nullptr; }
 bool SharedFree(void*) { return false; }

@@ -28,10 +28,35 @@ double Now();
 void Sleep(double seconds);
 /// Occupies this rank's simulated core for `seconds` (of this machine's CPU time).
 void Compute(double seconds);
-/// What codec work that took `real_seconds` here costs a simulated host: scaled by
-/// GRADCOMP_SIM_CODEC_SCALE (default 1: as measured; 0: free, the network alone) and by how
-/// much slower the simulated host is than this machine (SMPI's smpi/host-speed over its speed).
-double CodecCost(double real_seconds);
+/// What codec work that took `real_seconds` here costs a simulated host, times
+/// GRADCOMP_SIM_CODEC_SCALE (default 1; 0: free, the network alone): `priced_seconds` under a
+/// profile (GRADCOMP_SIM_CODEC_PROFILE, below), else the time measured, scaled by how much slower
+/// the simulated host is than this machine (SMPI's smpi/host-speed over its speed). Adds it to
+/// this rank's CodecCharged.
+double CodecCost(double real_seconds, double priced_seconds);
+/// Seconds of codec work charged to this rank so far (CodecCost's sum).
+double CodecCharged();
+
+/// Work a measured profile prices instead of this machine's clock: GRADCOMP_SIM_CODEC_PROFILE=FILE,
+/// the seconds one call of n values takes on some device, host or GPU, as
+/// examples/benchmarks/codec_profile writes them ("OP CODEC VALUES SECONDS" lines, interpolated
+/// between the measured sizes). A profile measured once on a GPU gives a simulation the GPU's
+/// codec time; one measured here on real data stands for the codec where the simulated ranks'
+/// buffers are shared (GRADCOMP_SIM_SHARED_MB), whose meaningless values the codec takes longer on.
+/// Counted where the host device does the work (cpu_device.cc) and where a staged buffer meets the
+/// wire (staging.h: a copy between a GPU and the host, none on the host device).
+enum class Work { kEncode, kDecode, kDecodeAccumulate, kCopy, kElementwise, kToHost, kFromHost };
+/// The profile's name of `work` ("encode", ..., "to_host").
+const char* WorkName(Work work);
+#if defined(GRADCOMP_SIMULATION)
+/// Counts one call of `work` on `values` float32 values (bytes / 4 for copies) of codec `codec`
+/// ("maxmin4", "fp16": CodecKey; null for work of no codec). Nothing without a profile.
+void CountWork(Work work, const char* codec, double values);
+#else
+inline void CountWork(Work, const char*, double) {}
+#endif
+/// The work priced since the last call (what a Pipeline task did), in seconds.
+double TakePricedWork();
 
 /// Seconds on the real (monotonic) clock, in any build.
 double RealNow();

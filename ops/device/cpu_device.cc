@@ -7,6 +7,7 @@
 
 #include "ops/common/enforce.h"
 #include "ops/common/simulation.h"
+#include "ops/compression/auto_select.h"
 #include "ops/compression/memory.h"
 #include "ops/reduce/reduce.h"
 
@@ -43,6 +44,16 @@ class Host final : public CpuDevice {
 
 size_t ElementBytes(DataType dtype, size_t n) { return n * DataTypeSize(dtype); }
 
+// A codec's work, counted for a simulation's profile (simulation.h) by the codec's candidate
+// token ("maxmin4"); nothing outside a simulation.
+void CountCodecWork(sim::Work work, const Codec& codec, const CodecParams& p, size_t n) {
+  if (!sim::kSimulated) return;
+  CompressionSpec spec;
+  static_cast<CompressionOptions&>(spec) = p;
+  spec.codec = codec.name();
+  sim::CountWork(work, CandidateToken(spec).c_str(), static_cast<double>(n));
+}
+
 }  // namespace
 
 void* CpuDevice::AllocateHost(size_t bytes) {
@@ -75,6 +86,7 @@ void CpuDevice::CopyFromHost(void* dst, const void* host_src, size_t bytes, Stre
 void CpuDevice::Copy(void* dst, const void* src, size_t bytes, Stream&) {
   void* d = Resolve(dst, bytes, "Copy destination");
   const void* s = Resolve(src, bytes, "Copy source");
+  sim::CountWork(sim::Work::kCopy, nullptr, static_cast<double>(bytes) / 4);
   if (bytes > 0 && d != s) std::memcpy(d, s, bytes);
 }
 
@@ -91,11 +103,13 @@ void CpuDevice::Cast(const void* in, DataType in_dtype, size_t n, void* out, Dat
 
 void CpuDevice::Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Stream&) {
   const size_t bytes = ElementBytes(dtype, n);
+  sim::CountWork(sim::Work::kElementwise, nullptr, static_cast<double>(n));
   ReduceTwo(Resolve(dst, bytes, "Reduce output"), Resolve(a, bytes, "Reduce input"), Resolve(b, bytes, "Reduce input"),
             n, dtype, op);
 }
 
 void CpuDevice::Scale(void* buf, size_t n, DataType dtype, double factor, Stream&) {
+  sim::CountWork(sim::Work::kElementwise, nullptr, static_cast<double>(n));
   ScaleInPlace(Resolve(buf, ElementBytes(dtype, n), "Scale buffer"), n, dtype, factor);
 }
 
@@ -110,6 +124,7 @@ void CpuDevice::Subtract(float* dst, const float* a, const float* b, size_t n, S
   auto* d = static_cast<float*>(Resolve(dst, bytes, "Subtract output"));
   const auto* x = static_cast<const float*>(Resolve(a, bytes, "Subtract input"));
   const auto* y = static_cast<const float*>(Resolve(b, bytes, "Subtract input"));
+  sim::CountWork(sim::Work::kElementwise, nullptr, static_cast<double>(n));
   for (size_t i = 0; i < n; ++i) d[i] = x[i] - y[i];
 }
 
@@ -136,6 +151,7 @@ void CpuDevice::ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_
 size_t CpuDevice::Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
                          uint64_t first_index, void* out, Stream&) {
   const size_t max_bytes = codec.MaxWireSize(n, p);
+  CountCodecWork(sim::Work::kEncode, codec, p, n);
   return codec.Encode(Resolve(in, ElementBytes(dtype, n), "Encode input"), dtype, n, p, first_index,
                       Resolve(out, max_bytes, "Encode output"));
 }
@@ -144,6 +160,7 @@ void CpuDevice::Decode(const Codec& codec, const void* wire, size_t wire_bytes, 
                        DataType out_dtype, void* out, bool accumulate, Stream&) {
   const void* w = Resolve(wire, wire_bytes, "Decode input");
   void* o = Resolve(out, ElementBytes(out_dtype, n), "Decode output");
+  CountCodecWork(accumulate ? sim::Work::kDecodeAccumulate : sim::Work::kDecode, codec, p, n);
   if (accumulate) {
     codec.DecodeAccumulate(w, wire_bytes, n, p, out_dtype, o);
   } else {

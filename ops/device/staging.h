@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/common/simulation.h"
 #include "ops/device/device.h"
 
 namespace gradcomp {
@@ -58,10 +59,14 @@ class StagedBuffer {
   /// Device side [at, at + bytes) = host copy.
   void ToDevice(size_t at, size_t bytes, Stream& stream);
   /// Wire [at, at + bytes) = device side, and the reverse (nothing when the wire is the device side).
+  /// A simulation counts these as a GPU's copies to and from the host even on the host device
+  /// (simulation.h: a GPU's profile prices them; a host profile's copies cost nothing).
   void ToWire(size_t at, size_t bytes, Stream& stream) {
+    sim::CountWork(sim::Work::kToHost, nullptr, static_cast<double>(bytes) / 4);
     if (!wire_on_device_) ToHost(at, bytes, stream);
   }
   void FromWire(size_t at, size_t bytes, Stream& stream) {
+    sim::CountWork(sim::Work::kFromHost, nullptr, static_cast<double>(bytes) / 4);
     if (!wire_on_device_) ToDevice(at, bytes, stream);
   }
   /// Exchanges the two buffers, contents and both sides (no copy).

@@ -132,3 +132,57 @@ def test_the_composed_grid_is_the_runtimes():
     assert sim.grid_shape(256, 8) == [16]
     assert sim.grid_shape(64, 8) == [8]
     assert sim.grid_shape(31, 8) == [31]
+
+
+def write_profile(path, seconds_per_value, codecs=("maxmin4",), leave_out=()):
+    """A profile as examples/benchmarks/codec_profile writes it, every call costing 1000 values'
+    time plus its own values' (so that scaling seconds_per_value scales every call's price)."""
+    with open(path, "w") as f:
+        f.write("# made up by test_simulation.py\ndevice synthetic\n")
+        ops = [(op, c) for op in ("encode", "decode", "decode_acc") for c in codecs]
+        ops += [(op, "-") for op in ("copy", "elementwise", "to_host", "from_host")]
+        for op, codec in ops:
+            if f"{op} {codec}" in leave_out:
+                continue
+            for n in (1024, 16777216):
+                f.write(f"{op} {codec} {n} {(1000 + n) * seconds_per_value:.9g}\n")
+
+
+def test_a_codec_profile_prices_the_codec_work_instead_of_this_machines_clock():
+    # 2 nodes, a 16 MB (4M values) 4-bit SRA. Every rank encodes each of its 4M values once and
+    # decodes each at least once, so at 1 ns a value the profile charges at least 8 ms a rank,
+    # whatever this machine's codec takes; at 4 ns, 4 times as much (the same calls, priced).
+    args = ["--nodes", "2", "--sizes-mb", "16", "--variants", "mpi,sra:maxmin4", "--reps", "1"]
+    with tempfile.TemporaryDirectory() as tmp:
+        priced = {}
+        for ns in (1, 4):
+            path = os.path.join(tmp, f"{ns}ns.txt")
+            write_profile(path, ns * 1e-9)
+            priced[ns] = simulate(*args, "--codec-profile", path)["sra:maxmin4"]
+        measured = simulate(*args)["sra:maxmin4"]
+    one, four = priced[1], priced[4]
+    assert one["charged_seconds"] >= 8e-3, one
+    assert abs(four["charged_seconds"] / one["charged_seconds"] - 4) < 1e-3, (one, four)
+    # The codec's time is on the critical path (its work is 8x the link's ~1 ms at 4 bits).
+    assert four["seconds"] > 2.5 * one["seconds"], (one, four)
+    # Without a profile the charge is this machine's time, measured (the tasks' whole time; the
+    # codec's phases inside them, a little less).
+    assert measured["codec_seconds"] > 0, measured
+    assert abs(measured["charged_seconds"] / measured["codec_seconds"] - 1) < 0.1, measured
+    # The same algorithm sends the same bytes, however its codec is priced.
+    assert one["bytes_sent"] == four["bytes_sent"] == measured["bytes_sent"]
+
+
+def test_a_profile_without_the_work_a_run_needs_stops_it_naming_the_line():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "profile.txt")
+        write_profile(path, 1e-9, leave_out=("decode_acc maxmin4",))
+        proc = subprocess.run([sys.executable, SIMULATE, "--nodes", "2", "--sizes-mb", "4", "--variants",
+                               "sra:maxmin4", "--reps", "1", "--codec-profile", path],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode != 0, proc.stdout
+        assert f"GRADCOMP_SIM_CODEC_PROFILE {path} has no 'decode_acc maxmin4' line" in proc.stderr, proc.stderr
+        proc = subprocess.run([sys.executable, SIMULATE, "--nodes", "2", "--codec-profile", path + ".missing"],
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, GRADCOMP_SIM_BUILD_DIR="/nonexistent-gradcomp-sim"))
+        assert proc.returncode != 0 and f"--codec-profile {path}.missing" in proc.stderr, proc.stderr
