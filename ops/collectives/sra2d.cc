@@ -5,8 +5,10 @@
 // then its allreduce is this algorithm again, and the encodings the row allgathers are that
 // grid's, each of its row chunks' column result in turn (ResultBytes, DecodeResult).
 // The row steps post every message at once (an MPI allgather's ring would pay a latency per
-// peer, one after the other); the column SRA stripes as the options say.
+// peer, one after the other), and for large striped buffers overlap the codec with the network
+// (RowExchange); the column SRA stripes as the options say.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -81,6 +83,52 @@ size_t DecodeResult(size_t ranks, const Grid* grid, const CompressedAllreduceOpt
   return read;
 }
 
+// A row step whose codec runs on `pipe`'s helper thread, over point-to-point transfers: every
+// receive posted at once; peer p's message (from `in`: at p's offset in send_bytes, or all of it
+// with same_to_all) sent once `ready(p)` says it is encoded (null: at once), the next peers first;
+// `arrived(p)` called on this thread as p's message lands in p's offset of `out` (null: nothing),
+// to hand its decoding to the helper. Polled to the end, napping on the transport and the helper
+// (Poller). Where the codec costs more than the link (a CPU's, at 25 Gbit/s) AlltoallAtOnce and
+// AllgatherAtOnce left the link idle while every chunk was encoded and the codec idle until every
+// message had come: simulated at 64 nodes, 64 MB, 4 bits, priced from a CPU core's codec, the 2-D
+// SRA took 23.0 ms, 21.0 with this (flat SRA, whose stripes pipeline, 16.5; docs/benchmarks.md).
+void RowExchange(Communicator& row, int tag, Pipeline& pipe, const uint8_t* in, const std::vector<size_t>& send_bytes,
+                 bool same_to_all, uint8_t* out, const std::vector<size_t>& recv_bytes,
+                 const std::function<bool(size_t)>& ready, const std::function<void(size_t)>& arrived) {
+  const size_t n = static_cast<size_t>(row.size()), me = static_cast<size_t>(row.rank());
+  const std::vector<size_t> send_at = Offsets(send_bytes), recv_at = Offsets(recv_bytes);
+  std::vector<std::unique_ptr<PendingTransfer>> receives(n), sends(n);
+  for (size_t p = 0; p < n; ++p) {
+    if (p != me) receives[p] = row.Irecv(out + recv_at[p], recv_bytes[p], static_cast<int>(p), tag);
+  }
+  size_t to_send = n - 1, to_land = n - 1;
+  std::vector<bool> landed(n, false);
+  Poller poller(&row, pipe.wake_fd());
+  while (true) {
+    bool progressed = false;
+    for (size_t k = 1; k < n; ++k) {
+      const size_t p = (me + k) % n;
+      if (!sends[p] && (!ready || ready(p))) {
+        sends[p] = row.Isend(in + (same_to_all ? 0 : send_at[p]), send_bytes[p], static_cast<int>(p), tag);
+        --to_send;
+        progressed = true;
+      }
+      if (!landed[p] && receives[p]->Test()) {
+        landed[p] = true;
+        --to_land;
+        progressed = true;
+        if (arrived) arrived(p);
+      }
+    }
+    if (to_send == 0 && to_land == 0) {
+      bool sent = true;
+      for (size_t p = 0; p < n && sent; ++p) sent = p == me || sends[p]->Test();
+      if (sent) return;
+    }
+    poller.Pause(progressed);
+  }
+}
+
 void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
              CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings);
 
@@ -128,31 +176,49 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   const SraPlan rp = RowPlan(o, b, j);
   const CodecParams p1 = SraScatterParams(o.params, grid.rank);
   const bool wire_on_device = WireOnDevice(row, ws);
-  // Encoding and decoding run on this thread, through an inline pipeline so that a simulation
-  // (ops/common/simulation.h) counts them as codec work.
+  // Large buffers over point-to-point rows overlap the codec with the row steps (RowExchange);
+  // otherwise encoding and decoding run on this thread, through an inline pipeline so that a
+  // simulation (ops/common/simulation.h) counts them as codec work.
+  const bool overlap = o.pipeline_stripes > 1 && o.count >= kPipelineMinValues && row.nonblocking();
   Pipeline codec_work(true);
 
   // 1. The row's scatter: every other chunk of the row, encoded for its owner.
   ws.send.Reserve(d, rp.send_total, wire_on_device);
   ws.recv.Reserve(d, rp.recv_total, wire_on_device);
   const std::vector<size_t> send_bytes = rp.ScatterBytes(0, true), recv_bytes = rp.ScatterBytes(0, false);
-  codec_work.Submit([&] {
-    Phase phase(o, "COMPRESS", &st->compress_seconds);
-    const std::vector<size_t> off = Offsets(send_bytes);
-    for (size_t p = 0; p < b; ++p) {
-      if (p == j) continue;
-      uint8_t* dst = ws.send.device() + off[p];
-      EncodePieces(ws, codec, p1, x, 0, rp.pieces[0][p], dst);
-      if (!o.residual) continue;
+  const std::vector<size_t> send_at = Offsets(send_bytes), recv_at = Offsets(recv_bytes);
+  const auto encode_for = [&](size_t p) {  // peer p's chunk, staged for the network
+    uint8_t* dst = ws.send.device() + send_at[p];
+    EncodePieces(ws, codec, p1, x, 0, rp.pieces[0][p], dst);
+    if (o.residual) {
       const size_t begin = rp.StripeBegin(p, 0), len = rp.StripeLength(p, 0);
       float* r = o.residual + begin;
       DecodePieces(ws, codec, p1, dst, rp.pieces[0][p], begin, DataType::kFloat32, r);
       d.Subtract(r, x + begin, r, len, stream);
     }
-    ws.send.ToWire(0, rp.send_total, stream);
+    ws.send.ToWire(send_at[p], send_bytes[p], stream);
     stream.Synchronize();
-  });
-  {
+  };
+  if (overlap) {
+    Pipeline helper(false);
+    std::vector<size_t> encoded(b);
+    for (size_t k = 1; k < b; ++k) {  // the next peers first: not every row's rank to peer 0 at once
+      const size_t p = (j + k) % b;
+      encoded[p] = helper.Submit([&, p] {
+        Phase phase(o, "COMPRESS", &st->compress_seconds);
+        encode_for(p);
+      });
+    }
+    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+    RowExchange(row, kRowScatterTag, helper, ws.send.wire(), send_bytes, false, ws.recv.wire(), recv_bytes,
+                [&](size_t p) { return helper.Done(encoded[p]); }, nullptr);
+  } else {
+    codec_work.Submit([&] {
+      Phase phase(o, "COMPRESS", &st->compress_seconds);
+      for (size_t p = 0; p < b; ++p) {
+        if (p != j) encode_for(p);
+      }
+    });
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
     AlltoallAtOnce(row, kRowScatterTag, ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
   }
@@ -165,7 +231,6 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   codec_work.Submit([&] {
     Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
     ws.recv.FromWire(0, rp.recv_total, stream);
-    const std::vector<size_t> off = Offsets(recv_bytes);
     size_t wire_at = 0;  // of this block in every peer's message
     for (const Piece& pc : rp.pieces[0][j]) {
       float* a = out + pc.start;
@@ -173,8 +238,8 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
       const size_t block_bytes = codec.MaxWireSize(pc.len, p1);
       for (size_t p = 0; p < b; ++p) {
         if (p == j) continue;
-        d.Decode(codec, ws.recv.device() + off[p] + wire_at, block_bytes, pc.len, p1, DataType::kFloat32, a, true,
-                 stream);
+        d.Decode(codec, ws.recv.device() + recv_at[p] + wire_at, block_bytes, pc.len, p1, DataType::kFloat32, a,
+                 true, stream);
       }
       wire_at += block_bytes;
     }
@@ -196,21 +261,41 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   }
   const std::vector<size_t> blob_at = Offsets(blob_bytes);
   ws.recv.Reserve(d, blob_at.back() + blob_bytes.back(), wire_on_device);
-  {
-    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    AllgatherAtOnce(row, kRowGatherTag, ws.all.wire(), ws.recv.wire(), blob_bytes);
+  const auto decode_chunk = [&](size_t k) {
+    ws.recv.FromWire(blob_at[k], blob_bytes[k], stream);
+    DecodeResult(column_ranks, grid.column_grid.get(), chunk_options[k], ws.recv.device() + blob_at[k],
+                 out + rp.chunk_offsets[k], ws);
+  };
+  if (overlap) {
+    Pipeline helper(false);
+    std::vector<size_t> decoded;
+    {
+      Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+      const std::vector<size_t> sent(b, blob_bytes[j]);
+      RowExchange(row, kRowGatherTag, helper, ws.all.wire(), sent, true, ws.recv.wire(), blob_bytes, nullptr,
+                  [&](size_t k) {
+                    decoded.push_back(helper.Submit([&, k] {
+                      Phase decompress(o, "DECOMPRESS", &st->decompress_seconds);
+                      decode_chunk(k);
+                      stream.Synchronize();
+                    }));
+                  });
+    }
+    for (size_t t : decoded) helper.Wait(t);
+  } else {
+    {
+      Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+      AllgatherAtOnce(row, kRowGatherTag, ws.all.wire(), ws.recv.wire(), blob_bytes);
+    }
+    codec_work.Submit([&] {
+      Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
+      for (size_t k = 0; k < b; ++k) {
+        if (k != j) decode_chunk(k);
+      }
+      stream.Synchronize();
+    });
   }
   st->bytes_sent += (b - 1) * blob_bytes[j];
-  codec_work.Submit([&] {
-    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-    for (size_t k = 0; k < b; ++k) {
-      if (k == j) continue;
-      ws.recv.FromWire(blob_at[k], blob_bytes[k], stream);
-      DecodeResult(column_ranks, grid.column_grid.get(), chunk_options[k], ws.recv.device() + blob_at[k],
-                   out + rp.chunk_offsets[k], ws);
-    }
-    stream.Synchronize();
-  });
   if (keep_encodings) {
     // This rank's encodings into their place among the peers' (ws.recv), and the buffers swapped.
     d.Copy(ws.recv.device() + blob_at[j], ws.all.device(), blob_bytes[j], stream);

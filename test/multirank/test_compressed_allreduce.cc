@@ -567,6 +567,59 @@ TEST(Sra2d, StripedColumnsGiveTheSameBytes) {
   }
 }
 
+TEST(Sra2d, OverlappedRowStepsGiveTheSameBytesAndResiduals) {
+  // Large buffers with stripes overlap the row steps with the codec (RowExchange: each peer's
+  // chunk sent once encoded, each chunk decoded as it lands); one stripe runs them one after the
+  // other. Same bytes, residuals included, over two steps of error feedback: on a grid of rows of
+  // 4 ranks, and on node rows of 2 whose 4 nodes run a 2 x 2 grid (the overlapped column grid's
+  // encodings gathered by the rows above it).
+  const int world = 8;
+  const size_t count = (size_t{1} << 20) + 4097;
+  struct Run {
+    std::vector<float> out, residual, reduced;
+  };
+  const auto run = [&](size_t stripes, bool node_rows) {
+    std::vector<Run> runs(static_cast<size_t>(world));
+    const auto body = [&](int rank, const Grid& grid) {
+      const std::vector<float> in = Gradient(count, rank, 0.5);
+      Run& r = runs[static_cast<size_t>(rank)];
+      r.out.assign(count, 0.0f);
+      r.residual.assign(count, 0.0f);
+      r.reduced.assign(count, 0.0f);
+      for (uint64_t step = 1; step <= 2; ++step) {
+        CompressedAllreduceOptions o = Maxmin(in, r.out, 4, 512);
+        o.pipeline_stripes = stripes;
+        o.residual = r.residual.data();
+        o.reduced_residual = r.reduced.data();
+        o.params.step = step;
+        CompressedAllreduce2d(grid, o);
+      }
+    };
+    const std::vector<std::string> errors =
+        node_rows ? RunTopology(world, 2,
+                                [&](Topology& topo) {
+                                  body(topo.rank(), MakeNodeGrid(topo, {2}));
+                                  return std::string();
+                                })
+                  : RunRanks(world, [&](Communicator& comm) {
+                      body(comm.rank(), MakeGrid(comm, 4));
+                      return std::string();
+                    });
+    EXPECT_EQ(Failures(errors), "") << stripes << " stripes";
+    return runs;
+  };
+  for (bool node_rows : {false, true}) {
+    const std::vector<Run> one = run(1, node_rows), overlapped = run(4, node_rows);
+    for (size_t r = 0; r < one.size(); ++r) {
+      const std::string where = std::string(node_rows ? "node rows" : "rows of 4") + ", rank " + std::to_string(r);
+      EXPECT_TRUE(SameBytes(one[r].out.data(), overlapped[r].out.data(), count * sizeof(float))) << where;
+      EXPECT_TRUE(SameBytes(one[r].residual.data(), overlapped[r].residual.data(), count * sizeof(float))) << where;
+      EXPECT_TRUE(SameBytes(one[r].reduced.data(), overlapped[r].reduced.data(), count * sizeof(float))) << where;
+    }
+    EXPECT_TRUE(SameBytes(one[0].out.data(), one[world - 1].out.data(), count * sizeof(float)));
+  }
+}
+
 TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
   // The largest worlds this machine runs as thread ranks: the 2-D SRA re-quantizes once more
   // than flat SRA (the row sums), never once per level, so its error stays within the issue's
