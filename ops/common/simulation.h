@@ -50,7 +50,7 @@ enum class Work { kEncode, kDecode, kDecodeAccumulate, kCopy, kElementwise, kToH
 const char* WorkName(Work work);
 #if defined(GRADCOMP_SIMULATION)
 /// Counts one call of `work` on `values` float32 values (bytes / 4 for copies) of codec `codec`
-/// ("maxmin4", "fp16": CodecKey; null for work of no codec). Nothing without a profile.
+/// ("maxmin4", "fp16": its CandidateToken; null for work of no codec). Nothing without a profile.
 void CountWork(Work work, const char* codec, double values);
 #else
 inline void CountWork(Work, const char*, double) {}
