@@ -571,14 +571,14 @@ TEST(Sra2d, OverlappedRowStepsGiveTheSameBytesAndResiduals) {
   // Large buffers with stripes overlap the row steps with the codec (RowExchange: each peer's
   // chunk sent once encoded, each chunk decoded as it lands); one stripe runs them one after the
   // other. Same bytes, residuals included, over two steps of error feedback: on a grid of rows of
-  // 4 ranks, and on node rows of 2 whose 4 nodes run a 2 x 2 grid (the overlapped column grid's
+  // 4 ranks (in process and over TCP), and on node rows of 2 whose 4 nodes run a 2 x 2 grid (the overlapped column grid's
   // encodings gathered by the rows above it).
   const int world = 8;
   const size_t count = (size_t{1} << 20) + 4097;
   struct Run {
     std::vector<float> out, residual, reduced;
   };
-  const auto run = [&](size_t stripes, bool node_rows) {
+  const auto run = [&](size_t stripes, bool node_rows, RankTransport transport = RankTransport::kInProcess) {
     std::vector<Run> runs(static_cast<size_t>(world));
     const auto body = [&](int rank, const Grid& grid) {
       const std::vector<float> in = Gradient(count, rank, 0.5);
@@ -601,17 +601,24 @@ TEST(Sra2d, OverlappedRowStepsGiveTheSameBytesAndResiduals) {
                                   body(topo.rank(), MakeNodeGrid(topo, {2}));
                                   return std::string();
                                 })
-                  : RunRanks(world, [&](Communicator& comm) {
-                      body(comm.rank(), MakeGrid(comm, 4));
-                      return std::string();
-                    });
+                  : RunRanks(
+                        world,
+                        [&](Communicator& comm) {
+                          body(comm.rank(), MakeGrid(comm, 4));
+                          return std::string();
+                        },
+                        transport);
     EXPECT_EQ(Failures(errors), "") << stripes << " stripes";
     return runs;
   };
-  for (bool node_rows : {false, true}) {
-    const std::vector<Run> one = run(1, node_rows), overlapped = run(4, node_rows);
+  // Rows of 4 also over gradcomp's TCP connections (the helper's wake-ups through the poller).
+  for (int setting = 0; setting < 3; ++setting) {
+    const bool node_rows = setting == 1, tcp = setting == 2;
+    const std::vector<Run> one = run(1, node_rows),
+                           overlapped = run(4, node_rows, tcp ? RankTransport::kTcp : RankTransport::kInProcess);
     for (size_t r = 0; r < one.size(); ++r) {
-      const std::string where = std::string(node_rows ? "node rows" : "rows of 4") + ", rank " + std::to_string(r);
+      const std::string where = std::string(node_rows ? "node rows" : tcp ? "rows of 4 over TCP" : "rows of 4") +
+                                ", rank " + std::to_string(r);
       EXPECT_TRUE(SameBytes(one[r].out.data(), overlapped[r].out.data(), count * sizeof(float))) << where;
       EXPECT_TRUE(SameBytes(one[r].residual.data(), overlapped[r].residual.data(), count * sizeof(float))) << where;
       EXPECT_TRUE(SameBytes(one[r].reduced.data(), overlapped[r].reduced.data(), count * sizeof(float))) << where;
