@@ -571,8 +571,8 @@ TEST(Sra2d, OverlappedRowStepsGiveTheSameBytesAndResiduals) {
   // Large buffers with stripes overlap the row steps with the codec (RowExchange: each peer's
   // chunk sent once encoded, each chunk decoded as it lands); one stripe runs them one after the
   // other. Same bytes, residuals included, over two steps of error feedback: on a grid of rows of
-  // 4 ranks (in process and over TCP), and on node rows of 2 whose 4 nodes run a 2 x 2 grid (the overlapped column grid's
-  // encodings gathered by the rows above it).
+  // 4 ranks (in process and over TCP), and on node rows of 2 whose 4 nodes run a 2 x 2 grid (the
+  // overlapped column grid's encodings gathered by the rows above it).
   const int world = 8;
   const size_t count = (size_t{1} << 20) + 4097;
   struct Run {
