@@ -187,7 +187,7 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
   ws.recv.Reserve(d, rp.recv_total, wire_on_device);
   const std::vector<size_t> send_bytes = rp.ScatterBytes(0, true), recv_bytes = rp.ScatterBytes(0, false);
   const std::vector<size_t> send_at = Offsets(send_bytes), recv_at = Offsets(recv_bytes);
-  const auto encode_for = [&](size_t p) {  // peer p's chunk, staged for the network
+  const auto encode_for = [&](size_t p) {  // peer p's chunk (staged for the network by the caller)
     uint8_t* dst = ws.send.device() + send_at[p];
     EncodePieces(ws, codec, p1, x, 0, rp.pieces[0][p], dst);
     if (o.residual) {
@@ -196,8 +196,6 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
       DecodePieces(ws, codec, p1, dst, rp.pieces[0][p], begin, DataType::kFloat32, r);
       d.Subtract(r, x + begin, r, len, stream);
     }
-    ws.send.ToWire(send_at[p], send_bytes[p], stream);
-    stream.Synchronize();
   };
   if (overlap) {
     Pipeline helper(false);
@@ -207,6 +205,8 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
       encoded[p] = helper.Submit([&, p] {
         Phase phase(o, "COMPRESS", &st->compress_seconds);
         encode_for(p);
+        ws.send.ToWire(send_at[p], send_bytes[p], stream);
+        stream.Synchronize();
       });
     }
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
@@ -218,6 +218,8 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
       for (size_t p = 0; p < b; ++p) {
         if (p != j) encode_for(p);
       }
+      ws.send.ToWire(0, rp.send_total, stream);
+      stream.Synchronize();
     });
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
     AlltoallAtOnce(row, kRowScatterTag, ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
