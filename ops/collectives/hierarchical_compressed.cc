@@ -1,7 +1,8 @@
 // Hierarchical compressed allreduce (compressed_allreduce.h): uncompressed inside each node
 // (through the shared-memory window when the local communicator is shm), SRA (flat or 2-D)
 // across nodes.
-// The node-local steps move float32 values through host staging; SRA runs on the device.
+// The node-local steps move float32 values (a GPU's through host staging unless the local
+// communicator reads device memory); SRA runs on the device.
 #include "ops/collectives/context.h"
 #include "ops/collectives/sra.h"
 
@@ -32,37 +33,50 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       }
     };
     const size_t bytes = o.count * sizeof(float);
-    // The values on the local communicator's side (the host, unless it reads device memory),
-    // summed over the node in place below.
+    // The local communicator reads the node's values and writes the result where it can reach
+    // them: the tensors themselves on the host device, or on a device whose memory it reads
+    // (NCCL); a GPU's tensors through host staging for a host communicator (MPI, shm).
     const bool local_on_device = WireOnDevice(local, ws);
+    const bool direct = local_on_device || d.space() != MemorySpace::kDevice;
     const float* input = WorkingCopy(o, ws);
     StagedBuffer& x = ws.x;
-    const bool in_x = input == x.device_as<float>();
-    x.Reserve(d, bytes, local_on_device);  // keeps the working copy: the same size
-    if (in_x) {
+    const void* local_in = input;
+    if (input == x.device_as<float>()) {
+      x.Reserve(d, bytes, local_on_device);  // keeps the working copy: the same size
       x.ToWire(0, bytes, stream);
-    } else if (local_on_device) {
-      d.Copy(x.device(), input, bytes, stream);
-    } else {
+      local_in = x.wire();
+    } else if (!direct) {
+      x.Reserve(d, bytes, false);
       d.CopyToHost(x.host(), input, bytes, stream);
+      local_in = x.host();
+    } else {
+      StagedBuffer::CountAsGpuCopy(sim::Work::kToHost, bytes);
     }
+    // The result, on the local communicator's side.
     StagedBuffer& result = ws.out;
-    result.Reserve(d, bytes, local_on_device);
+    float* const direct_out = direct ? ResultBuffer(o, ws) : nullptr;
+    if (!direct) result.Reserve(d, bytes, false);
+    void* const local_out = direct ? static_cast<void*>(direct_out) : result.host();
     stream.Synchronize();
     if (leader_only) {
       // The node's sum on its leader; leaders compress across nodes; the node gets the result.
+      x.Reserve(d, bytes, local_on_device);
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-        local.Allreduce(x.wire(), x.wire(), o.count, DataType::kFloat32, ReduceOp::kSum);
+        local.Allreduce(local_in, x.wire(), o.count, DataType::kFloat32, ReduceOp::kSum);
       }
       if (local.rank() == 0) {  // residuals: of node sums
         x.FromWire(0, bytes, stream);
-        across(o, x.device_as<float>(), result.device_as<float>());
-        result.ToWire(0, bytes, stream);
+        if (direct) {
+          across(o, x.device_as<float>(), direct_out);
+        } else {
+          across(o, x.device_as<float>(), result.device_as<float>());
+          result.ToWire(0, bytes, stream);
+        }
         stream.Synchronize();
       }
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      local.Broadcast(result.wire(), bytes, 0);
+      local.Broadcast(local_out, bytes, 0);
     } else {
       // Shard of the node sum; SRA of the shard across nodes; the node gathers the shards.
       const std::vector<size_t> shards = EvenSplit(o.count, local.size());
@@ -71,7 +85,7 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       shard.Reserve(d, len * sizeof(float), local_on_device);
       {
         Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-        local.ReduceScatter(x.wire(), shard.wire(), shards, DataType::kFloat32, ReduceOp::kSum);
+        local.ReduceScatter(local_in, shard.wire(), shards, DataType::kFloat32, ReduceOp::kSum);
       }
       shard.FromWire(0, len * sizeof(float), stream);
       CompressedAllreduceOptions sub = o;
@@ -88,10 +102,15 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
       std::vector<size_t> shard_bytes(shards.size());
       for (size_t i = 0; i < shards.size(); ++i) shard_bytes[i] = shards[i] * sizeof(float);
       Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
-      local.Allgatherv(shard_out.wire(), result.wire(), shard_bytes);
+      local.Allgatherv(shard_out.wire(), local_out, shard_bytes);
     }
-    result.FromWire(0, bytes, stream);
-    StoreOutput(o, ws, result.device_as<float>());
+    if (direct) {
+      StagedBuffer::CountAsGpuCopy(sim::Work::kFromHost, bytes);
+      StoreOutput(o, ws, direct_out);
+    } else {
+      result.FromWire(0, bytes, stream);
+      StoreOutput(o, ws, result.device_as<float>());
+    }
   });
   return st;
 }

@@ -62,12 +62,17 @@ class StagedBuffer {
   /// A simulation counts these as a GPU's copies to and from the host even on the host device
   /// (simulation.h: a GPU's profile prices them; a host profile's copies cost nothing).
   void ToWire(size_t at, size_t bytes, Stream& stream) {
-    sim::CountWork(sim::Work::kToHost, nullptr, static_cast<double>(bytes) / 4);
+    CountAsGpuCopy(sim::Work::kToHost, bytes);
     if (!wire_on_device_) ToHost(at, bytes, stream);
   }
   void FromWire(size_t at, size_t bytes, Stream& stream) {
-    sim::CountWork(sim::Work::kFromHost, nullptr, static_cast<double>(bytes) / 4);
+    CountAsGpuCopy(sim::Work::kFromHost, bytes);
     if (!wire_on_device_) ToDevice(at, bytes, stream);
+  }
+  /// Counts, in a simulation, a GPU's copy of `bytes` to (kToHost) or from (kFromHost) the host:
+  /// ToWire and FromWire's, and one a data path skips on the host device where a GPU's needs it.
+  static void CountAsGpuCopy(sim::Work work, size_t bytes) {
+    sim::CountWork(work, nullptr, static_cast<double>(bytes) / 4);
   }
   /// Exchanges the two buffers, contents and both sides (no copy).
   void Swap(StagedBuffer& other) noexcept;

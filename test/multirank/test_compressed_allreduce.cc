@@ -946,6 +946,64 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HierarchicalCompressed,
                                   (s.param.leader_only ? "_leader" : "") + (s.param.grid ? "_2d" : "");
                          });
 
+// The node-local steps read the tensors and write the result where the local communicator reaches
+// them (hierarchical_compressed.cc: no staging copy on the host device or with communicators on
+// device memory). In place, through the error-feedback working copy and with float16 tensors
+// they give the bytes that separate float32 buffers give (the float16 case on inputs that float16
+// holds exactly, its output the float32 result rounded), on the host and on the device.
+TEST(HierarchicalCompressedBuffers, InPlaceFeedbackAndHalfGiveTheFloatResult) {
+  const size_t count = 30011;
+  enum Kind { kSeparate, kInPlace, kFeedback, kHalf };
+  for (const Shape2& shape : {Shape2{8, 2, false}, Shape2{8, 4, true}, Shape2{8, 2, false, true}}) {
+    std::vector<std::vector<float>> outs[4], residuals(static_cast<size_t>(shape.world));
+    for (Kind kind : {kSeparate, kInPlace, kFeedback, kHalf}) {
+      outs[kind].resize(static_cast<size_t>(shape.world));
+      RunTopology(shape.world, shape.local, [&](Topology& topo) {
+        std::vector<float> in = Gradient(count, topo.rank(), 1e2);
+        std::vector<uint16_t> half(count), half_out(count);
+        CastBuffer(in.data(), DataType::kFloat32, count, half.data(), DataType::kFloat16, false);
+        CastBuffer(half.data(), DataType::kFloat16, count, in.data(), DataType::kFloat32, false);
+        std::vector<float> out(count, -1.0f), residual(count, 0.0f), reduced(count, 0.0f);
+        CompressedAllreduceOptions o = Maxmin(in, out, 4, 512);
+        if (kind == kInPlace) o.output = in.data();
+        if (kind == kFeedback) {
+          o.residual = residual.data();
+          o.reduced_residual = reduced.data();
+        }
+        if (kind == kHalf) {
+          o.input = half.data();
+          o.output = half_out.data();
+          o.dtype = DataType::kFloat16;
+        }
+        HierarchicalBoth(topo, o, shape.leader_only, shape.grid);
+        if (kind == kInPlace) out = in;
+        if (kind == kHalf) CastBuffer(half_out.data(), DataType::kFloat16, count, out.data(), DataType::kFloat32, false);
+        outs[kind][static_cast<size_t>(topo.rank())] = out;
+        if (kind == kFeedback) residuals[static_cast<size_t>(topo.rank())] = residual;
+        return std::string();
+      });
+    }
+    const std::string where = "world " + std::to_string(shape.world) + " local " + std::to_string(shape.local) +
+                              (shape.leader_only ? " leader only" : "") + (shape.grid ? " 2-D across" : "");
+    ASSERT_EQ(BitIdentical(outs[kSeparate]), "") << where;
+    EXPECT_EQ(outs[kInPlace], outs[kSeparate]) << where;
+    EXPECT_EQ(outs[kFeedback], outs[kSeparate]) << where;  // a zero residual changes no value
+    std::vector<float> rounded(count);
+    for (int r = 0; r < shape.world; ++r) {
+      std::vector<uint16_t> h(count);
+      CastBuffer(outs[kSeparate][static_cast<size_t>(r)].data(), DataType::kFloat32, count, h.data(),
+                 DataType::kFloat16, false);
+      CastBuffer(h.data(), DataType::kFloat16, count, rounded.data(), DataType::kFloat32, false);
+      EXPECT_EQ(outs[kHalf][static_cast<size_t>(r)], rounded) << where << " rank " << r;
+      // The feedback case ran the working copy: its quantization error is left in the residual
+      // of every rank that encodes node sums (every rank, or the leaders).
+      if (!shape.leader_only || r % shape.local == 0) {
+        EXPECT_NE(residuals[static_cast<size_t>(r)], std::vector<float>(count, 0.0f)) << where << " rank " << r;
+      }
+    }
+  }
+}
+
 TEST(CompressedAllreduceErrors, NameWhatIsWrong) {
   std::vector<float> x(10), y(10);
   const auto err = [&](const std::function<void(Communicator&)>& fn) -> std::string {
