@@ -37,10 +37,8 @@ size_t Pipeline::Submit(std::function<void()> task) {
   if (sim::kSimulated) {
     // Encoding and decoding: their cost is the real time they take here, or what a measured
     // profile prices the work they count at (times the simulation's codec scale), on this
-    // rank's core (inline) or on the helper's. Work counted outside a task is nobody's.
-    sim::TakePricedWork();
-    const double real = sim::TimeUnaccounted(task);
-    const double cost = sim::CodecCost(real, sim::TakePricedWork());
+    // rank's core (inline) or on the helper's.
+    const double cost = sim::TaskCost(task);
     if (inline_) {
       sim::Compute(cost);
       return done_++;

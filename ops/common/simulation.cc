@@ -121,19 +121,35 @@ const Profile* LoadedProfile() {
 }
 
 // Ranks are actors that take turns on one thread, and a task (where work is counted) never yields.
-double priced = 0;
+bool in_task = false;
+double priced = 0;  // by the running task
 std::map<long, double> charged;  // by actor
 
 }  // namespace
 
 void CountWork(Work work, const char* codec, double values) {
-  if (const Profile* profile = LoadedProfile()) priced += profile->Seconds(work, codec, values);
+  const Profile* profile = LoadedProfile();
+  if (profile == nullptr) return;
+  const double seconds = profile->Seconds(work, codec, values);
+  if (in_task) {
+    priced += seconds;
+  } else {
+    Compute(CodecCost(0, seconds));
+  }
 }
 
-double TakePricedWork() {
-  const double p = priced;
+double TaskCost(const std::function<void()>& task) {
+  in_task = true;
   priced = 0;
-  return p;
+  double real = 0;
+  try {
+    real = TimeUnaccounted(task);
+  } catch (...) {
+    in_task = false;
+    throw;
+  }
+  in_task = false;
+  return CodecCost(real, priced);
 }
 
 double CodecCost(double real_seconds, double priced_seconds) {
@@ -217,7 +233,11 @@ double TaskNow() { return RealNow(); }
 void Compute(double) {}
 double CodecCost(double real_seconds, double) { return real_seconds; }
 double CodecCharged() { return 0; }
-double TakePricedWork() { return 0; }
+double TaskCost(const std::function<void()>& task) {
+  const double t0 = RealNow();
+  task();
+  return RealNow() - t0;
+}
 
 void* SharedAllocate(size_t) { return nullptr; }
 bool SharedFree(void*) { return false; }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 namespace gradcomp {
 namespace sim {
@@ -55,8 +56,12 @@ void CountWork(Work work, const char* codec, double values);
 #else
 inline void CountWork(Work, const char*, double) {}
 #endif
-/// The work priced since the last call (what a Pipeline task did), in seconds.
-double TakePricedWork();
+/// A Pipeline task's cost on the simulated clock: runs `task` for real, outside SMPI's measurement
+/// of this rank's CPU time, and returns CodecCost of the time it took and of the work it counted.
+/// Work counted outside any task (the data path's own copies, staging and scaling between its
+/// steps) is charged where it is counted, on the rank's own core, when a profile prices it; the
+/// codec's timed mode (no profile) charges tasks only.
+double TaskCost(const std::function<void()>& task);
 
 /// Seconds on the real (monotonic) clock, in any build.
 double RealNow();

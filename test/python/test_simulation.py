@@ -137,9 +137,10 @@ def test_the_composed_grid_is_the_runtimes():
     assert sim.grid_shape(31, 8) == [31]
 
 
-def write_profile(path, seconds_per_value, codecs=("maxmin4",), leave_out=()):
+def write_profile(path, seconds_per_value, codecs=("maxmin4",), leave_out=(), staging_seconds_per_value=None):
     """A profile as examples/benchmarks/codec_profile writes it, every call costing 1000 values'
-    time plus its own values' (so that scaling seconds_per_value scales every call's price)."""
+    time plus its own values' (so that scaling seconds_per_value scales every call's price);
+    copies to and from the host at staging_seconds_per_value if given."""
     with open(path, "w") as f:
         f.write("# made up by test_simulation.py\ndevice synthetic\n")
         ops = [(op, c) for op in ("encode", "decode", "decode_acc") for c in codecs]
@@ -147,8 +148,11 @@ def write_profile(path, seconds_per_value, codecs=("maxmin4",), leave_out=()):
         for op, codec in ops:
             if f"{op} {codec}" in leave_out:
                 continue
+            rate = seconds_per_value
+            if staging_seconds_per_value is not None and op in ("to_host", "from_host"):
+                rate = staging_seconds_per_value
             for n in (1024, 16777216):
-                f.write(f"{op} {codec} {n} {(1000 + n) * seconds_per_value:.9g}\n")
+                f.write(f"{op} {codec} {n} {(1000 + n) * rate:.9g}\n")
 
 
 def test_a_codec_profile_prices_the_codec_work_instead_of_this_machines_clock():
@@ -174,6 +178,25 @@ def test_a_codec_profile_prices_the_codec_work_instead_of_this_machines_clock():
     assert abs(measured["charged_seconds"] / measured["codec_seconds"] - 1) < 0.1, measured
     # The same algorithm sends the same bytes, however its codec is priced.
     assert one["bytes_sent"] == four["bytes_sent"] == measured["bytes_sent"]
+
+
+def test_a_profile_prices_the_work_between_the_steps_too():
+    # 2 nodes of 2 ranks, 16 MB (4M values), hierarchical. With a GPU's tensors and MPI on the host
+    # each rank copies the whole input to the host and the result back, and its shard of the node
+    # sum up and down: 3 x 4M values. The profile prices those copies (staging.h) although they
+    # run between the pipeline's tasks, on the rank's own core: at 1 ns a value, >= 12 ms more
+    # charged than when they are free, and the step that much longer.
+    args = ["--nodes", "2", "--ranks-per-node", "2", "--sizes-mb", "16", "--variants", "hier:maxmin4", "--reps", "1"]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = {}
+        for ns in (0, 1):
+            path = os.path.join(tmp, f"staging{ns}.txt")
+            write_profile(path, 1e-11, staging_seconds_per_value=ns * 1e-9)
+            rows[ns] = simulate(*args, "--codec-profile", path)["hier:maxmin4"]
+    free, priced = rows[0], rows[1]
+    assert priced["charged_seconds"] - free["charged_seconds"] >= 12e-3, (free, priced)
+    assert priced["seconds"] - free["seconds"] >= 0.9 * 12e-3, (free, priced)
+    assert priced["bytes_sent"] == free["bytes_sent"]
 
 
 def test_a_profile_without_the_work_a_run_needs_stops_it_naming_the_line():
