@@ -6,10 +6,12 @@ find_package(spdlog REQUIRED)
 # Python modules are built for Debian's interpreter (the one with torch), not whatever
 # python3 comes first on PATH.
 set(GRADCOMP_PYTHON "/usr/bin/python3" CACHE FILEPATH "Python interpreter the modules are built for")
-set(Python_EXECUTABLE ${GRADCOMP_PYTHON})
-set(PYBIND11_FINDPYTHON ON)
-find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)
-find_package(pybind11 CONFIG REQUIRED)
+if(GRADCOMP_BUILD_PYTHON)
+  set(Python_EXECUTABLE ${GRADCOMP_PYTHON})
+  set(PYBIND11_FINDPYTHON ON)
+  find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)
+  find_package(pybind11 CONFIG REQUIRED)
+endif()
 
 # CUDA and NCCL are detected, never required: without them the CPU path builds alone.
 set(GRADCOMP_HAVE_CUDA 0)
