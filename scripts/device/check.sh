@@ -17,6 +17,10 @@
 # Logs and results go to $OUT (the device tool's; /tmp/gradcomp-device-out elsewhere), at most
 # 8 files: summary.txt says what passed. Without a GPU it builds and stops (a dry run).
 # STEPS="build tests profile bench python sanitize" chooses steps; CUDA_ARCH the kernels' target.
+# A device call runs at most 10 minutes: the first, `bash scripts/device/check.sh` (timeout 590),
+# gets through the build, the tests and the profile first; if it is cut short, a second call at
+# once (the build directory stays while the machine is warm) with STEPS="python sanitize" or
+# whatever summary.txt lacks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gradcomp-device-out}
@@ -113,7 +117,7 @@ if want tests; then
   step test_cuda_codecs 240 "$LOG" "$BUILD/test/test_cuda_codecs"
   step test_cuda_device 120 "$LOG" "$BUILD/test/test_cuda_device"
   step test_nccl_communicator 120 "$LOG" "$MPIRUN" "${MPIRUN_ARGS[@]}" -np 1 "$BUILD/test/test_nccl_communicator"
-  step test_runtime_device 240 "$LOG" "$BUILD/test/test_runtime_device"
+  step test_runtime_device 240 "$LOG" "$MPIRUN" "${MPIRUN_ARGS[@]}" -np 1 "$BUILD/test/test_runtime_device"
 fi
 if want profile; then
   step codec_profile 240 "$OUT/profile.log" "$BUILD/examples/codec_profile" --device cuda \
