@@ -1169,11 +1169,13 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   for (size_t i = 0; i < advertised.size(); ++i) mine += (i ? "," : "") + advertised[i].address;
   std::vector<Endpoint> endpoints;
   for (const std::string& text : AllgatherStrings(bootstrap, mine)) endpoints.push_back(ParseEndpoint(text));
-  // A rank that gave up already (port 0) would never dial the ranks below it: nobody waits.
-  for (const Endpoint& e : endpoints) *elsewhere = *elsewhere || (error.empty() && e.port == 0);
-  if (*elsewhere) {
+  // A rank that gave up already (port 0) would never dial the ranks below it: nobody waits, it
+  // and the others alike.
+  const bool gave_up = std::any_of(endpoints.begin(), endpoints.end(), [](const Endpoint& e) { return e.port == 0; });
+  if (gave_up) {
+    *elsewhere = error.empty();
     if (listener >= 0) ::close(listener);
-    return "";
+    return error;
   }
 
   Hello hello{kHelloMagic, token, rank, n, rank, 0};
@@ -1189,8 +1191,12 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   std::thread acceptor;
   if (error.empty() && rank + 1 < n) {
     SetNonBlocking(listener);
-    acceptor = std::thread(
-        [&] { accept_error = AcceptAbove(listener, hello, options.connect_timeout_seconds, deadline, fds, stop); });
+    acceptor = std::thread([&] {
+      accept_error = AcceptAbove(listener, hello, options.connect_timeout_seconds, deadline, fds, stop);
+      // Closed at once: calls still queued (accept() failing with EMFILE, say) are reset, and
+      // their ranks learn it now rather than at the deadline.
+      ::close(listener);
+    });
   }
   for (int p = rank - 1; p >= 0 && error.empty(); --p) {
     const Endpoint& e = endpoints[static_cast<size_t>(p)];
@@ -1216,10 +1222,18 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
               (failures.empty() ? std::string("no address") : failures);
     }
   }
-  if (!error.empty()) stop = true;  // the world fails anyway: no reason to wait for the calls
-  if (acceptor.joinable()) acceptor.join();
+  // Every rank's dials are over. A rank's call ends only once its callee has answered, so if
+  // every rank reached every rank below it, every call has been taken; if one did not, the world
+  // fails anyway and nobody waits for its calls until the deadline (it did, before).
+  int dialed = error.empty() ? 1 : 0;
+  bootstrap.Allreduce(&dialed, &dialed, 1, DataType::kInt32, ReduceOp::kMin);
+  if (!dialed) stop = true;
+  if (acceptor.joinable()) {
+    acceptor.join();
+  } else if (listener >= 0) {
+    ::close(listener);
+  }
   if (error.empty()) error = accept_error;
-  if (listener >= 0) ::close(listener);
   std::set<std::string> used;  // this rank's interfaces towards other hosts
   for (int p = 0; p < n; ++p) {
     const int fd = (*fds)[static_cast<size_t>(p)];

@@ -12,6 +12,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -349,6 +350,51 @@ void ConnectUnderTooLowALimit() {
 TEST(TcpDeathTest, AnOpenFileLimitTooLowForTheConnectionsIsNamedOnEveryRank) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(ConnectUnderTooLowALimit(), ::testing::ExitedWithCode(0), "8 ranks named the limit");
+}
+
+// In a child process (the hard limit is lowered): 2 thread ranks under open-file limits a few
+// descriptors above what the process holds, the precheck (MakeRoomForConnections) passing but
+// the descriptors running out in the middle of the connection phase, at rank 0's accept() (its
+// listener, rank 1's listener and its call already open) or elsewhere by how the ranks' steps
+// interleave. Every trial must end promptly with both ranks connected or both failing with the
+// reasons named; exits 0 when one of them was accept()'s EMFILE, named on both ranks.
+void ConnectWhileTheDescriptorsRunOut() {
+  const rlim_t open = static_cast<rlim_t>(OpenFiles());
+  bool accept_named = false;
+  for (rlim_t extra = 12; extra <= 48 && !accept_named; extra += 4) {
+    for (int trial = 0; trial < 2 && !accept_named; ++trial) {
+      // A process of its own for each trial: a lowered hard limit cannot be raised again.
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        const rlimit low{open + extra, open + extra};
+        if (::setrlimit(RLIMIT_NOFILE, &low) != 0) std::_Exit(2);
+        TcpOptions options;
+        options.connect_timeout_seconds = 10;
+        const auto start = std::chrono::steady_clock::now();
+        const auto errors = ErrorsOn(8, [](std::unique_ptr<Communicator>&) {}, options);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "limit +%d: %.2f s; rank 0: '%s'\n", static_cast<int>(extra), seconds, errors[0].c_str());
+        const char* accept_failed = "cannot accept the connections of the ranks above it: Too many open files";
+        int named = 0, failed = 0;
+        for (const std::string& e : errors) {
+          failed += !e.empty();
+          named += e.find(accept_failed) != std::string::npos;
+        }
+        if (seconds > 5 || (failed != 0 && failed != 8)) std::_Exit(1);
+        std::_Exit(named == 8 ? 0 : 3);
+      }
+      int status = 0;
+      if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) std::exit(1);
+      if (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3) std::exit(1);
+      accept_named = WEXITSTATUS(status) == 0;
+    }
+  }
+  std::exit(accept_named ? 0 : 1);
+}
+
+TEST(TcpDeathTest, DescriptorsRunningOutMidConnectionFailEveryRankPromptly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ConnectWhileTheDescriptorsRunOut(), ::testing::ExitedWithCode(0), "Too many open files");
 }
 
 // In a child process, in a network namespace of its own whose listen queues hold 4 calls
