@@ -56,9 +56,15 @@ def test_every_device_profiles_every_codec_op_and_copy_at_every_size():
             assert all(s >= 0 for s in curve.values()), (device, key, curve)
         for c in CODECS:
             for op in ("encode", "decode", "decode_acc"):
-                # Real work: a call of 256x the values takes longer.
+                # Real work: a call of 256x the values takes longer. Except a plain copy (codec
+                # none's encode and decode) on the emulated GPU, whose time is the emulation's
+                # per-call overhead (0.1-0.3 ms, a stream's synchronization) more than the 1 MB's:
+                # under CI's load, once, the 1K call measured longer than the 256K one.
                 curve = curves[(op, c)]
-                assert curve[SIZES[-1]] > curve[SIZES[0]] > 0, (device, op, c, curve)
+                assert curve[SIZES[0]] > 0, (device, op, c, curve)
+                if device != "host" and c == "none" and op != "decode_acc":
+                    continue
+                assert curve[SIZES[-1]] > curve[SIZES[0]], (device, op, c, curve)
         if device == "host":
             # The host device's staged buffers are the wire itself: "copies" to the host cost
             # next to nothing, where a real copy of the same bytes takes time.
