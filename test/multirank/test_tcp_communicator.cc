@@ -352,12 +352,12 @@ TEST(TcpDeathTest, AnOpenFileLimitTooLowForTheConnectionsIsNamedOnEveryRank) {
   EXPECT_EXIT(ConnectUnderTooLowALimit(), ::testing::ExitedWithCode(0), "8 ranks named the limit");
 }
 
-// In a child process (the hard limit is lowered): 2 thread ranks under open-file limits a few
-// descriptors above what the process holds, the precheck (MakeRoomForConnections) passing but
-// the descriptors running out in the middle of the connection phase, at rank 0's accept() (its
-// listener, rank 1's listener and its call already open) or elsewhere by how the ranks' steps
-// interleave. Every trial must end promptly with both ranks connected or both failing with the
-// reasons named; exits 0 when one of them was accept()'s EMFILE, named on both ranks.
+// In a child process (the hard limit is lowered), each trial in a process of its own: 8 thread
+// ranks under open-file limits 12 to 48 descriptors above what the process holds, each rank's
+// precheck (MakeRoomForConnections) passing but the descriptors running out in the middle of the
+// connection phase, at an accept() or a dial's socket() by how the ranks' steps interleave. Every
+// trial must end within 5 s with all ranks connected or all failing with the reasons named;
+// exits 0 when one trial's failure was accept()'s EMFILE, named on all 8 ranks.
 void ConnectWhileTheDescriptorsRunOut() {
   const rlim_t open = static_cast<rlim_t>(OpenFiles());
   bool accept_named = false;
