@@ -12,7 +12,9 @@
 #      test_nccl_communicator at -np 1, test_runtime_device;
 #   2. codec_profile --device cuda (the GPU's codec times, for simulate.py --codec-profile);
 #   3. cuda_codec_bench (the kernels against the device's copy bandwidth);
-#   4. gradcomp.torch on CUDA tensors, 2 ranks (when the interpreter has the headers to build it);
+#   4. gradcomp.torch on CUDA tensors, 2 ranks (when the interpreter has the headers to build it):
+#      allreduce against the exact average, then training steps through every adapter
+#      (torch_training_check.py);
 #   5. compute-sanitizer memcheck and racecheck on the kernels.
 # Logs and results go to $OUT (the device tool's; /tmp/gradcomp-device-out elsewhere), at most
 # 8 files: summary.txt says what passed. Without a GPU it builds and stops (a dry run).
@@ -146,6 +148,10 @@ print('rank', hvd.rank(), 'allreduce of CUDA tensors: ok', flush=True)
 PY
   step torch_cuda_allreduce 180 "$OUT/python.log" env PYTHONPATH="$BUILD/python" "$MPIRUN" "${MPIRUN_ARGS[@]}" \
     -np 2 -x PYTHONPATH -x LD_LIBRARY_PATH -x OPAL_PREFIX "$PYTHON" /tmp/gradcomp-torch-cuda.py
+  # Training steps through each adapter on this torch (2.x here): DistributedOptimizer, DDP on
+  # backend gradcomp, ddp_hook; uncompressed must equal one process on the whole batch.
+  step torch_cuda_training 240 "$OUT/python.log" env PYTHONPATH="$BUILD/python" "$MPIRUN" "${MPIRUN_ARGS[@]}" \
+    -np 2 -x PYTHONPATH -x LD_LIBRARY_PATH -x OPAL_PREFIX "$PYTHON" scripts/device/torch_training_check.py
 fi
 if want sanitize; then
   LOG=$OUT/sanitizer.log

@@ -91,3 +91,13 @@ def test_soak_holds_memory_and_gauges_steady_with_a_timeline(tmp_path):
                "400", "--every", "400", "--timeline", str(trace)], tmp_path, timeout=600)
     assert out.count("| 1200 |") == 2 and "soak passed" in out, out[-2000:]
     assert trace.stat().st_size > 0
+
+
+def test_the_gpu_checks_training_script_trains_through_every_adapter(tmp_path):
+    # scripts/device/check.sh runs it on a GPU (torch 2.x there); here on the CPU, so that it
+    # stays runnable: uncompressed DistributedOptimizer and DDP equal one process on the whole
+    # batch, the compressed modes learn, every rank ends with the same parameters.
+    out = run([PY, os.path.join(ROOT, "scripts", "device", "torch_training_check.py"), "--device", "cpu"], tmp_path)
+    assert out.count("every adapter trained") == 2, out[-3000:]
+    for mode in ("hvd_none", "hvd_maxmin4", "ddp_backend", "ddp_hook4"):
+        assert out.count(f": {mode}: loss ") == 2, out[-3000:]
