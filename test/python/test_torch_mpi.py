@@ -989,10 +989,72 @@ def test_backend_collectives():
     dist.reduce_scatter_tensor(part, torch.arange(n * 2, dtype=torch.float32))
     assert torch.equal(part, torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) * n)
     work = dist.all_reduce(torch.ones(2), async_op=True)
-    assert work.wait()
+    assert work.wait() and work.is_completed() and work.is_success() and work.exception() is None
     dist.barrier()
     with pytest.raises(ValueError, match="BAND|not supported"):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
+
+
+def test_backend_rooted_collectives():
+    me, n = hvd.rank(), hvd.size()
+    for root in range(n):
+        # reduce: the root gets the reduction, the others keep their tensors.
+        t = torch.arange(4, dtype=torch.float32) * (me + 1)
+        dist.reduce(t, dst=root)
+        expected = torch.arange(4, dtype=torch.float32) * (n * (n + 1) // 2 if me == root else me + 1)
+        assert torch.equal(t, expected), (root, t)
+        m = torch.tensor([me, -me])
+        dist.reduce(m, dst=root, op=dist.ReduceOp.MAX)
+        assert m.tolist() == ([n - 1, 0] if me == root else [me, -me])
+        # gather: the root gets every rank's tensor in rank order (a 0-dim one too).
+        outs = [torch.zeros(2, 3) for _ in range(n)] if me == root else None
+        dist.gather(torch.full((2, 3), float(me)) + torch.arange(6.0).reshape(2, 3), outs, dst=root)
+        if me == root:
+            assert all(torch.equal(o, torch.full((2, 3), float(r)) + torch.arange(6.0).reshape(2, 3))
+                       for r, o in enumerate(outs))
+        scalars = [torch.tensor(0, dtype=torch.int64) for _ in range(n)] if me == root else None
+        dist.gather(torch.tensor(10 * me), scalars, dst=root)
+        if me == root:
+            assert [s.item() for s in scalars] == [10 * r for r in range(n)]
+        # scatter: rank r gets the root's tensor r.
+        out = torch.zeros(5, dtype=torch.float64)
+        dist.scatter(out, [torch.arange(5, dtype=torch.float64) + 100 * r for r in range(n)] if me == root else None,
+                     src=root)
+        assert torch.equal(out, torch.arange(5, dtype=torch.float64) + 100 * me)
+        # and the object versions built on them
+        objs = [None] * n if me == root else None
+        dist.gather_object({"rank": me, "words": ["x"] * me}, objs, dst=root)
+        if me == root:
+            assert objs == [{"rank": r, "words": ["x"] * r} for r in range(n)]
+        got = [None]
+        dist.scatter_object_list(got, [("for", r) for r in range(n)] if me == root else None, src=root)
+        assert got == [("for", me)]
+
+
+def test_backend_errors_raise_on_every_rank():
+    # A mismatch between ranks is the runtime's error on every rank; before, the Work's wait()
+    # returned without it and left the outputs untouched.
+    me, n = hvd.rank(), hvd.size()
+    last = n - 1
+    outs = [torch.full((3,), -1.0) for _ in range(n)]
+    with pytest.raises(RuntimeError, match=rf"mismatched shape .*allgather .*rank {last} \[{3 + 1}\]"):
+        dist.all_gather(outs, torch.ones(3 + (me == last)))
+    with pytest.raises(RuntimeError, match=rf"mismatched shape .*'c10d\.gather\.\d+'.*rank {last} \[4\]"):
+        dist.gather(torch.ones(3 + (me == last)), [torch.zeros(3) for _ in range(n)] if me == 0 else None, dst=0)
+    with pytest.raises(RuntimeError, match=r"mismatched dtype .*'c10d\.scatter\.\d+'.*float64"):
+        dist.scatter(torch.zeros(2, dtype=torch.float64 if me == last else torch.float32),
+                     [torch.ones(2)] * n if me == 0 else None, src=0)
+    t = torch.ones(4 + (me == last))
+    work = dist.all_reduce(t, async_op=True)
+    with pytest.raises(RuntimeError, match="all_reduce|allreduce"):
+        work.wait()
+    assert work.is_completed() and not work.is_success() and "allreduce" in str(work.exception())
+    with pytest.raises(RuntimeError, match="allreduce"):
+        work.get_future().wait()
+    # The group goes on working after the errors.
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.full((2,), float(n)))
 
 
 def ddp_train(pg, steps=5, hook=None, bn=False):

@@ -16,6 +16,7 @@ GRADCOMP_ERROR_FEEDBACK and GRADCOMP_COMPRESSION=topk (DGC's accumulator) are ig
 backend with a warning; DistributedOptimizer and ddp_hook keep that state per parameter.
 """
 import atexit
+import collections
 import queue
 import threading
 import time
@@ -31,7 +32,6 @@ from gradcomp.basics import Average, Max, Min, Product, Sum
 from gradcomp.torch import mpi_ops
 from gradcomp.torch.futures import failing_in_cpp
 
-_create_work_from_future = torch._C._distributed_c10d._create_work_from_future
 _live_groups = weakref.WeakSet()
 
 
@@ -60,6 +60,8 @@ class _Pending:
     def __init__(self, handles, finish, result):
         self.handles, self.finish, self.result = handles, finish, result
         self.future = Future()
+        self.error = None
+        self.resolved_at = None  # time.monotonic() once the future is resolved
 
     def complete(self):
         """Waits for the operations and runs `finish`; returns the error, if any."""
@@ -73,10 +75,53 @@ class _Pending:
         return None
 
     def resolve(self, error):
+        self.error = error
         if error is not None:
             self.future.set_exception(error)
         else:
             self.future.set_result(self.result)
+        self.resolved_at = time.monotonic()
+
+
+class _Work(dist.Work):
+    """The Work of one operation: `wait()` raises the operation's error, on every rank it
+    reaches, as gloo's and NCCL's works do. (A Work that torch builds from a future,
+    `_create_work_from_future`, returns from `wait()` without raising: a failed
+    `dist.all_gather` of mismatched sizes then left its outputs untouched, silently.)
+    C++ callers (DDP's Reducer, `_broadcast_coalesced`) reach `wait()` and `get_future()`
+    through torch's trampoline while the Python object lives: the group keeps each Work until
+    a while after its operation ends (ProcessGroupGradcomp._retain)."""
+
+    def __init__(self, pending):
+        super().__init__()
+        self._pending = pending
+        self._future = failing_in_cpp(pending.future)  # DDP reads a failure in C++ too
+
+    def wait(self, timeout=None):
+        del timeout  # the runtime's stall check bounds every operation
+        try:
+            self._future.wait()
+        except Exception:  # noqa: BLE001 - the operation's own error, not the chained future's
+            if self._pending.error is not None:
+                raise self._pending.error from None
+            raise
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        return self._future.done() and self._pending.error is None
+
+    def exception(self):
+        return self._pending.error
+
+    def result(self):
+        self.wait()
+        return self._pending.result
 
 
 class ProcessGroupGradcomp(dist.ProcessGroup):
@@ -93,6 +138,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                              "come from it")
         self._seq = 0
         self._seq_lock = threading.Lock()  # hooks may issue collectives from callback threads
+        self._retained = collections.deque()  # Works kept alive for C++ callers (_retain)
         spec, self._min_size = _b.runtime().default_compression()
         if spec["codec"] == "auto":
             warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=auto chooses per tensor from measurements across "
@@ -168,11 +214,30 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             return f"c10d.{kind}.{self._seq}"
 
     def _work(self, handles, finish, result):
-        # A Work built by torch from a future: c10d and DDP may keep it after Python has let
-        # go of it (a Python subclass of Work would then lose its overrides).
         pending = _Pending(handles, finish, result)
         self._completer.put(pending)
-        return _create_work_from_future(failing_in_cpp(pending.future))
+        work = _Work(pending)
+        self._retain(work)
+        return work
+
+    # How long a Work is kept after its operation ends. torch 1.13's trampoline keeps no
+    # reference to the Python object it hands to C++ (torch 2's PyWorkHolder does): without
+    # this, a C++ caller would find a bare Work, whose get_future() throws and whose wait()
+    # never returns. Its C++ callers (DDP's Reducer, _broadcast_coalesced, DDP's checks of the
+    # parameters) call them at once; seconds are ample.
+    _RETAIN_SECONDS = 5.0
+
+    def _retain(self, work):
+        """Keeps `work` and lets go of those whose operations ended over _RETAIN_SECONDS ago
+        (in submission order, the order they complete in)."""
+        now = time.monotonic()
+        with self._seq_lock:
+            self._retained.append(work)
+            while self._retained:
+                ended = self._retained[0]._pending.resolved_at
+                if ended is None or now - ended < self._RETAIN_SECONDS:
+                    break
+                self._retained.popleft()
 
     @staticmethod
     def _single(tensors, what):
@@ -265,6 +330,73 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                 output.copy_(received.reshape(output.shape))
 
         return self._work([], finish, [output])
+
+    def reduce(self, tensors, opts=None):
+        """The reduction lands on the root only; the other ranks' tensors are left as they were.
+        An exact allreduce (of a copy off the root): 2(n-1)/n of the tensor a rank on every
+        link, against a direct reduce's n-1 tensors into the root's link. Used for losses and
+        metrics; DDP never calls it."""
+        t = self._single(tensors, "reduce")
+        root = opts.rootRank if opts is not None else 0
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        target = t if self.rank() == root else t.detach().clone()
+        h = mpi_ops.allreduce_async_(target, name=self._name("reduce"), op=op,
+                                     compression={"codec": "none"} if t.dtype.is_floating_point else None)
+        return self._work([h], None, tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """Every rank's tensor to the root only: an alltoall in which each rank sends its tensor
+        as one row to the root and nothing to the others."""
+        t = self._single(input_tensors, "gather")
+        root = opts.rootRank if opts is not None else 0
+        me, n = self.rank(), self.size()
+        outs = []
+        if me == root:
+            outs = self._single(output_tensors, "gather")
+            if len(outs) != n:
+                raise ValueError(f"backend gradcomp: gather needs {n} output tensors on the root, got {len(outs)}")
+        splits = [int(p == root) for p in range(n)]
+        h = mpi_ops.alltoall_async(t.detach().reshape(1, -1).contiguous(), splits, self._name("gather"))
+
+        def finish():
+            received, _ = _b.synchronize(h)
+            for r, out in enumerate(outs):
+                if out.numel() != received[r].numel():
+                    raise ValueError(f"backend gradcomp: gather output {r} has {out.numel()} elements, rank {r} "
+                                     f"sent {received[r].numel()}")
+                with torch.no_grad():
+                    out.copy_(received[r].reshape(out.shape))
+
+        return self._work([], finish, output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """The root's tensor r to rank r: an alltoall in which only the root sends, one row to
+        each rank."""
+        out = self._single(output_tensors, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        me, n = self.rank(), self.size()
+        if me == root:
+            ins = self._single(input_tensors, "scatter")
+            if len(ins) != n:
+                raise ValueError(f"backend gradcomp: scatter needs {n} input tensors on the root, got {len(ins)}")
+            for r, x in enumerate(ins):
+                if x.numel() != out.numel():
+                    raise ValueError(f"backend gradcomp: scatter input {r} has {x.numel()} elements, the root's "
+                                     f"output {out.numel()}")
+            rows, splits = torch.stack([x.detach().reshape(-1) for x in ins]), [1] * n
+        else:
+            rows, splits = out.detach().new_empty((0, out.numel())), [0] * n
+        h = mpi_ops.alltoall_async(rows, splits, self._name("scatter"))
+
+        def finish():
+            received, _ = _b.synchronize(h)
+            if received.numel() != out.numel():
+                raise ValueError(f"backend gradcomp: scatter output on rank {me} has {out.numel()} elements, the "
+                                 f"root (rank {root}) sent {received.numel()}")
+            with torch.no_grad():
+                out.copy_(received.reshape(out.shape))
+
+        return self._work([], finish, output_tensors)
 
     def barrier(self, opts=None):
         mpi_ops.barrier()
