@@ -1031,6 +1031,30 @@ def test_backend_rooted_collectives():
         assert got == [("for", me)]
 
 
+def test_backend_groups_of_some_ranks_run_on_gloo_and_groups_never_mix():
+    me, n = hvd.rank(), hvd.size()
+    members = list(range(n - 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        some = dist.new_group(members)
+    if me in members:
+        assert any(f"a group of {n - 1} of the {n} ranks (dist.new_group) runs on gloo" in str(w.message)
+                   for w in caught)
+        x = torch.full((3,), float(me + 1))
+        dist.all_reduce(x, group=some)
+        assert torch.equal(x, torch.full((3,), float(sum(r + 1 for r in members))))
+    # Two more groups of every rank, fed in opposite orders by odd and even ranks: each
+    # operation meets its own group's (their sequence numbers are alike: both groups are new).
+    b, c = dist.new_group(), dist.new_group()
+    x, y = torch.full((4,), 1.0 + me), torch.full((4,), 10.0 * (me + 1))
+    order = [(b, x), (c, y)] if me % 2 == 0 else [(c, y), (b, x)]
+    works = [dist.all_reduce(t, group=g, async_op=True) for g, t in order]
+    for w in works:
+        w.wait()
+    assert torch.equal(x, torch.full((4,), float(sum(1 + r for r in range(n)))))
+    assert torch.equal(y, torch.full((4,), float(sum(10 * (r + 1) for r in range(n)))))
+
+
 def test_backend_errors_raise_on_every_rank():
     # A mismatch between ranks is the runtime's error on every rank; before, the Work's wait()
     # returned without it and left the outputs untouched.

@@ -33,6 +33,7 @@ from gradcomp.torch import mpi_ops
 from gradcomp.torch.futures import failing_in_cpp
 
 _live_groups = weakref.WeakSet()
+_groups_created = 0  # ProcessGroupGradcomp objects, in creation order
 
 
 @atexit.register
@@ -137,6 +138,11 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                              f"{_b.rank()} of {_b.size()}; launch with gcrun or mpirun and let RANK/WORLD_SIZE "
                              "come from it")
         self._seq = 0
+        # Operation names are unique across groups: every rank creates its groups in the same
+        # order (torch's rule for new_group), so the n-th group has the same prefix everywhere.
+        global _groups_created
+        self._prefix = "c10d" if _groups_created == 0 else f"c10d.group{_groups_created}"
+        _groups_created += 1
         self._seq_lock = threading.Lock()  # hooks may issue collectives from callback threads
         self._retained = collections.deque()  # Works kept alive for C++ callers (_retain)
         spec, self._min_size = _b.runtime().default_compression()
@@ -211,7 +217,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         issues them from callbacks can break that; ddp_hook issues them from its caller)."""
         with self._seq_lock:
             self._seq += 1
-            return f"c10d.{kind}.{self._seq}"
+            return f"{self._prefix}.{kind}.{self._seq}"
 
     def _work(self, handles, finish, result):
         pending = _Pending(handles, finish, result)
@@ -404,6 +410,12 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
 
 def _create(store, rank, size, timeout):
+    if dist.is_initialized() and _b.is_initialized() and size != _b.size():
+        # dist.new_group of some of the ranks (the default group is made before is_initialized).
+        warnings.warn(f"backend gradcomp: a group of {size} of the {_b.size()} ranks (dist.new_group) runs on gloo: "
+                      "gradcomp's runtime negotiates every operation among all ranks. Its collectives are exact "
+                      "(not compressed).")
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
     return ProcessGroupGradcomp(store, rank, size, timeout)
 
 
