@@ -9,7 +9,8 @@
 namespace gradcomp {
 
 void TensorQueue::ThrowPending(const Request& request, RequestType pending_type) const {
-  throw InvalidArgument("a " + std::string(RequestTypeName(pending_type)) + " of tensor '" + request.name +
+  const std::string type = RequestTypeName(pending_type);
+  throw InvalidArgument((type.find_first_of("aeiou") == 0 ? "an " : "a ") + type + " of tensor '" + request.name +
                         "' is already pending on rank " + std::to_string(request.rank) +
                         "; wait for it (synchronize) before submitting the same name again");
 }

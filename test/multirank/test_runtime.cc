@@ -566,7 +566,7 @@ TEST(RuntimeErrors, DuplicateNameBadArgumentsAndUseAfterShutdown) {
       rt.Allreduce("dup", DataType::kFloat32, {1}, &b, &b, ReduceOp::kSum);
       return "duplicate accepted";
     } catch (const InvalidArgument& e) {
-      if (std::string(e.what()).find("a allreduce of tensor 'dup' is already pending on rank") == std::string::npos) {
+      if (std::string(e.what()).find("an allreduce of tensor 'dup' is already pending on rank") == std::string::npos) {
         return std::string("duplicate message: ") + e.what();
       }
     }

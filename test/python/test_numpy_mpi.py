@@ -187,7 +187,7 @@ def test_errors_reach_every_rank_with_the_values():
     x = np.ones(4)
     if me == 0:
         h = gc.allreduce_async_(x, name="dup")
-        with pytest.raises(ValueError, match="a allreduce of tensor 'dup' is already pending on rank 0"):
+        with pytest.raises(ValueError, match="an allreduce of tensor 'dup' is already pending on rank 0"):
             gc.allreduce_async_(np.ones(4), name="dup")
         gc.barrier()
     else:
