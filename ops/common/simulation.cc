@@ -139,16 +139,16 @@ void CountWork(Work work, const char* codec, double values) {
 }
 
 double TaskCost(const std::function<void()>& task) {
-  in_task = true;
+  struct InTask {
+    InTask() { in_task = true; }
+    ~InTask() { in_task = false; }
+  };
   priced = 0;
   double real = 0;
-  try {
+  {
+    const InTask scope;
     real = TimeUnaccounted(task);
-  } catch (...) {
-    in_task = false;
-    throw;
   }
-  in_task = false;
   return CodecCost(real, priced);
 }
 
