@@ -993,6 +993,11 @@ def test_backend_collectives():
     dist.barrier()
     with pytest.raises(ValueError, match="BAND|not supported"):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    # The group keeps ended Works for C++ callers, a bounded number of them.
+    group = dist.distributed_c10d._get_default_group()
+    for _ in range(3 * group._RETAIN_COUNT):
+        dist.all_reduce(torch.ones(1000))
+    assert len(group._retained) <= group._RETAIN_COUNT + 1
 
 
 def test_backend_rooted_collectives():

@@ -229,19 +229,23 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
     # How long a Work is kept after its operation ends. torch 1.13's trampoline keeps no
     # reference to the Python object it hands to C++ (torch 2's PyWorkHolder does): without
     # this, a C++ caller would find a bare Work, whose get_future() throws and whose wait()
-    # never returns. Its C++ callers (DDP's Reducer, _broadcast_coalesced, DDP's checks of the
-    # parameters) call them at once; seconds are ample.
+    # never returns (DDP hung so). Its C++ callers (DDP's Reducer, _broadcast_coalesced, DDP's
+    # checks of the parameters) call them before they issue their next operation. A Work that
+    # has ended goes once it is _RETAIN_SECONDS old or _RETAIN_COUNT newer ones were issued,
+    # so a loop of large temporary tensors does not keep many of them alive.
     _RETAIN_SECONDS = 5.0
+    _RETAIN_COUNT = 64
 
     def _retain(self, work):
-        """Keeps `work` and lets go of those whose operations ended over _RETAIN_SECONDS ago
-        (in submission order, the order they complete in)."""
+        """Keeps `work` and lets go of the ended Works that are old enough (they end in the
+        order they were issued)."""
         now = time.monotonic()
         with self._seq_lock:
             self._retained.append(work)
             while self._retained:
                 ended = self._retained[0]._pending.resolved_at
-                if ended is None or now - ended < self._RETAIN_SECONDS:
+                if ended is None or (now - ended < self._RETAIN_SECONDS
+                                     and len(self._retained) <= self._RETAIN_COUNT):
                     break
                 self._retained.popleft()
 
