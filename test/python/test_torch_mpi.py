@@ -1073,6 +1073,16 @@ def test_backend_errors_raise_on_every_rank():
     with pytest.raises(RuntimeError, match=r"mismatched dtype .*'c10d\.scatter\.\d+'.*float64"):
         dist.scatter(torch.zeros(2, dtype=torch.float64 if me == last else torch.float32),
                      [torch.ones(2)] * n if me == 0 else None, src=0)
+    # The root's own mistakes: in gather its error alone; in scatter every rank's.
+    if me == 0:
+        with pytest.raises(ValueError, match=f"gather needs {n} output tensors on the root, got {n + 1}"):
+            dist.gather(torch.ones(2), [torch.zeros(2) for _ in range(n + 1)], dst=0)
+        with pytest.raises(ValueError, match=f"scatter needs {n} input tensors on the root, got {n - 1}"):
+            dist.scatter(torch.zeros(2), [torch.ones(2)] * (n - 1), src=0)
+    else:
+        dist.gather(torch.ones(2), dst=0)
+        with pytest.raises(RuntimeError, match=r"mismatched shape .*'c10d\.scatter\.\d+': rank 0 \[3\]"):
+            dist.scatter(torch.zeros(2), src=0)
     t = torch.ones(4 + (me == last))
     work = dist.all_reduce(t, async_op=True)
     with pytest.raises(RuntimeError, match="all_reduce|allreduce"):

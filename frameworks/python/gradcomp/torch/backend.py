@@ -17,6 +17,7 @@ backend with a warning; DistributedOptimizer and ddp_hook keep that state per pa
 """
 import atexit
 import collections
+import contextlib
 import queue
 import threading
 import time
@@ -360,16 +361,15 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         t = self._single(input_tensors, "gather")
         root = opts.rootRank if opts is not None else 0
         me, n = self.rank(), self.size()
-        outs = []
-        if me == root:
-            outs = self._single(output_tensors, "gather")
-            if len(outs) != n:
-                raise ValueError(f"backend gradcomp: gather needs {n} output tensors on the root, got {len(outs)}")
+        outs = self._single(output_tensors, "gather") if me == root else []
         splits = [int(p == root) for p in range(n)]
         h = mpi_ops.alltoall_async(t.detach().reshape(1, -1).contiguous(), splits, self._name("gather"))
 
         def finish():
+            # The root's own mistakes are its error alone (the others' tensors went through).
             received, _ = _b.synchronize(h)
+            if me == root and len(outs) != n:
+                raise ValueError(f"backend gradcomp: gather needs {n} output tensors on the root, got {len(outs)}")
             for r, out in enumerate(outs):
                 if out.numel() != received[r].numel():
                     raise ValueError(f"backend gradcomp: gather output {r} has {out.numel()} elements, rank {r} "
@@ -385,20 +385,29 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         out = self._single(output_tensors, "scatter")
         root = opts.rootRank if opts is not None else 0
         me, n = self.rank(), self.size()
+        problem = None
         if me == root:
             ins = self._single(input_tensors, "scatter")
             if len(ins) != n:
-                raise ValueError(f"backend gradcomp: scatter needs {n} input tensors on the root, got {len(ins)}")
-            for r, x in enumerate(ins):
-                if x.numel() != out.numel():
-                    raise ValueError(f"backend gradcomp: scatter input {r} has {x.numel()} elements, the root's "
-                                     f"output {out.numel()}")
+                problem = f"scatter needs {n} input tensors on the root, got {len(ins)}"
+            else:
+                problem = next((f"scatter input {r} has {x.numel()} elements, the root's output {out.numel()}"
+                                for r, x in enumerate(ins) if x.numel() != out.numel()), None)
+        if me != root:
+            rows, splits = out.detach().new_empty((0, out.numel())), [0] * n
+        elif problem is None:
             rows, splits = torch.stack([x.detach().reshape(-1) for x in ins]), [1] * n
         else:
-            rows, splits = out.detach().new_empty((0, out.numel())), [0] * n
+            # Rows one value wider than every rank's output: the operation fails on every rank
+            # (a shape mismatch naming the root's rows) instead of leaving the others waiting.
+            rows, splits = out.detach().new_zeros((n, out.numel() + 1)), [1] * n
         h = mpi_ops.alltoall_async(rows, splits, self._name("scatter"))
 
         def finish():
+            if problem is not None:
+                with contextlib.suppress(Exception):
+                    _b.synchronize(h)  # the shape mismatch
+                raise ValueError(f"backend gradcomp: {problem}")
             received, _ = _b.synchronize(h)
             if received.numel() != out.numel():
                 raise ValueError(f"backend gradcomp: scatter output on rank {me} has {out.numel()} elements, the "
