@@ -1083,6 +1083,18 @@ def test_backend_errors_raise_on_every_rank():
         dist.gather(torch.ones(2), dst=0)
         with pytest.raises(RuntimeError, match=r"mismatched shape .*'c10d\.scatter\.\d+': rank 0 \[3\]"):
             dist.scatter(torch.zeros(2), src=0)
+    # One rank's wrong list: in all_gather its error alone; in reduce_scatter every rank's.
+    outs = [torch.zeros(2) for _ in range(n + (me == last))]
+    if me == last:
+        with pytest.raises(ValueError, match=f"allgather needs {n} output tensors, got {n + 1}"):
+            dist.all_gather(outs, torch.ones(2))
+    else:
+        dist.all_gather(outs, torch.ones(2))
+    ins = [torch.ones(2) for _ in range(n - (me == last))]
+    what = f"reduce_scatter needs {n} input tensors, got {n - 1}" if me == last else (
+        rf"mismatched shape for reducescatter of tensor 'c10d\.reduce_scatter\.\d+'.*rank {last} \[{n}, 3\]")
+    with pytest.raises((ValueError, RuntimeError), match=what):
+        dist.reduce_scatter(torch.zeros(2), ins)
     t = torch.ones(4 + (me == last))
     work = dist.all_reduce(t, async_op=True)
     with pytest.raises(RuntimeError, match="all_reduce|allreduce"):

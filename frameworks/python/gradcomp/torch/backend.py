@@ -281,12 +281,13 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = self._single(input_tensors, "allgather")
         outs = self._single(output_tensors, "allgather")
-        if len(outs) != self.size():
-            raise ValueError(f"backend gradcomp: allgather needs {self.size()} output tensors, got {len(outs)}")
         h = self._allgather_flat(t)
 
         def finish():
+            # A rank's wrong outputs are its error alone, after the exchange (the others go on).
             gathered = _b.synchronize(h)
+            if len(outs) != self.size():
+                raise ValueError(f"backend gradcomp: allgather needs {self.size()} output tensors, got {len(outs)}")
             for r, out in enumerate(outs):
                 if out.numel() != t.numel():
                     raise ValueError(f"backend gradcomp: allgather output {r} has {out.numel()} elements, "
@@ -305,13 +306,20 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
         return self._work([], finish, [output])
 
-    def _reduce_scatter_flat(self, output, flat, op):
-        if flat.numel() != output.numel() * self.size():
-            raise ValueError(f"backend gradcomp: reduce_scatter input has {flat.numel()} elements, expected "
-                             f"{self.size()} x {output.numel()}")
+    def _reduce_scatter_flat(self, output, flat, op, problem=None):
+        if problem is None and flat.numel() != output.numel() * self.size():
+            problem = f"reduce_scatter input has {flat.numel()} elements, expected {self.size()} x {output.numel()}"
+        if problem is not None:
+            # Rows one value wider than every rank's output: the operation fails on every rank
+            # (a shape mismatch naming this rank's rows) instead of leaving the others waiting.
+            flat = output.detach().new_zeros(self.size() * (output.numel() + 1))
         h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter"))
 
         def finish():
+            if problem is not None:
+                with contextlib.suppress(Exception):
+                    _b.synchronize(h)  # the shape mismatch
+                raise ValueError(f"backend gradcomp: {problem}")
             with torch.no_grad():
                 output.copy_(_b.synchronize(h).reshape(output.shape))
 
@@ -320,10 +328,11 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = self._single(output_tensors, "reduce_scatter")
         ins = self._single(input_tensors, "reduce_scatter")
+        problem = None
         if len(ins) != self.size():
-            raise ValueError(f"backend gradcomp: reduce_scatter needs {self.size()} input tensors, got {len(ins)}")
+            problem = f"reduce_scatter needs {self.size()} input tensors, got {len(ins)}"
         flat = torch.cat([x.detach().reshape(-1) for x in ins])
-        return self._reduce_scatter_flat(out, flat, _reduce_op(opts.reduceOp))
+        return self._reduce_scatter_flat(out, flat, _reduce_op(opts.reduceOp), problem)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat(output, input.detach().reshape(-1).contiguous(), _reduce_op(opts.reduceOp))
