@@ -285,17 +285,29 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
         def finish():
             # A rank's wrong outputs are its error alone, after the exchange (the others go on).
-            gathered = _b.synchronize(h)
-            if len(outs) != self.size():
-                raise ValueError(f"backend gradcomp: allgather needs {self.size()} output tensors, got {len(outs)}")
-            for r, out in enumerate(outs):
-                if out.numel() != t.numel():
-                    raise ValueError(f"backend gradcomp: allgather output {r} has {out.numel()} elements, "
-                                     f"the input {t.numel()}")
-                with torch.no_grad():
-                    out.copy_(gathered[r].reshape(out.shape))
+            self._copy_rows(outs, _b.synchronize(h), f"allgather needs {self.size()} output tensors",
+                            lambda r, has, sent: f"allgather output {r} has {has} elements, the input {sent}")
 
         return self._work([], finish, output_tensors)
+
+    def _copy_rows(self, outs, rows, count_error, size_error):
+        """outs[r] = rows[r], once there are as many outputs as ranks and each holds its row's
+        elements; the errors say `count_error`, or `size_error(r, output's, row's elements)`."""
+        if len(outs) != self.size():
+            raise ValueError(f"backend gradcomp: {count_error}, got {len(outs)}")
+        for r, out in enumerate(outs):
+            if out.numel() != rows[r].numel():
+                raise ValueError(f"backend gradcomp: {size_error(r, out.numel(), rows[r].numel())}")
+            with torch.no_grad():
+                out.copy_(rows[r].reshape(out.shape))
+
+    @staticmethod
+    def _fail_on_every_rank(h, problem):
+        """The end of an operation this rank sent rows of the wrong width to on purpose: waits
+        out the shape mismatch that fails it everywhere, then raises this rank's own reason."""
+        with contextlib.suppress(Exception):
+            _b.synchronize(h)
+        raise ValueError(f"backend gradcomp: {problem}")
 
     def _allgather_base(self, output, input, opts=None):
         h = self._allgather_flat(input)
@@ -317,9 +329,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
         def finish():
             if problem is not None:
-                with contextlib.suppress(Exception):
-                    _b.synchronize(h)  # the shape mismatch
-                raise ValueError(f"backend gradcomp: {problem}")
+                self._fail_on_every_rank(h, problem)
             with torch.no_grad():
                 output.copy_(_b.synchronize(h).reshape(output.shape))
 
@@ -377,14 +387,9 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         def finish():
             # The root's own mistakes are its error alone (the others' tensors went through).
             received, _ = _b.synchronize(h)
-            if me == root and len(outs) != n:
-                raise ValueError(f"backend gradcomp: gather needs {n} output tensors on the root, got {len(outs)}")
-            for r, out in enumerate(outs):
-                if out.numel() != received[r].numel():
-                    raise ValueError(f"backend gradcomp: gather output {r} has {out.numel()} elements, rank {r} "
-                                     f"sent {received[r].numel()}")
-                with torch.no_grad():
-                    out.copy_(received[r].reshape(out.shape))
+            if me == root:
+                self._copy_rows(outs, received, f"gather needs {n} output tensors on the root",
+                                lambda r, has, sent: f"gather output {r} has {has} elements, rank {r} sent {sent}")
 
         return self._work([], finish, output_tensors)
 
@@ -414,9 +419,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
         def finish():
             if problem is not None:
-                with contextlib.suppress(Exception):
-                    _b.synchronize(h)  # the shape mismatch
-                raise ValueError(f"backend gradcomp: {problem}")
+                self._fail_on_every_rank(h, problem)
             received, _ = _b.synchronize(h)
             if received.numel() != out.numel():
                 raise ValueError(f"backend gradcomp: scatter output on rank {me} has {out.numel()} elements, the "
