@@ -8,26 +8,28 @@
 # It unpacks the carried packages into a prefix of their own, builds the CUDA path (kernels for
 # the GPU present, NCCL from the CUDA toolkit or from torch's nvidia-nccl wheel), then, most
 # needed first, each step under its own time limit so that one stuck step leaves the rest to run:
-#   1. the GPU tests: test_cuda_codecs and test_cuda_device (every kernel writes the CPU's bytes),
+#   1. codec_profile --device cuda (the GPU's codec times, for simulate.py --codec-profile: the
+#      one input the scale simulation's codec-included targets lack);
+#   2. the GPU tests: test_cuda_codecs and test_cuda_device (every kernel writes the CPU's bytes),
 #      test_nccl_communicator at -np 1, test_runtime_device;
-#   2. codec_profile --device cuda (the GPU's codec times, for simulate.py --codec-profile);
-#   3. cuda_codec_bench (the kernels against the device's copy bandwidth);
-#   4. gradcomp.torch on CUDA tensors, 2 ranks (when the interpreter has the headers to build it):
+#   3. gradcomp.torch on CUDA tensors, 2 ranks (when the interpreter has the headers to build it):
 #      allreduce against the exact average, then training steps through every adapter
 #      (torch_training_check.py);
+#   4. cuda_codec_bench (the kernels against the device's copy bandwidth);
 #   5. compute-sanitizer memcheck and racecheck on the kernels.
 # Logs and results go to $OUT (the device tool's; /tmp/gradcomp-device-out elsewhere), at most
 # 8 files: summary.txt says what passed. Without a GPU it builds and stops (a dry run).
-# STEPS="build tests profile bench python sanitize" chooses steps; CUDA_ARCH the kernels' target.
-# A device call runs at most 10 minutes: the first, `bash scripts/device/check.sh` (timeout 590),
-# gets through the build, the tests and the profile first; if it is cut short, a second call at
-# once (the build directory stays while the machine is warm) with STEPS="python sanitize" or
-# whatever summary.txt lacks.
+# STEPS="build profile tests python bench sanitize" chooses steps; CUDA_ARCH the kernels' target.
+# A task is lent 15 device minutes in all, a machine's start included, and a machine stays warm
+# only ~30 s after a call: plan on one call, `bash scripts/device/check.sh` with timeout_s 590.
+# The steps run most needed first, so a call cut short loses the last ones (the sanitizers);
+# every step that ran has its line in summary.txt even then. What did not run waits for the
+# next task lent a GPU (STEPS= the missing steps, with build first).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gradcomp-device-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-build tests profile bench python sanitize}
+STEPS=${STEPS:-build profile tests python bench sanitize}
 BUILD=${BUILD_DIR:-build-device}
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
@@ -103,30 +105,27 @@ ARCH=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/
 ARCH=${ARCH:-90}
 
 if want build; then
-  step configure 120 "$OUT/build.log" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  step configure 90 "$OUT/build.log" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DGRADCOMP_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGRADCOMP_CUDA_EMULATION=OFF \
     -DGRADCOMP_GPU_TESTS=ON -DCMAKE_PREFIX_PATH="$PREFIX_PATH" "${CMAKE_ARGS[@]}" || exit 1
   grep -E "gradcomp: build type|MPI_C_LIB|Found MPI" "$OUT/build.log" | tee -a "$SUMMARY"
-  step build 420 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" || exit 1
+  step build 300 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" || exit 1
 fi
 if [ -z "$GPU" ]; then
   note "no GPU here: built only (a dry run)"
   exit 0
 fi
 
-if want tests; then
-  LOG=$OUT/tests.log
-  step test_cuda_codecs 240 "$LOG" "$BUILD/test/test_cuda_codecs"
-  step test_cuda_device 120 "$LOG" "$BUILD/test/test_cuda_device"
-  step test_nccl_communicator 120 "$LOG" "$MPIRUN" "${MPIRUN_ARGS[@]}" -np 1 "$BUILD/test/test_nccl_communicator"
-  step test_runtime_device 240 "$LOG" "$MPIRUN" "${MPIRUN_ARGS[@]}" -np 1 "$BUILD/test/test_runtime_device"
-fi
 if want profile; then
-  step codec_profile 240 "$OUT/profile.log" "$BUILD/examples/codec_profile" --device cuda \
+  step codec_profile 90 "$OUT/profile.log" "$BUILD/examples/codec_profile" --device cuda \
     --out "$OUT/gpu_codec_profile.txt"
 fi
-if want bench; then
-  step cuda_codec_bench 180 "$OUT/bench.log" "$BUILD/examples/cuda_codec_bench"
+if want tests; then
+  LOG=$OUT/tests.log
+  step test_cuda_codecs 120 "$LOG" "$BUILD/test/test_cuda_codecs"
+  step test_cuda_device 60 "$LOG" "$BUILD/test/test_cuda_device"
+  step test_nccl_communicator 60 "$LOG" "$MPIRUN" "${MPIRUN_ARGS[@]}" -np 1 "$BUILD/test/test_nccl_communicator"
+  step test_runtime_device 120 "$LOG" "$MPIRUN" "${MPIRUN_ARGS[@]}" -np 1 "$BUILD/test/test_runtime_device"
 fi
 if want python && [ $HAVE_PYTHON = 1 ]; then
   # Two ranks on the one GPU: gradcomp.torch's allreduce of CUDA tensors (the CUDA codecs, MPI
@@ -146,16 +145,19 @@ for name, c, tol in (('none', hvd.Compression.none, 1e-6), ('fp16', hvd.Compress
     assert y.is_cuda and err < tol, (name, err)
 print('rank', hvd.rank(), 'allreduce of CUDA tensors: ok', flush=True)
 PY
-  step torch_cuda_allreduce 180 "$OUT/python.log" env PYTHONPATH="$BUILD/python" "$MPIRUN" "${MPIRUN_ARGS[@]}" \
+  step torch_cuda_allreduce 90 "$OUT/python.log" env PYTHONPATH="$BUILD/python" "$MPIRUN" "${MPIRUN_ARGS[@]}" \
     -np 2 -x PYTHONPATH -x LD_LIBRARY_PATH -x OPAL_PREFIX "$PYTHON" /tmp/gradcomp-torch-cuda.py
   # Training steps through each adapter on this torch (2.x here): DistributedOptimizer, DDP on
   # backend gradcomp, ddp_hook; uncompressed must equal one process on the whole batch.
-  step torch_cuda_training 240 "$OUT/python.log" env PYTHONPATH="$BUILD/python" "$MPIRUN" "${MPIRUN_ARGS[@]}" \
+  step torch_cuda_training 150 "$OUT/python.log" env PYTHONPATH="$BUILD/python" "$MPIRUN" "${MPIRUN_ARGS[@]}" \
     -np 2 -x PYTHONPATH -x LD_LIBRARY_PATH -x OPAL_PREFIX "$PYTHON" scripts/device/torch_training_check.py
+fi
+if want bench; then
+  step cuda_codec_bench 60 "$OUT/bench.log" "$BUILD/examples/cuda_codec_bench"
 fi
 if want sanitize; then
   LOG=$OUT/sanitizer.log
-  step memcheck 240 "$LOG" compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test/test_cuda_codecs" --gtest_brief=1
-  step racecheck 240 "$LOG" compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test/test_cuda_codecs" --gtest_brief=1
+  step memcheck 180 "$LOG" compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test/test_cuda_codecs" --gtest_brief=1
+  step racecheck 180 "$LOG" compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test/test_cuda_codecs" --gtest_brief=1
 fi
 note "done in $SECONDS s"
