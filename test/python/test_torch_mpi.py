@@ -1000,6 +1000,34 @@ def test_backend_collectives():
     assert len(group._retained) <= group._RETAIN_COUNT + 1
 
 
+def test_backend_registration_names_its_devices_where_torch_asks(monkeypatch):
+    """torch 2's register_backend takes the devices a backend serves (and warns on import when
+    not told); torch 1.13's takes none. The registration passes them only where asked."""
+    from gradcomp.torch import backend
+
+    calls = []
+
+    class Torch2Backend:
+        _plugins = {}
+
+        @classmethod
+        def register_backend(cls, name, func, extended_api=False, devices=None):
+            calls.append((name, func, devices))
+
+    class Torch1Backend:
+        _plugins = {}
+
+        @classmethod
+        def register_backend(cls, name, func, extended_api=False):
+            calls.append((name, func))
+
+    monkeypatch.setattr(backend.dist, "Backend", Torch2Backend)
+    backend.register()
+    monkeypatch.setattr(backend.dist, "Backend", Torch1Backend)
+    backend.register()
+    assert calls == [("gradcomp", backend._create, ["cpu", "cuda"]), ("gradcomp", backend._create)]
+
+
 def test_backend_rooted_collectives():
     me, n = hvd.rank(), hvd.size()
     for root in range(n):

@@ -18,6 +18,7 @@ backend with a warning; DistributedOptimizer and ddp_hook keep that state per pa
 import atexit
 import collections
 import contextlib
+import inspect
 import queue
 import threading
 import time
@@ -447,4 +448,14 @@ def _create(store, rank, size, timeout):
 def register():
     """Registers backend "gradcomp" with torch.distributed (done on importing gradcomp.torch)."""
     if "GRADCOMP" not in getattr(dist.Backend, "_plugins", {}) and not hasattr(dist.Backend, "GRADCOMP"):
-        dist.Backend.register_backend("gradcomp", _create)
+        # torch 2 asks which devices a backend serves (warning on import when not told): host
+        # tensors and CUDA tensors both, in every collective.
+        kwargs = {"devices": ["cpu", "cuda"]} if "devices" in _parameters(dist.Backend.register_backend) else {}
+        dist.Backend.register_backend("gradcomp", _create, **kwargs)
+
+
+def _parameters(function):
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return {}
