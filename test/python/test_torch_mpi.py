@@ -310,8 +310,8 @@ def test_bad_arguments_are_value_errors():
         hvd.allreduce(torch.ones(2), op=99, name="bad.op")
     with pytest.raises(ValueError, match="either op= or"):
         hvd.allreduce(torch.ones(2), op=hvd.Sum, average=True)
-    with pytest.raises(ValueError, match="cannot be compressed"):
-        hvd.allreduce(torch.ones(4, 4, dtype=torch.int32), name="bad.comp", compression=hvd.Compression.maxmin(4))
+    with pytest.raises(ValueError, match="op max cannot be compressed"):
+        hvd.allreduce(torch.ones(4, 4), op=hvd.Max, name="bad.comp", compression=hvd.Compression.maxmin(4))
     with pytest.raises(ValueError, match="DistributedOptimizer"):
         hvd.allreduce(torch.ones(4, 4), name="bad.psgd", compression=hvd.Compression.powersgd(1))
     with pytest.raises(ValueError, match="bits"):
@@ -390,6 +390,71 @@ def test_compressed_allreduce_is_close_and_identical_on_every_rank(compression):
     assert_same_on_every_rank(hashlib.sha256(got.numpy().tobytes()).hexdigest())
     if compression.name == "maxmin":
         assert rel > 0  # really quantized
+
+
+def test_explicit_compression_leaves_integers_exact_and_sends_float64_as_float32():
+    """Horovod's compressors compress floating-point tensors and leave the rest alone, so
+    Horovod scripts pass compression= for any tensor: integer and bool tensors are reduced
+    exactly, float64 ones travel compressed as float32 and come back float64."""
+    me, n = hvd.rank(), hvd.size()
+    maxmin4 = hvd.Compression.maxmin(4)
+    for dtype in (torch.int32, torch.int64, torch.uint8):
+        x = ((torch.arange(600 * 40) % 9) + me).to(dtype).reshape(600, 40)
+        exact = ((torch.arange(600 * 40) % 9) * n + n * (n - 1) // 2).to(dtype).reshape(600, 40)
+        for compression in (maxmin4, hvd.Compression.fp16, hvd.Compression.topk(0.01)):
+            got = hvd.allreduce(x, op=hvd.Sum, name=f"int.{dtype}.{compression.name}", compression=compression)
+            assert got.dtype == dtype and torch.equal(got, exact), (dtype, compression)
+        y = x.clone()
+        hvd.allreduce_(y, op=hvd.Sum, name=f"int.inplace.{dtype}", compression=maxmin4)
+        assert torch.equal(y, exact)
+        assert torch.equal(hvd.allreduce(x, op=hvd.Max, name=f"int.max.{dtype}", compression=maxmin4),
+                           (x - me + n - 1))
+        got = hvd.grouped_allreduce([x, x + 1], op=hvd.Sum, name=f"int.grouped.{dtype}", compression=maxmin4)
+        assert torch.equal(got[0], exact) and torch.equal(got[1], exact + n)
+    flags = hvd.allreduce(torch.tensor([me == 0, True]), op=hvd.Max, name="bool", compression=maxmin4)
+    assert flags.tolist() == [True, True]
+
+    g = torch.Generator().manual_seed(me)
+    x = torch.randn(512, 512, generator=g, dtype=torch.float64)
+    exact = hvd.allreduce(x, name="f64.exact", compression=hvd.Compression.none)
+    for compression, bound in ((maxmin4, 0.3), (hvd.Compression.fp16, 1e-3), (hvd.Compression.bf16, 1e-2)):
+        got = hvd.allreduce(x, name=f"f64.{compression.name}", compression=compression)
+        rel = float((got - exact).norm() / exact.norm())
+        assert got.dtype == torch.float64 and 0 < rel <= bound, (compression, rel)
+        assert_same_on_every_rank(hashlib.sha256(got.numpy().tobytes()).hexdigest())
+        y = x.clone()
+        hvd.allreduce_(y, name=f"f64.inplace.{compression.name}", compression=compression)
+        assert torch.equal(y, got)  # in place: the same bytes converted back
+    got = hvd.grouped_allreduce([x, 2 * x], name="f64.grouped", compression=maxmin4)
+    assert all(t.dtype == torch.float64 for t in got)
+    assert float((got[1] - 2 * exact).norm() / (2 * exact).norm()) <= 0.3
+    leaf = x.clone().requires_grad_()
+    hvd.allreduce(leaf, name="f64.autograd", compression=maxmin4).sum().backward()
+    assert leaf.grad.dtype == torch.float64 and torch.allclose(leaf.grad, torch.ones_like(x), atol=1e-6)
+
+
+def test_distributed_optimizer_trains_a_float64_model_under_an_explicit_compression():
+    """A float64 model with compression=fp16 (a Horovod habit): every gradient travels as fp16,
+    the parameters stay float64, track single-process float64 training and agree on every rank."""
+    ref = make_model().double()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    model = make_model().double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression=hvd.Compression.fp16)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(10):
+        x, y = full_batch(step)
+        ref_opt.zero_grad()
+        loss_fn(ref(x.double()), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss_fn(model(my_slice(x).double()), my_slice(y)).backward()
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.dtype == torch.float64
+        torch.testing.assert_close(p, q, rtol=1e-2, atol=1e-3, msg=name)
+        assert not torch.equal(p, q), name  # the gradients went through fp16
+    assert_same_on_every_rank(params_digest(model))
 
 
 # -- DistributedOptimizer ---------------------------------------------------------------------------

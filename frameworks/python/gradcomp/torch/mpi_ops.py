@@ -4,6 +4,11 @@ Each tensor reaches the runtime as (data address, dtype code, shape) of a contig
 buffer: CPU tensors are used in place when contiguous; other tensors (non-contiguous, or on a
 GPU while the runtime is host-only) go through a contiguous host copy that is written back
 when the operation completes. Handles are integers for ``poll``/``synchronize``.
+
+An explicit ``compression`` keeps the meaning Horovod's compressors give it: it compresses
+floating-point tensors and leaves the others alone. float64 tensors travel as float32 (the
+codecs' input; Horovod's fp16 compressor casts them too) and come back as float64; integer and
+bool tensors are reduced exactly.
 """
 import torch
 
@@ -24,6 +29,20 @@ def dtype_code(tensor, what):
     return code
 
 
+_CODEC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_EXACT = {"codec": "none"}
+
+
+def compressed_form(dtype, spec):
+    """(runtime spec, dtype to stage in or None) of a tensor of `dtype` under the runtime spec
+    `spec` (None: the settings' policy, which leaves dtypes the codecs do not take exact)."""
+    if spec is None or spec.get("codec") == "none" or dtype in _CODEC_DTYPES:
+        return spec, None
+    if dtype == torch.float64:
+        return spec, torch.float32
+    return _EXACT, None  # integers and bool: reduced exactly, as Horovod's compressors leave them
+
+
 def _check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{what} expects a torch.Tensor, got {type(tensor).__name__}")
@@ -36,12 +55,16 @@ class _Staged:
     it is contiguous in host memory, or in GPU memory where the operation takes device buffers
     (`on_device`) and the runtime has the CUDA data path; else a contiguous host copy."""
 
-    def __init__(self, tensor, what, copy_in=True, on_device=False):
+    def __init__(self, tensor, what, copy_in=True, on_device=False, dtype=None):
         _check_tensor(tensor, what)
         self.code = dtype_code(tensor, what)
         self.original = tensor
         self.device, self.stream = -1, 0  # host memory
         t = tensor.detach()
+        if dtype is not None and dtype != t.dtype:
+            # Staged in another dtype (compressed_form): a converted copy, written back converted.
+            t = t.to(dtype)
+            self.code = dtype_code(t, what)
         if t.is_cuda and on_device and _b.runtime().cuda_data_path:
             # Encoded, reduced and decoded on the GPU; only encoded bytes reach the host.
             self.buffer = t if t.is_contiguous() else t.contiguous()
@@ -53,7 +76,7 @@ class _Staged:
             self.buffer = t.to("cpu").contiguous()
         else:
             self.buffer = torch.empty(t.shape, dtype=t.dtype)
-        self.in_place = self.buffer.data_ptr() == t.data_ptr() and self.buffer.device == t.device
+        self.in_place = self.buffer.data_ptr() == tensor.data_ptr() and self.buffer.device == tensor.device
 
     @property
     def ptr(self):
@@ -106,11 +129,18 @@ def _check_priority(priority, what):
     return priority
 
 
-def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, compression, priority=0):
+def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, spec, priority=0):
     return _b.runtime().allreduce_async(staged.ptr, output_ptr, staged.code, staged.shape, name, op,
-                                        float(prescale_factor), float(postscale_factor), runtime_spec(compression),
+                                        float(prescale_factor), float(postscale_factor), spec,
                                         keep, device=staged.device, stream=staged.stream,
                                         priority=_check_priority(priority, f"allreduce of '{name}'"))
+
+
+def _staged_for_allreduce(tensor, name, compression):
+    """(_Staged, runtime spec) of one tensor to allreduce under `compression`."""
+    _check_tensor(tensor, f"allreduce of '{name}'")
+    spec, dtype = compressed_form(tensor.dtype, runtime_spec(compression))
+    return _Staged(tensor, f"allreduce of '{name}'", on_device=True, dtype=dtype), spec
 
 
 @_b.submits
@@ -124,9 +154,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     GRADCOMP_SCHEDULING_CREDIT_MB's worth a cycle, so an urgent tensor overtakes a backlog."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name)
-    staged = _Staged(tensor, f"allreduce of '{name}'", on_device=True)
+    staged, spec = _staged_for_allreduce(tensor, name, compression)
     native = _allreduce_start(staged, staged.ptr, (staged,), name, op, prescale_factor, postscale_factor,
-                              compression, priority)
+                              spec, priority)
     return _b.register(native, staged.write_back)
 
 
@@ -151,12 +181,12 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Reduces a copy of `tensor` across ranks; synchronize(handle) returns the new tensor."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name)
-    staged = _Staged(tensor, f"allreduce of '{name}'", on_device=True)
+    staged, spec = _staged_for_allreduce(tensor, name, compression)
     out = _new_output(staged.buffer)
     native = _allreduce_start(staged, out.data_ptr(), (staged, out), name, op, prescale_factor, postscale_factor,
-                              compression)
-    device = tensor.device
-    return _b.register(native, lambda: out.to(device) if device.type != "cpu" else out)
+                              spec)
+    device, dtype = tensor.device, tensor.dtype
+    return _b.register(native, lambda: out.to(device=device, dtype=dtype))
 
 
 class _AllreduceFunction(torch.autograd.Function):
@@ -211,13 +241,16 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
         raise ValueError(f"grouped allreduce '{base}' needs at least one tensor")
     names = [f"{base}.{i}" for i in range(len(tensors))]
     on_gpu = _same_gpu(tensors)
-    staged = [_Staged(t, f"grouped allreduce of '{n}'", on_device=on_gpu) for t, n in zip(tensors, names)]
-    if len({s.code for s in staged}) > 1:
+    for t, n in zip(tensors, names):
+        _check_tensor(t, f"grouped allreduce of '{n}'")
+    if len({t.dtype for t in tensors}) > 1:
         raise ValueError(f"grouped allreduce '{base}': every tensor must have the same dtype, got "
                          f"{sorted({str(t.dtype) for t in tensors})}")
+    spec, dtype = compressed_form(tensors[0].dtype, runtime_spec(compression))
+    staged = [_Staged(t, f"grouped allreduce of '{n}'", on_device=on_gpu, dtype=dtype) for t, n in zip(tensors, names)]
     natives = _b.runtime().grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
                                                    [s.shape for s in staged], names, op, float(prescale_factor),
-                                                   float(postscale_factor), runtime_spec(compression),
+                                                   float(postscale_factor), spec,
                                                    tuple(staged), device=staged[0].device, stream=staged[0].stream,
                                                    priority=_check_priority(priority, f"grouped allreduce '{base}'"))
     return _b.register(_Group(natives), lambda: [s.write_back() for s in staged])

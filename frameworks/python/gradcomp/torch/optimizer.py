@@ -57,7 +57,7 @@ import torch
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
 from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK, runtime_spec
-from gradcomp.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_, host_allreduce_async_,
+from gradcomp.torch.mpi_ops import (allreduce_async_, compressed_form, grouped_allreduce_async_, host_allreduce_async_,
                                     sparse_allreduce_async)
 from gradcomp.torch.powersgd import PowerSGDState
 
@@ -511,6 +511,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._start_sparse(p, plan)
             return
         send = self._to_send(p, plan)
+        _, cast = compressed_form(send.dtype, plan.runtime_spec())
+        if cast is not None:
+            send = send.to(cast)  # float64 under an explicit compression travels as float32
         if p in self._groups:
             gi = self._groups[p]
             self._handles[p] = _Pending(None, None)  # replaced once the group is complete
