@@ -105,7 +105,7 @@ Topology MakeTopology(RuntimeOptions& options, Watchdog& watchdog) {
 
 Runtime::Runtime(RuntimeOptions options)
     : settings_(options.settings),
-      mpi_world_(options.world == nullptr),
+      mpi_world_(options.world == nullptr || options.world_is_mpi),
       watchdog_(settings_.collective_timeout_seconds, [this](Watchdog::Expired e) { OnCollectiveTimeout(std::move(e)); }),
       topo_(MakeTopology(options, watchdog_)),
       log_(MakeRankLogger(topo_.rank(), settings_.log_level, options.log_sink)),

@@ -32,6 +32,9 @@ struct RuntimeOptions {
   Settings settings = Settings::FromEnvironment();
   /// The world to run on; nullptr initializes MPI and uses MPI_COMM_WORLD.
   std::unique_ptr<Communicator> world;
+  /// `world` is MPI's, a part of MPI_COMM_WORLD (a process set's): treated as MPI's world
+  /// (TCP connections of its own by default, MPI's CUDA awareness, leaving MPI after a failure).
+  bool world_is_mpi = false;
   /// Where log lines go (stderr when null).
   spdlog::sink_ptr log_sink;
   /// Test seam: called on the background thread before a tensor executes on this rank;

@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/runtime.h"
+#include "ops/comm/mpi_environment.h"
 #include "gradcomp/config.h"
 #include "ops/common/enforce.h"
 #include "placement.h"
@@ -152,6 +154,42 @@ std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& o
   return std::make_unique<Runtime>(std::move(options));
 }
 
+// GRADCOMP_LOCAL_SIZE (nodes of that many consecutive world ranks) as the set's ranks see it:
+// the number of the set's ranks on each node when every node holds as many of them, else 0
+// (the nodes are then found as without the setting: ranks sharing memory).
+int64_t ProcessSetLocalSize(const std::vector<int>& ranks, int64_t world_local_size) {
+  if (world_local_size <= 0) return 0;
+  std::map<int64_t, int64_t> per_node;
+  for (int r : ranks) ++per_node[r / world_local_size];
+  const int64_t each = per_node.begin()->second;
+  for (const auto& kv : per_node) {
+    if (kv.second != each) return 0;
+  }
+  return each;
+}
+
+// A process set's runtime: collective over MPI's world (every rank passes the same sorted
+// ranks); null for the ranks outside the set. The set's runtime writes no timeline and tunes
+// nothing (those write files the global runtime's rank 0 writes).
+std::unique_ptr<Runtime> MakeProcessSetRuntime(const std::vector<int>& ranks,
+                                               const std::map<std::string, std::string>& overrides) {
+  if (ranks.empty()) throw InvalidArgument("a process set needs at least one rank");
+  if (!std::is_sorted(ranks.begin(), ranks.end()) || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
+    throw InvalidArgument("a process set's ranks must be sorted and distinct");
+  }
+  RuntimeOptions options;
+  options.settings = Settings::FromMap(EnvironmentWith(overrides));
+  options.settings.timeline.clear();
+  options.settings.autotune = false;
+  options.settings.autotune_log.clear();
+  options.settings.local_size = ProcessSetLocalSize(ranks, options.settings.local_size);
+  py::gil_scoped_release release;  // collective: let other Python threads run
+  options.world = CreateMpiSubworld(ranks);
+  if (options.world == nullptr) return nullptr;
+  options.world_is_mpi = true;
+  return std::make_unique<Runtime>(std::move(options));
+}
+
 // Every buffer is (address, dtype code, shape); `keep` owns the memory until completion.
 PyHandle AllreduceAsync(Runtime& rt, uintptr_t input, uintptr_t output, int dtype, const std::vector<int64_t>& shape,
                         const std::string& name, int op, double pre, double post, const py::object& compression,
@@ -222,6 +260,10 @@ py::dict StatsDict(const Runtime& rt) {
 }  // namespace
 
 void BindRuntime(py::module& m) {
+  m.def("process_set_runtime", &MakeProcessSetRuntime, py::arg("ranks"),
+        py::arg("settings") = std::map<std::string, std::string>{},
+        "Collective over MPI's world: a runtime over `ranks` (sorted, the same on every rank) for its members, "
+        "None for the other ranks");
   m.def("cuda_data_path", [] {
     return GRADCOMP_HAVE_CUDA_KERNELS == 1 && Settings::FromMap(EnvironmentWith({})).cuda_data_path;
   }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
@@ -240,7 +282,7 @@ void BindRuntime(py::module& m) {
       .def("output_shape", &PyHandle::output_shape)
       .def("aux", &PyHandle::aux, "alltoall: rows received per rank; join: [last rank to join]");
 
-  py::class_<Runtime>(m, "Runtime", "gradcomp's runtime over MPI's world (one per process)")
+  py::class_<Runtime>(m, "Runtime", "gradcomp's runtime over MPI's world, or over a process set's ranks")
       .def(py::init(&MakeRuntime), py::arg("settings") = std::map<std::string, std::string>{},
            "Collective: starts gradcomp with settings from the environment, overridden by `settings`")
       .def("shutdown", [](Runtime& rt) {

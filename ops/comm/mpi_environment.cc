@@ -5,6 +5,7 @@
 #include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -60,6 +61,26 @@ bool MpiAbandoned() { return abandoned.load(); }
 std::unique_ptr<Communicator> CreateMpiWorld() {
   EnsureMpiInitialized();
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+std::unique_ptr<Communicator> CreateMpiSubworld(const std::vector<int>& ranks) {
+  EnsureMpiInitialized();
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    GC_THROW("process sets need MPI_THREAD_MULTIPLE (each set's runtime calls MPI from its own thread), but MPI "
+             "provides thread level ", provided, "; initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)");
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const bool member = std::binary_search(ranks.begin(), ranks.end(), rank);
+  MPI_Comm sub = MPI_COMM_NULL;
+  const int rc = MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, rank, &sub);
+  if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Comm_split (a process set)", rank));
+  if (sub == MPI_COMM_NULL) return nullptr;
+  auto result = std::make_unique<MpiCommunicator>(sub);
+  MPI_Comm_free(&sub);  // MpiCommunicator keeps its own duplicate
+  return result;
 }
 
 bool MpiIsCudaAware() {

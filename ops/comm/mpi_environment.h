@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "ops/comm/communicator.h"
 
@@ -21,6 +22,12 @@ bool MpiAbandoned();
 
 /// A communicator over a duplicate of MPI_COMM_WORLD (calls EnsureMpiInitialized).
 std::unique_ptr<Communicator> CreateMpiWorld();
+
+/// Collective over MPI_COMM_WORLD, every rank passing the same sorted `ranks`: a communicator
+/// over those ranks (in their order) for the ranks among them, null for the others (a process
+/// set's world). Each process set runs a runtime of its own, whose background thread calls MPI
+/// alongside the other runtimes': this needs MPI_THREAD_MULTIPLE, and says so otherwise.
+std::unique_ptr<Communicator> CreateMpiSubworld(const std::vector<int>& ranks);
 
 /// Whether the MPI library takes GPU memory (Open MPI's MPIX_Query_cuda_support, when it was
 /// built with CUDA; false for any other MPI).

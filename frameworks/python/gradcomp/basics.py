@@ -1,5 +1,6 @@
-"""What every gradcomp adapter shares: the one Runtime the bindings own, init/shutdown,
-topology queries, reduction ops, init() keyword settings, handle bookkeeping and names.
+"""What every gradcomp adapter shares: the Runtime the bindings own (and one per process set),
+init/shutdown, topology queries, reduction ops, init() keyword settings, handle bookkeeping and
+names.
 
 Settings passed to ``init(**kwargs)`` use the registry's names without the ``GRADCOMP_``
 prefix, lower-case (``init(compression="maxmin", bits=4, fusion_threshold_mb=32)``); they
@@ -28,14 +29,129 @@ _SETTING_NAMES = {s["name"][len("GRADCOMP_"):].lower(): s["name"] for s in _core
 class _State:
     def __init__(self):
         self.runtime = None
+        self.overrides = {}  # init()'s settings, which process sets' runtimes get too
         self.lock = threading.Lock()
         self.handles = {}
         self.next_handle = itertools.count()
         self.name_counters = {}
         self.reserved_names = {}  # kind -> next number, taken once the call is submitted
+        self.process_sets = {}  # id -> registered ProcessSet (the global one is id 0)
+        self.next_set_id = 1
+        self.set_calls = 0  # add/remove_process_set calls so far (they name their checks)
 
 
 _state = _State()
+
+
+class ProcessSet:
+    """Ranks that run collectives among themselves, as Horovod's ``hvd.ProcessSet``: register it
+    on every rank with ``add_process_set`` (or ``init(process_sets=[...])``), then pass
+    ``process_set=`` to a collective, called by the set's ranks only. Each set runs a runtime of
+    its own over its ranks (negotiation, fusion, compression and the data path, as the global
+    one's), so sets work at once and apart. Ranks inside a set are numbered in increasing
+    global rank; ``root_rank`` arguments stay global ranks, as in Horovod."""
+
+    def __init__(self, ranks):
+        if isinstance(ranks, ProcessSet):
+            ranks = ranks.ranks
+        try:
+            listed = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            raise ValueError(f"ProcessSet takes a list of ranks, got {ranks!r}") from None
+        if any(isinstance(r, bool) or int(r) != r for r in ranks):
+            raise ValueError(f"ProcessSet takes a list of integer ranks, got {ranks!r}")
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"ProcessSet ranks must be distinct, got {listed}")
+        self.ranks = sorted(listed)
+        self.process_set_id = None
+        self._runtime = None  # this rank's runtime for the set; None outside it
+
+    def _registered(self):
+        return self.process_set_id is not None and _state.process_sets.get(self.process_set_id) is self
+
+    def included(self):
+        """Whether this rank belongs to the set (None before it is registered)."""
+        return rank() in self.ranks if self._registered() else None
+
+    def rank(self):
+        """This rank's place in the set, -1 outside it (None before it is registered)."""
+        if not self._registered():
+            return None
+        return self.ranks.index(rank()) if rank() in self.ranks else -1
+
+    def size(self):
+        """The number of ranks in the set (None before it is registered)."""
+        return len(self.ranks) if self._registered() else None
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+# Every rank; its ranks are filled in by init().
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def _agree_on_ranks(ranks, what):
+    """Raises on every rank, naming each rank's list, unless every rank passed the same ranks."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    n = size()
+    mine = np.full((1, n + 1), -1, dtype=np.int64)
+    mine[0, 0] = len(ranks)
+    mine[0, 1:min(len(ranks), n) + 1] = ranks[:n]
+    name = f"process_set.check.{_state.set_calls}"
+    native = _rt().allgather_async(mine.ctypes.data, _core.dtypes["int64"], list(mine.shape), name, mine)
+    native.wait()
+    every = np.frombuffer(native.output_bytes(), dtype=np.int64).reshape(n, n + 1)
+    lists = [row[1:1 + int(row[0])].tolist() if 0 <= row[0] <= n else row[1:].tolist() for row in every]
+    if any(lst != lists[0] or every[r, 0] != every[0, 0] for r, lst in enumerate(lists)):
+        shown = ", ".join(f"rank {r} {lst}" for r, lst in enumerate(lists))
+        raise ValueError(f"{what} must be called by every rank with the same ranks: {shown}")
+
+
+def add_process_set(process_set):
+    """Registers a process set (a ProcessSet or a list of ranks) and returns it. Collective:
+    every rank calls it, with the same ranks, in the same order as its other add/remove calls."""
+    rt = _rt()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    what = f"add_process_set({ps.ranks})"
+    if ps is global_process_set or ps._registered():
+        raise ValueError(f"{what}: this process set is already registered (id {ps.process_set_id})")
+    _state.set_calls += 1
+    _agree_on_ranks(ps.ranks, "add_process_set")  # first: what follows fails on every rank alike
+    n = rt.size()
+    if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= n:
+        raise ValueError(f"{what}: ranks must be between 0 and {n - 1}, at least one of them")
+    same = next((other for other in _state.process_sets.values() if other.ranks == ps.ranks), None)
+    if same is not None:
+        raise ValueError(f"{what}: a process set with these ranks is already registered: {same!r}")
+    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides)
+    ps.process_set_id = _state.next_set_id
+    _state.next_set_id += 1
+    _state.process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set):
+    """Unregisters a process set and stops its runtime; returns whether it was registered.
+    Collective, as add_process_set. The global process set cannot be removed."""
+    if process_set is global_process_set:
+        raise ValueError("remove_process_set: the global process set cannot be removed")
+    if not isinstance(process_set, ProcessSet) or not process_set._registered():
+        return False
+    _state.set_calls += 1
+    _agree_on_ranks(process_set.ranks, "remove_process_set")
+    _stop_process_set(process_set)
+    return True
+
+
+def _stop_process_set(ps):
+    rt, ps._runtime = ps._runtime, None
+    _state.process_sets.pop(ps.process_set_id, None)
+    ps.process_set_id = None
+    if rt is not None:
+        rt.shutdown()
 
 
 def _settings_from_kwargs(kwargs):
@@ -49,23 +165,42 @@ def _settings_from_kwargs(kwargs):
     return out
 
 
-def init(**settings):
+def init(process_sets=None, **settings):
     """Starts gradcomp on every rank (collective). Keyword arguments override GRADCOMP_*
-    variables. Calling init() again after shutdown() starts a fresh runtime."""
+    variables. `process_sets`: ProcessSets or lists of ranks to register at once (as
+    add_process_set does; "dynamic", Horovod's switch for adding them later, is accepted: sets
+    can always be added). Calling init() again after shutdown() starts a fresh runtime."""
     overrides = _settings_from_kwargs(settings)
+    if process_sets is not None and process_sets != "dynamic" and not isinstance(process_sets, (list, tuple)):
+        raise ValueError(f"init(process_sets=...) takes a list of ProcessSets or rank lists, or 'dynamic'; "
+                         f"got {process_sets!r}")
     with _state.lock:
         if _state.runtime is not None and _state.runtime.running:
+            if isinstance(process_sets, (list, tuple)) and process_sets:
+                raise ValueError("init(process_sets=...) on a running gradcomp: register them with add_process_set")
             return
         _state.runtime = _core.Runtime(overrides)
+        _state.overrides = overrides
         _state.handles.clear()
         _state.name_counters.clear()
         _state.reserved_names.clear()
+        _state.process_sets = {0: global_process_set}
+        _state.next_set_id = 1
+        _state.set_calls = 0
+        global_process_set.ranks = list(range(_state.runtime.size()))
+        global_process_set._runtime = _state.runtime
+    if isinstance(process_sets, (list, tuple)):
+        for ps in process_sets:
+            add_process_set(ps)
 
 
 def shutdown():
     """Stops gradcomp on this rank (and ends negotiation on every rank); pending operations fail."""
+    for ps in [ps for ps in _state.process_sets.values() if ps is not global_process_set]:
+        _stop_process_set(ps)
     with _state.lock:
         rt, _state.runtime = _state.runtime, None
+        global_process_set._runtime = None
     if rt is not None:
         # After a collective timeout (docs/errors.md) shutdown ends the process: print first.
         sys.stdout.flush()
@@ -84,9 +219,28 @@ def _rt():
     return rt
 
 
-def runtime():
-    """The native runtime object (for adapters)."""
-    return _rt()
+def runtime(process_set=None):
+    """The native runtime object (for adapters): the global one, or `process_set`'s, which
+    this rank must belong to."""
+    rt = _rt()
+    if process_set is None or process_set is global_process_set:
+        return rt
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet (hvd.add_process_set), got {process_set!r}")
+    if not process_set._registered():
+        raise ValueError(f"{process_set!r} is not registered: add it with add_process_set (on every rank)")
+    if process_set._runtime is None:
+        raise ValueError(f"rank {rt.rank()} is not in {process_set!r}: only its ranks call its collectives")
+    return process_set._runtime
+
+
+def set_rank(process_set, global_rank, what):
+    """`global_rank`'s place in `process_set` (root_rank arguments are global ranks)."""
+    if process_set is None or process_set is global_process_set:
+        return int(global_rank)
+    if int(global_rank) not in process_set.ranks:
+        raise ValueError(f"{what}: root rank {global_rank} is not in {process_set!r}")
+    return process_set.ranks.index(int(global_rank))
 
 
 def rank():
@@ -235,15 +389,19 @@ def stats():
     return dict(_rt().stats())
 
 
-def auto_name(kind, name):
-    """`name`, or a generated one that is the same on every rank for the same call order.
+def auto_name(kind, name, process_set=None):
+    """`name`, or a generated one that is the same on every rank for the same call order
+    (counted per process set: each set's ranks call its collectives in their own order).
     A generated number is only used up once the call is submitted (register()): a call that
     fails on one rank before reaching the runtime (a bad dtype, a bad argument) leaves the
     numbering of every rank in step."""
+    if process_set is not None and process_set is not global_process_set:
+        runtime(process_set)  # a registered set this rank belongs to, or a clear error now
     if name is not None:
         return str(name)
-    n = _state.name_counters.get(kind, 0)
-    _state.reserved_names[kind] = n + 1
+    key = kind if process_set is None or process_set is global_process_set else (kind, process_set.process_set_id)
+    n = _state.name_counters.get(key, 0)
+    _state.reserved_names[key] = n + 1
     return f"{kind}.noname.{n}"
 
 
@@ -311,9 +469,9 @@ def join():
     return int(native.aux()[0])
 
 
-def barrier():
-    """Returns once every rank has called barrier()."""
-    runtime().barrier_async().wait()
+def barrier(process_set=None):
+    """Returns once every rank (of `process_set`) has called barrier()."""
+    runtime(process_set).barrier_async().wait()
 
 
 @atexit.register
@@ -324,7 +482,8 @@ def _shutdown_at_exit():
         pass
 
 
-__all__ = ["GradcompError", "init", "shutdown", "join", "barrier",
+__all__ = ["GradcompError", "init", "shutdown", "join", "barrier", "ProcessSet", "global_process_set",
+           "add_process_set", "remove_process_set",
            "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "start_timeline", "stop_timeline", "poll", "synchronize",
            "Sum", "Average", "Min", "Max", "Product"]

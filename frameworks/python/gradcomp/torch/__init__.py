@@ -17,9 +17,9 @@ compression on for an unchanged Horovod script; pass ``Compression.none`` to for
 communication.
 """
 from gradcomp._core import GradcompError
-from gradcomp.basics import (Average, Max, Min, Product, Sum, cross_rank, cross_size, init, is_initialized,
-                             local_rank, local_size, poll, rank, shutdown, size, start_timeline, stats, stop_timeline,
-                             compression_choices,
+from gradcomp.basics import (Average, Max, Min, ProcessSet, Product, Sum, add_process_set, compression_choices,
+                             cross_rank, cross_size, global_process_set, init, is_initialized, local_rank, local_size,
+                             poll, rank, remove_process_set, shutdown, size, start_timeline, stats, stop_timeline,
                              synchronize)
 from gradcomp.torch.compression import Compression, Compressor
 from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
@@ -105,4 +105,5 @@ __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initializ
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
            "GradcompError", "HorovodInternalError", "stats", "compression_choices", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-           "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built"]
+           "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built",
+           "ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]

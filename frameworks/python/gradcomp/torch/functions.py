@@ -21,9 +21,9 @@ def _named_tensors(params, what):
     raise ValueError(f"{what} expects a state_dict or a list of (name, tensor) pairs, got {type(params).__name__}")
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=None):
     """Overwrites every tensor of `params` (model.state_dict() or model.named_parameters())
-    with root_rank's, in place."""
+    with root_rank's, in place (among `process_set`'s ranks)."""
     handles = []
     for name, p in _named_tensors(params, "broadcast_parameters"):
         if p is None:
@@ -31,12 +31,12 @@ def broadcast_parameters(params, root_rank):
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"broadcast_parameters: '{name}' is a {type(p).__name__}, not a tensor")
         handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p, root_rank,
-                                        f"broadcast_parameters.{name}"))
+                                        f"broadcast_parameters.{name}", process_set))
     for h in handles:
         synchronize(h)
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     """Makes every rank's optimizer state (hyper-parameters and per-parameter buffers) equal
     to root_rank's. An optimizer without state yet gets it initialized first (one step on
     zero gradients, parameters restored afterwards), as Horovod does; parameters that had
@@ -69,8 +69,10 @@ def broadcast_optimizer_state(optimizer, root_rank):
         return obj
 
     skeleton = strip(state, "state")
-    root_skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton")
-    handles = [broadcast_async_(t, root_rank, f"broadcast_optimizer_state.{path}") for path, t in tensors]
+    root_skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton",
+                                     process_set=process_set)
+    handles = [broadcast_async_(t, root_rank, f"broadcast_optimizer_state.{path}", process_set)
+               for path, t in tensors]
     for h in handles:
         synchronize(h)
 
@@ -98,25 +100,26 @@ def _from_bytes(t):
 
 
 @_b.submits
-def broadcast_object(obj, root_rank=0, name=None):
-    """root_rank's `obj` (anything picklable) on every rank."""
-    name = _b.auto_name("broadcast_object", name)
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """root_rank's `obj` (anything picklable) on every rank (of `process_set`)."""
+    name = _b.auto_name("broadcast_object", name, process_set)
     payload = _to_bytes(obj) if _b.rank() == root_rank else torch.zeros(0, dtype=torch.uint8)
     size = torch.tensor([payload.numel()], dtype=torch.int64)
-    synchronize(broadcast_async_(size, root_rank, f"{name}.size"))
+    synchronize(broadcast_async_(size, root_rank, f"{name}.size", process_set))
     if _b.rank() != root_rank:
         payload = torch.zeros(int(size[0]), dtype=torch.uint8)
-    synchronize(broadcast_async_(payload, root_rank, f"{name}.data"))
+    synchronize(broadcast_async_(payload, root_rank, f"{name}.data", process_set))
     return obj if _b.rank() == root_rank else _from_bytes(payload)
 
 
 @_b.submits
-def allgather_object(obj, name=None):
-    """Every rank's `obj` (anything picklable), as a list in rank order."""
-    name = _b.auto_name("allgather_object", name)
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's `obj` (anything picklable), as a list in rank order (of `process_set`)."""
+    name = _b.auto_name("allgather_object", name, process_set)
     payload = _to_bytes(obj)
-    sizes = synchronize(allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.sizes"))
-    gathered = synchronize(allgather_async(payload, f"{name}.data"))
+    sizes = synchronize(allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.sizes",
+                                        process_set))
+    gathered = synchronize(allgather_async(payload, f"{name}.data", process_set))
     out, at = [], 0
     for n in sizes.tolist():
         out.append(_from_bytes(gathered[at:at + n]))

@@ -9,6 +9,9 @@ An explicit ``compression`` keeps the meaning Horovod's compressors give it: it 
 floating-point tensors and leaves the others alone. float64 tensors travel as float32 (the
 codecs' input; Horovod's fp16 compressor casts them too) and come back as float64; integer and
 bool tensors are reduced exactly.
+
+``process_set=`` (every collective, as in Horovod): the ranks of a registered ProcessSet run
+it among themselves, on that set's runtime; ``root_rank`` stays a global rank.
 """
 import torch
 
@@ -129,8 +132,9 @@ def _check_priority(priority, what):
     return priority
 
 
-def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, spec, priority=0):
-    return _b.runtime().allreduce_async(staged.ptr, output_ptr, staged.code, staged.shape, name, op,
+def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, spec, priority=0,
+                     process_set=None):
+    return _b.runtime(process_set).allreduce_async(staged.ptr, output_ptr, staged.code, staged.shape, name, op,
                                         float(prescale_factor), float(postscale_factor), spec,
                                         keep, device=staged.device, stream=staged.stream,
                                         priority=_check_priority(priority, f"allreduce of '{name}'"))
@@ -145,7 +149,7 @@ def _staged_for_allreduce(tensor, name, compression):
 
 @_b.submits
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=None, priority=0):
+                     compression=None, priority=0, process_set=None):
     """Reduces `tensor` across ranks in place; returns a handle for poll()/synchronize().
 
     `compression` is None (the settings' policy and layer filter) or a Compression object
@@ -153,14 +157,14 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     `priority` (the same on every rank): among tensors ready at once, lower runs first, a
     GRADCOMP_SCHEDULING_CREDIT_MB's worth a cycle, so an urgent tensor overtakes a backlog."""
     op = check_op(op, average)
-    name = _b.auto_name("allreduce", name)
+    name = _b.auto_name("allreduce", name, process_set)
     staged, spec = _staged_for_allreduce(tensor, name, compression)
     native = _allreduce_start(staged, staged.ptr, (staged,), name, op, prescale_factor, postscale_factor,
-                              spec, priority)
+                              spec, priority, process_set)
     return _b.register(native, staged.write_back)
 
 
-def host_allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, spec, priority):
+def host_allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, spec, priority, process_set=None):
     """allreduce_async_ of a contiguous CPU tensor whose arguments the caller checked once
     (`op` a checked op, `name` a string, `spec` from runtime_spec, `priority` a 32-bit int):
     DistributedOptimizer's gradient hooks, which run on the training thread once per gradient
@@ -170,49 +174,52 @@ def host_allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, s
     if code is None:
         dtype_code(tensor, f"allreduce of '{name}'")  # raises, naming the tensor and the dtype
     ptr = tensor.data_ptr()
-    native = _b.runtime().allreduce_async(ptr, ptr, code, list(tensor.shape), name, op, prescale_factor,
+    native = _b.runtime(process_set).allreduce_async(ptr, ptr, code, list(tensor.shape), name, op, prescale_factor,
                                           postscale_factor, spec, tensor, -1, 0, priority)
     return _b.register(native, lambda: tensor)
 
 
 @_b.submits
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    compression=None):
+                    compression=None, process_set=None):
     """Reduces a copy of `tensor` across ranks; synchronize(handle) returns the new tensor."""
     op = check_op(op, average)
-    name = _b.auto_name("allreduce", name)
+    name = _b.auto_name("allreduce", name, process_set)
     staged, spec = _staged_for_allreduce(tensor, name, compression)
     out = _new_output(staged.buffer)
     native = _allreduce_start(staged, out.data_ptr(), (staged, out), name, op, prescale_factor, postscale_factor,
-                              spec)
+                              spec, process_set=process_set)
     device, dtype = tensor.device, tensor.dtype
     return _b.register(native, lambda: out.to(device=device, dtype=dtype))
 
 
 class _AllreduceFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, compression):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
-        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, compression))
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, compression, process_set):
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, compression,
+                                           process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op, ctx.pre, ctx.post))
-        return grad, None, None, None, None, None
+        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op, ctx.pre, ctx.post,
+                                           process_set=ctx.process_set))
+        return grad, None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0):
+              postscale_factor=1.0, process_set=None):
     """op (default Average) of `tensor` over all ranks, as a new tensor. Differentiable: the
     gradient is the same reduction of the output's gradient."""
     op = check_op(op, average)
-    return _AllreduceFunction.apply(tensor, op, name, prescale_factor, postscale_factor, compression)
+    return _AllreduceFunction.apply(tensor, op, name, prescale_factor, postscale_factor, compression, process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               compression=None):
+               compression=None, process_set=None):
     """In-place allreduce; returns `tensor`."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, compression))
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, compression,
+                                        process_set=process_set))
 
 
 class _Group:
@@ -231,11 +238,11 @@ class _Group:
 
 @_b.submits
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                             compression=None, priority=0):
+                             compression=None, priority=0, process_set=None):
     """Reduces every tensor in place, negotiated and fused as one group; returns a handle
     whose result is the list. `priority` as for allreduce_async_."""
     op = check_op(op, average)
-    base = _b.auto_name("grouped_allreduce", name)
+    base = _b.auto_name("grouped_allreduce", name, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"grouped allreduce '{base}' needs at least one tensor")
@@ -248,7 +255,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                          f"{sorted({str(t.dtype) for t in tensors})}")
     spec, dtype = compressed_form(tensors[0].dtype, runtime_spec(compression))
     staged = [_Staged(t, f"grouped allreduce of '{n}'", on_device=on_gpu, dtype=dtype) for t, n in zip(tensors, names)]
-    natives = _b.runtime().grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
+    natives = _b.runtime(process_set).grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
                                                    [s.shape for s in staged], names, op, float(prescale_factor),
                                                    float(postscale_factor), spec,
                                                    tuple(staged), device=staged[0].device, stream=staged[0].stream,
@@ -257,40 +264,42 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=None):
+                            compression=None, process_set=None):
     copies = [t.detach().clone() for t in tensors]
-    return grouped_allreduce_async_(copies, average, name, op, prescale_factor, postscale_factor, compression)
+    return grouped_allreduce_async_(copies, average, name, op, prescale_factor, postscale_factor, compression,
+                                    process_set=process_set)
 
 
 class _GroupedAllreduceFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale_factor, postscale_factor, compression, *tensors):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+    def forward(ctx, op, name, prescale_factor, postscale_factor, compression, process_set, *tensors):
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
         return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale_factor,
-                                                         postscale_factor, compression)))
+                                                         postscale_factor, compression, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
         reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], None, None, ctx.op, ctx.pre,
-                                                      ctx.post))
-        return (None,) * 5 + tuple(reduced)
+                                                      ctx.post, process_set=ctx.process_set))
+        return (None,) * 6 + tuple(reduced)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0):
+                      postscale_factor=1.0, process_set=None):
     """Allreduce of a list of tensors, negotiated and fused together; returns new tensors.
     Differentiable: each gradient is the same reduction of its output's gradient."""
     op = check_op(op, average)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped allreduce needs at least one tensor")
-    return list(_GroupedAllreduceFunction.apply(op, name, prescale_factor, postscale_factor, compression, *tensors))
+    return list(_GroupedAllreduceFunction.apply(op, name, prescale_factor, postscale_factor, compression, process_set,
+                                                *tensors))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       compression=None):
+                       compression=None, process_set=None):
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                compression))
+                                                compression, process_set=process_set))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,125 +307,129 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 @_b.submits
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=None):
     """Concatenates every rank's `tensor` along the first dimension (which may differ per rank)."""
-    name = _b.auto_name("allgather", name)
+    name = _b.auto_name("allgather", name, process_set)
     staged = _Staged(tensor, f"allgather of '{name}'", on_device=True)
     if staged.buffer.dim() == 0:
         raise ValueError(f"allgather of '{name}' needs a tensor with at least one dimension")
-    native = _b.runtime().allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,),
+    native = _b.runtime(process_set).allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,),
                                           device=staged.device, stream=staged.stream)
     return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
-def _first_dims(dims, name):
+def _first_dims(dims, name, process_set):
     """Every rank's first dimension of each tensor: dims[i] of rank r at [r][i]."""
-    sizes = synchronize(allgather_async(torch.tensor(dims, dtype=torch.int64), f"{name}.sizes"))
-    return sizes.reshape(_b.size(), len(dims)).tolist()
+    sizes = synchronize(allgather_async(torch.tensor(dims, dtype=torch.int64), f"{name}.sizes", process_set))
+    return sizes.reshape(-1, len(dims)).tolist()
 
 
-def _own_rows(grads, dims, name):
+def _own_rows(grads, dims, name, process_set):
     """This rank's rows of each gathered gradient (every rank's first dimensions gathered)."""
-    every = _first_dims(dims, name)
-    me = _b.rank()
+    every = _first_dims(dims, name, process_set)
+    me = _b.runtime(process_set).rank()
     return [g.narrow(0, sum(every[r][i] for r in range(me)), dims[i]) for i, g in enumerate(grads)]
 
 
 class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        gathered = synchronize(allgather_async(tensor, name))  # validates the tensor first
-        ctx.dim = tensor.shape[0]
+    def forward(ctx, tensor, name, process_set):
+        gathered = synchronize(allgather_async(tensor, name, process_set))  # validates the tensor first
+        ctx.dim, ctx.process_set = tensor.shape[0], process_set
         return gathered
 
     @staticmethod
     def backward(ctx, grad_output):
         # As Horovod: average the gradient over ranks, then keep this rank's rows.
-        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average))
-        return _own_rows([grad], [ctx.dim], _b.auto_name("allgather.grad", None))[0], None
+        ps = ctx.process_set
+        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average, process_set=ps))
+        return _own_rows([grad], [ctx.dim], _b.auto_name("allgather.grad", None, ps), ps)[0], None, None
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=None):
     """Every rank's `tensor` concatenated along the first dimension. Differentiable."""
-    return _AllgatherFunction.apply(tensor, name)
+    return _AllgatherFunction.apply(tensor, name, process_set)
 
 
 @_b.submits
-def grouped_allgather_async(tensors, name=None):
+def grouped_allgather_async(tensors, name=None, process_set=None):
     """Allgathers each tensor; the result is the list of gathered tensors."""
-    base = _b.auto_name("grouped_allgather", name)
-    return _b.register_group([allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)])
+    base = _b.auto_name("grouped_allgather", name, process_set)
+    return _b.register_group([allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)])
 
 
 class _GroupedAllgatherFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
-        gathered = synchronize(grouped_allgather_async(list(tensors), name))
-        ctx.dims = [t.shape[0] for t in tensors]
+    def forward(ctx, name, process_set, *tensors):
+        gathered = synchronize(grouped_allgather_async(list(tensors), name, process_set))
+        ctx.dims, ctx.process_set = [t.shape[0] for t in tensors], process_set
         return tuple(gathered)
 
     @staticmethod
     def backward(ctx, *grads):
         # As allgather's: the averaged gradients, this rank's rows of each.
-        averaged = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=Average))
-        return (None,) + tuple(_own_rows(averaged, ctx.dims, _b.auto_name("grouped_allgather.grad", None)))
+        ps = ctx.process_set
+        averaged = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=Average, process_set=ps))
+        return (None, None) + tuple(_own_rows(averaged, ctx.dims, _b.auto_name("grouped_allgather.grad", None, ps),
+                                              ps))
 
 
-def grouped_allgather(tensors, name=None):
+def grouped_allgather(tensors, name=None, process_set=None):
     """allgather of each tensor, negotiated together; returns the gathered tensors.
     Differentiable."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped allgather needs at least one tensor")
-    return list(_GroupedAllgatherFunction.apply(name, *tensors))
+    return list(_GroupedAllgatherFunction.apply(name, process_set, *tensors))
 
 
 @_b.submits
-def broadcast_async_(tensor, root_rank, name=None):
-    """Overwrites `tensor` with root_rank's, in place; returns a handle."""
-    name = _b.auto_name("broadcast", name)
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Overwrites `tensor` with root_rank's (a global rank), in place; returns a handle."""
+    name = _b.auto_name("broadcast", name, process_set)
+    root = _b.set_rank(process_set, root_rank, f"broadcast of '{name}'")
     staged = _Staged(tensor, f"broadcast of '{name}'", on_device=True)
-    native = _b.runtime().broadcast_async(staged.ptr, staged.code, staged.shape, int(root_rank), name, (staged,),
-                                          device=staged.device, stream=staged.stream)
+    native = _b.runtime(process_set).broadcast_async(staged.ptr, staged.code, staged.shape, root, name, (staged,),
+                                                     device=staged.device, stream=staged.stream)
     return _b.register(native, staged.write_back)
 
 
-def broadcast_async(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """root_rank's `tensor` on every rank; synchronize(handle) returns the new tensor."""
-    return broadcast_async_(tensor.detach().clone(), root_rank, name)
+    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
         # As Horovod: the averaged gradient flows to the root's input only.
-        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average))
+        grad = synchronize(allreduce_async(grad_output.contiguous(), op=Average, process_set=ctx.process_set))
         if _b.rank() != ctx.root_rank:
             grad = grad * 0
-        return grad, None, None
+        return grad, None, None, None
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=None):
     """root_rank's `tensor` on every rank, as a new tensor. Differentiable."""
-    return _BroadcastFunction.apply(tensor, root_rank, name)
+    return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=None):
     """In-place broadcast; returns `tensor`."""
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 @_b.submits
-def alltoall_async(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Sends rows splits[p] of `tensor` to rank p (without splits, an even split: the first
     dimension must be a multiple of the number of ranks). The handle's result is (received
     tensor, rows received from each rank)."""
-    name = _b.auto_name("alltoall", name)
+    name = _b.auto_name("alltoall", name, process_set)
     staged = _Staged(tensor, f"alltoall of '{name}'", on_device=True)
     s = []
     if splits is not None:
@@ -424,7 +437,7 @@ def alltoall_async(tensor, splits=None, name=None):
         if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
             raise ValueError(f"alltoall of '{name}': splits must be integers (row counts), got {splits.dtype}")
         s = [int(v) for v in splits.reshape(-1).tolist()]
-    native = _b.runtime().alltoall_async(staged.ptr, staged.code, staged.shape, s, name, (staged,),
+    native = _b.runtime(process_set).alltoall_async(staged.ptr, staged.code, staged.shape, s, name, (staged,),
                                          device=staged.device, stream=staged.stream)
     return _b.register(native, lambda: (_from_output(native, tensor.dtype, tensor.device),
                                         torch.tensor(native.aux(), dtype=torch.int32)))
@@ -432,9 +445,9 @@ def alltoall_async(tensor, splits=None, name=None):
 
 class _AlltoallFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        received, received_splits = synchronize(alltoall_async(tensor, splits, name))
-        ctx.received_splits = received_splits
+    def forward(ctx, tensor, splits, name, process_set):
+        received, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received_splits, ctx.process_set = received_splits, process_set
         ctx.mark_non_differentiable(received_splits)
         return received, received_splits
 
@@ -442,92 +455,96 @@ class _AlltoallFunction(torch.autograd.Function):
     def backward(ctx, grad_output, grad_splits):
         del grad_splits
         # The gradient of each row goes back to the rank that sent it.
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received_splits))
-        return grad, None, None
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received_splits,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=None):
     """The received tensor; with `splits`, (received tensor, rows received from each rank), as
     Horovod returns them. Differentiable."""
-    received, received_splits = _AlltoallFunction.apply(tensor, splits, name)
+    received, received_splits = _AlltoallFunction.apply(tensor, splits, name, process_set)
     return received if splits is None else (received, received_splits)
 
 
 @_b.submits
-def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Reduces `tensor` (default Average) and gives each rank a slice of the first dimension
     (ranks below first_dim % size get one row more)."""
     op = check_op(op)
-    name = _b.auto_name("reducescatter", name)
+    name = _b.auto_name("reducescatter", name, process_set)
     staged = _Staged(tensor, f"reducescatter of '{name}'", on_device=True)
     if tensor.dim() == 0:
         raise ValueError(f"reducescatter of '{name}' needs a tensor with at least one dimension")
-    native = _b.runtime().reducescatter_async(staged.ptr, staged.code, staged.shape, name, op,
+    native = _b.runtime(process_set).reducescatter_async(staged.ptr, staged.code, staged.shape, name, op,
                                               float(prescale_factor), float(postscale_factor), (staged,),
                                               device=staged.device, stream=staged.stream)
     return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
-def _reducescatter_grads(grads, op, prescale_factor, postscale_factor):
+def _reducescatter_grads(grads, op, prescale_factor, postscale_factor, process_set):
     """Horovod's gradient of a reducescatter: every rank's output gradients gathered (the
     rows each rank received), times the number of ranks for Sum, times the scale factors."""
-    gathered = synchronize(grouped_allgather_async([g.contiguous() for g in grads]))
-    factor = (_b.size() if op == _b.Sum else 1) * prescale_factor * postscale_factor
+    gathered = synchronize(grouped_allgather_async([g.contiguous() for g in grads], process_set=process_set))
+    factor = (_b.runtime(process_set).size() if op == _b.Sum else 1) * prescale_factor * postscale_factor
     return [g * factor if factor != 1 else g for g in gathered]
 
 
 class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
-        return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
+        return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        return _reducescatter_grads([grad_output], ctx.op, ctx.pre, ctx.post)[0], None, None, None, None
+        grad = _reducescatter_grads([grad_output], ctx.op, ctx.pre, ctx.post, ctx.process_set)[0]
+        return grad, None, None, None, None, None
 
 
-def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """op (default Average) of `tensor` over all ranks; this rank gets its slice of the first
     dimension (ranks below first_dim % size get one row more). Differentiable."""
-    return _ReducescatterFunction.apply(tensor, check_op(op), name, prescale_factor, postscale_factor)
+    return _ReducescatterFunction.apply(tensor, check_op(op), name, prescale_factor, postscale_factor, process_set)
 
 
 @_b.submits
-def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                                process_set=None):
     """reducescatter of each tensor; the handle's result is the list of this rank's slices."""
-    base = _b.auto_name("grouped_reducescatter", name)
+    base = _b.auto_name("grouped_reducescatter", name, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"grouped reducescatter '{base}' needs at least one tensor")
-    return _b.register_group([reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor)
+    return _b.register_group([reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor,
+                                                  process_set)
                               for i, t in enumerate(tensors)])
 
 
 class _GroupedReducescatterFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+    def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
         return tuple(synchronize(grouped_reducescatter_async(list(tensors), op, name, prescale_factor,
-                                                             postscale_factor)))
+                                                             postscale_factor, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None,) * 4 + tuple(_reducescatter_grads(grads, ctx.op, ctx.pre, ctx.post))
+        return (None,) * 5 + tuple(_reducescatter_grads(grads, ctx.op, ctx.pre, ctx.post, ctx.process_set))
 
 
-def grouped_reducescatter(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """reducescatter of each tensor (default Average), negotiated together; returns this
     rank's slices. Differentiable."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped reducescatter needs at least one tensor")
     return list(_GroupedReducescatterFunction.apply(check_op(op), name, prescale_factor, postscale_factor,
-                                                    *tensors))
+                                                    process_set, *tensors))
 
 
 @_b.submits
-def sparse_allreduce_async(tensor, name=None, op=None):
+def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
     """Allreduce of a sparse COO tensor as Horovod does it: every rank's indices and values
     are allgathered (coordinates present on several ranks appear several times; coalescing
     sums them) and Average divides the values by the number of ranks. Returns a function
@@ -538,15 +555,16 @@ def sparse_allreduce_async(tensor, name=None, op=None):
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise ValueError(f"sparse_allreduce_async expects a sparse COO tensor, got {type(tensor).__name__}"
                          + (f" with layout {tensor.layout}" if isinstance(tensor, torch.Tensor) else ""))
-    name = _b.auto_name("sparse_allreduce", name)
-    indices = allgather_async(tensor._indices().t().contiguous(), f"{name}.indices")
-    values = allgather_async(tensor._values().contiguous(), f"{name}.values")
+    name = _b.auto_name("sparse_allreduce", name, process_set)
+    indices = allgather_async(tensor._indices().t().contiguous(), f"{name}.indices", process_set)
+    values = allgather_async(tensor._values().contiguous(), f"{name}.values", process_set)
+    ranks = _b.runtime(process_set).size()
 
     def result():
         v = synchronize(values)
         i = synchronize(indices)
         if op == Average:
-            v = v / _b.size()
+            v = v / ranks
         return torch.sparse_coo_tensor(i.t(), v, tensor.size())
 
     return result

@@ -155,8 +155,18 @@ def _remove_hooks(handles):
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, overlap_forward=None):
+                 gradient_predivide_factor, groups, sparse_as_dense, overlap_forward=None, process_set=None):
         super(self.__class__, self).__init__(params)
+        # As Horovod's: a rank outside `process_set` keeps its gradients (a local optimizer).
+        self.process_set = _b.global_process_set if process_set is None else process_set
+        if not isinstance(self.process_set, _b.ProcessSet):
+            raise ValueError(f"DistributedOptimizer: process_set must be a ProcessSet, got {process_set!r}")
+        self._included = self.process_set is _b.global_process_set or bool(self.process_set.included())
+        if self._included:
+            _b.runtime(self.process_set)  # a ProcessSet that is registered, or a clear error
+        elif self.process_set.included() is None:
+            raise ValueError(f"DistributedOptimizer: {self.process_set!r} is not registered: add it with "
+                             "add_process_set (on every rank)")
         self._sparse_as_dense = bool(sparse_as_dense)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
@@ -196,7 +206,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if len(configs) > 1:
             raise ValueError("DistributedOptimizer supports one Compression.powersgd configuration per optimizer")
         if configs:
-            self._powersgd = PowerSGDState(next(iter(configs.values())))
+            self._powersgd = PowerSGDState(next(iter(configs.values())), process_set)
 
         self._handles = {}  # param -> handle id (or None while accumulating)
         self._powersgd_started = {}  # param -> PowerSGD phase-1 context
@@ -226,11 +236,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._modules_seen = 0
         self._parts = {}  # param -> row slices its gradient is reduced in
         self._refuse_clashes()
-        if overlap_forward is not None:
+        if overlap_forward is not None and self._included:
             self._setup_overlap(overlap_forward)
         # Residuals and DGC momentum are kept by tensor name: a new optimizer starts fresh.
-        _b.runtime().forget_compression_state([n for p, pl in self._plans.items() for n in self._wire_names(p, pl)])
-        self._register_hooks()
+        if self._included:
+            _b.runtime(self.process_set).forget_compression_state(
+                [n for p, pl in self._plans.items() for n in self._wire_names(p, pl)])
+            self._register_hooks()
 
     # -- construction helpers ------------------------------------------------------------------
 
@@ -528,12 +540,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # The common case, without allreduce_async_'s general path: this runs once per
             # gradient on the training thread, inside backward.
             handle = host_allreduce_async_(send, names[0], self._op, self._prescale, self._postscale,
-                                           plan.runtime_spec(), priority)
+                                           plan.runtime_spec(), priority, self.process_set)
             self._handles[p] = _Pending(_Once(handle), send)
             return
         pieces = [send] if len(names) == 1 else send.tensor_split(len(names))
         handles = [allreduce_async_(piece, name=name, op=self._op, prescale_factor=self._prescale,
-                                    postscale_factor=self._postscale, compression=plan.compression, priority=priority)
+                                    postscale_factor=self._postscale, compression=plan.compression, priority=priority,
+                                    process_set=self.process_set)
                    for name, piece in zip(names, pieces)]
         handle = handles[0] if len(handles) == 1 else _b.register_group(handles)
         self._handles[p] = _Pending(_Once(handle), send)
@@ -546,10 +559,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._sparse_as_dense:
             dense = p.grad.to_dense()
             handle = allreduce_async_(dense, name=name, op=self._op, prescale_factor=self._prescale,
-                                      postscale_factor=self._postscale, compression=Compression.none)
+                                      postscale_factor=self._postscale, compression=Compression.none,
+                                      process_set=self.process_set)
             self._handles[p] = _Pending(_Once(handle), None, lambda: dense.to_sparse())
         else:
-            self._handles[p] = _Pending(None, None, sparse_allreduce_async(p.grad, name, op=self._op))
+            self._handles[p] = _Pending(None, None, sparse_allreduce_async(p.grad, name, op=self._op,
+                                                                           process_set=self.process_set))
 
     def _start_group(self, gi):
         """One grouped allreduce per (compression, dtype) among the group's ready gradients."""
@@ -565,7 +580,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             plan = self._plans[items[0][0]]
             handle = grouped_allreduce_async_([s for _, s in items], name=f"allreduce.group{gi}.{plan.name}",
                                               op=self._op, prescale_factor=self._prescale,
-                                              postscale_factor=self._postscale, compression=plan.compression)
+                                              postscale_factor=self._postscale, compression=plan.compression,
+                                              process_set=self.process_set)
             shared = _Once(handle)
             for p, send in items:
                 self._handles[p] = _Pending(shared, send)
@@ -605,6 +621,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits for every gradient's allreduce and writes the results into .grad (with
         overlap_forward, first applies a previous step()'s updates still deferred)."""
+        if not self._included:
+            self._synchronized = True  # outside the optimizer's process set: nothing to exchange
+            return
         self._apply_deferred(list(self._deferred))
         self._start_all()
         for p, pending in self._handles.items():
@@ -673,15 +692,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1, op=Average,
-                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False, overlap_forward=None):
+                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False, overlap_forward=None,
+                         process_set=None):
     """Wraps `optimizer` so that step() applies gradients averaged (op) over all ranks.
 
     See the module documentation for compression, DGC momentum handling, PowerSGD and
     `overlap_forward` (a model: each module's update waits for the next forward to reach it).
     Sparse gradients (embeddings with sparse=True) are allgathered as indices and values, or,
-    with `sparse_as_dense`, reduced dense and handed back sparse."""
+    with `sparse_as_dense`, reduced dense and handed back sparse. With `process_set` the
+    gradients are averaged over that set's ranks; on the other ranks the optimizer is local
+    (as Horovod's)."""
     if not _b.is_initialized():
         raise ValueError("gradcomp has not been initialized; call gradcomp.torch.init() before DistributedOptimizer")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups, sparse_as_dense, overlap_forward)
+               op, gradient_predivide_factor, groups, sparse_as_dense, overlap_forward, process_set)

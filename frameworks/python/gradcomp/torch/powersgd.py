@@ -29,8 +29,9 @@ def orthonormalize(p):
 class PowerSGDState:
     """Per-tensor state of one PowerSGD configuration: error buffers, Q matrices, step count."""
 
-    def __init__(self, config):
+    def __init__(self, config, process_set=None):
         self.config = config
+        self.process_set = process_set  # whose ranks average P and Q (None: every rank)
         self.step = 0
         self.errors = {}
         self.qs = {}
@@ -68,7 +69,8 @@ class PowerSGDState:
         q = self._q(name, index, m, r, mat.device)
         orthonormalize(q)
         p = mat @ q
-        handle = allreduce_async_(p, name=f"powersgd.P.{name}", op=Average, compression=Compression.none)
+        handle = allreduce_async_(p, name=f"powersgd.P.{name}", op=Average, compression=Compression.none,
+                                  process_set=self.process_set)
         return {"name": name, "mat": mat, "p": p, "handle": handle, "q_before": q}
 
     def finish(self, contexts):
@@ -81,7 +83,8 @@ class PowerSGDState:
             self.qs[c["name"]] = c["q"]
         if contexts:
             synchronize(grouped_allreduce_async_([c["q"] for c in contexts], name="powersgd.Q",
-                                                 op=Average, compression=Compression.none))
+                                                 op=Average, compression=Compression.none,
+                                                 process_set=self.process_set))
         out = []
         for c in contexts:
             approx = c["p"] @ c["q"].t()
