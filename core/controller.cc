@@ -355,7 +355,8 @@ namespace {
 
 // Whether every rank's request for the tensor agrees with the first one on each field that
 // must be equal; if not, `error` lists each rank's value of the first field that differs.
-bool FieldsAgree(const std::map<int, Request>& by_rank, const std::string& what, std::string* error) {
+bool FieldsAgree(const std::map<int, Request>& by_rank, const std::string& what, const std::vector<int>& names,
+                 std::string* error) {
   const Request& ref = by_rank.begin()->second;
   auto check = [&](const char* field, auto value_of) -> bool {
     const std::string want = value_of(ref);
@@ -366,7 +367,7 @@ bool FieldsAgree(const std::map<int, Request>& by_rank, const std::string& what,
     os << "mismatched " << field << " for " << what << ":";
     bool first = true;
     for (const auto& [rank, req] : by_rank) {
-      os << (first ? " " : ", ") << "rank " << rank << " " << value_of(req);
+      os << (first ? " " : ", ") << "rank " << RankName(names, rank) << " " << value_of(req);
       first = false;
     }
     *error = os.str();
@@ -397,7 +398,7 @@ bool FieldsAgree(const std::map<int, Request>& by_rank, const std::string& what,
     }
   }
   if (ref.type == RequestType::kBroadcast) {
-    return check("root rank", [](const Request& r) { return std::to_string(r.root); });
+    return check("root rank", [&names](const Request& r) { return std::to_string(RankName(names, r.root)); });
   }
   return true;
 }
@@ -422,7 +423,7 @@ Response Controller::BuildResponse(const std::string& name, const TableEntry& en
   resp.on_device = join_order_.empty() && static_cast<int>(entry.by_rank.size()) == size_;
   for (const auto& [rank, req] : entry.by_rank) resp.on_device = resp.on_device && req.on_device;
   const std::string what = std::string(RequestTypeName(ref.type)) + " of tensor '" + name + "'";
-  if (!FieldsAgree(entry.by_rank, what, &resp.error)) return resp;
+  if (!FieldsAgree(entry.by_rank, what, names_, &resp.error)) return resp;
   if (!join_order_.empty() && ref.type != RequestType::kAllreduce && ref.type != RequestType::kBarrier) {
     // As Horovod: only allreduces go on while ranks have joined (they contribute zeros).
     std::ostringstream ranks;
@@ -467,7 +468,9 @@ void Controller::AgreeOnFailures(std::vector<std::string>* failures) {
       const size_t tab = line.find('\t');
       const size_t idx = std::stoul(line.substr(0, tab));
       GC_ENFORCE(idx < merged.size(), "rank ", r, " reported a failure for response ", idx, " of ", merged.size());
-      if (merged[idx].empty()) merged[idx] = "rank " + std::to_string(r) + ": " + line.substr(tab + 1);
+      if (merged[idx].empty()) {
+        merged[idx] = "rank " + std::to_string(RankName(names_, static_cast<int>(r))) + ": " + line.substr(tab + 1);
+      }
     }
   }
   failures->swap(merged);

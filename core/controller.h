@@ -97,6 +97,13 @@ class Controller {
   /// Costs one allreduce of a flag when nobody failed.
   void AgreeOnFailures(std::vector<std::string>* failures);
 
+  /// Messages (mismatches, stalls, failures) name rank r as names[r]: a process set's ranks
+  /// by their rank in MPI's world. Empty: r.
+  void SetRankNames(std::vector<int> names) {
+    stall_.SetRankNames(names);
+    names_ = std::move(names);
+  }
+
   /// Reports a response executed on this rank (the unfused single-tensor responses), so the
   /// cache learns it; `from_cache` marks responses that came from cache positions.
   void Executed(const Response& single, bool from_cache);
@@ -158,6 +165,7 @@ class Controller {
   spdlog::logger& log_;
   Timeline& timeline_;
   const int rank_, size_;
+  std::vector<int> names_;  // SetRankNames
   ResponseCache cache_;
   double cache_stall_seconds_;
   std::vector<Pending> pending_;                              // by cache position

@@ -106,6 +106,7 @@ Topology MakeTopology(RuntimeOptions& options, Watchdog& watchdog) {
 Runtime::Runtime(RuntimeOptions options)
     : settings_(options.settings),
       mpi_world_(options.world == nullptr || options.world_is_mpi),
+      rank_names_(options.rank_names),
       watchdog_(settings_.collective_timeout_seconds, [this](Watchdog::Expired e) { OnCollectiveTimeout(std::move(e)); }),
       topo_(MakeTopology(options, watchdog_)),
       log_(MakeRankLogger(topo_.rank(), settings_.log_level, options.log_sink)),
@@ -114,6 +115,7 @@ Runtime::Runtime(RuntimeOptions options)
       executor_(topo_, settings_, timeline_, DeviceCommunicatorsFrom(options)),
       fault_injector_(std::move(options.fault_injector)) {
   executor_.SetLogger(log_.get());
+  controller_.SetRankNames(rank_names_);
   for (const std::string& note : settings_.notes) log_->warn("{}", note);
   WarnIfPinnedToOneCore();
   if (!settings_.timeline.empty() && topo_.rank() == 0) timeline_.Start(settings_.timeline, 0);
@@ -470,7 +472,8 @@ double Runtime::BackgroundCpuSeconds() const {
 void Runtime::OnCollectiveTimeout(Watchdog::Expired expired) {
   AbandonWorld();
   const std::string message =
-      "rank " + (started_.load() ? std::to_string(topo_.rank()) : std::string("?")) + ": " + expired.what +
+      "rank " + (started_.load() ? std::to_string(RankName(rank_names_, topo_.rank())) : std::string("?")) + ": " +
+      expired.what +
       " has not completed after " + std::to_string(static_cast<int>(expired.seconds)) +
       " s (GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS=" + std::to_string(static_cast<int>(watchdog_.timeout_seconds())) +
       "): a peer rank died, stopped or lost its network link. MPI cannot cancel the call, so gradcomp cannot "

@@ -35,6 +35,9 @@ struct RuntimeOptions {
   /// `world` is MPI's, a part of MPI_COMM_WORLD (a process set's): treated as MPI's world
   /// (TCP connections of its own by default, MPI's CUDA awareness, leaving MPI after a failure).
   bool world_is_mpi = false;
+  /// How messages name the world's ranks: rank r as rank_names[r] (a process set's ranks in
+  /// MPI's world). Empty: r.
+  std::vector<int> rank_names;
   /// Where log lines go (stderr when null).
   spdlog::sink_ptr log_sink;
   /// Test seam: called on the background thread before a tensor executes on this rank;
@@ -220,6 +223,7 @@ class Runtime {
 
   Settings settings_;
   bool mpi_world_;  // the world is MPI's (not a test's in-process one)
+  std::vector<int> rank_names_;  // RuntimeOptions::rank_names
   std::atomic<bool> started_{false};
   Watchdog watchdog_;
   // The MPI communicators that MoveCrossTrafficOnto replaced, or null (declared before topo_:

@@ -24,14 +24,14 @@ std::string StallInspector::Describe(const std::string& name, const Waiting& w, 
   os << "tensor '" << name << "' (" << w.type << ") has waited " << seconds << " s for other ranks: submitted by ranks [";
   bool first = true;
   for (int r : w.ranks) {
-    os << (first ? "" : ", ") << r;
+    os << (first ? "" : ", ") << RankName(names_, r);
     first = false;
   }
   os << "], missing ranks [";
   first = true;
   for (int r = 0; r < size_; ++r) {
     if (w.ranks.count(r) || joined.count(r)) continue;
-    os << (first ? "" : ", ") << r;
+    os << (first ? "" : ", ") << RankName(names_, r);
     first = false;
   }
   os << "]. All ranks must submit the same tensors (check for rank-dependent control flow).";
@@ -55,11 +55,11 @@ bool SplitAutoName(const std::string& name, std::string* kind, uint64_t* number,
   return true;
 }
 
-std::string RankList(const std::set<int>& ranks) {
+std::string RankList(const std::set<int>& ranks, const std::vector<int>& names) {
   std::ostringstream os;
   bool first = true;
   for (int r : ranks) {
-    os << (first ? "" : ", ") << r;
+    os << (first ? "" : ", ") << RankName(names, r);
     first = false;
   }
   return os.str();
@@ -95,8 +95,8 @@ std::vector<StallInspector::Drift> StallInspector::FindNameDrift(Clock::time_poi
         used.insert(b.name);
         const std::string kind = key.substr(0, key.find('\n'));
         drifts.push_back({*a.name, *b.name,
-                          "unnamed collectives out of step between ranks: ranks [" + RankList(a.w->ranks) +
-                              "] submitted '" + *a.name + "' while ranks [" + RankList(b.w->ranks) + "] submitted '" +
+                          "unnamed collectives out of step between ranks: ranks [" + RankList(a.w->ranks, names_) +
+                              "] submitted '" + *a.name + "' while ranks [" + RankList(b.w->ranks, names_) + "] submitted '" +
                               *b.name + "'. Each rank numbers its unnamed " + kind +
                               " calls, and these numbers no longer match (a call failed or was skipped on some "
                               "ranks only), so neither could ever complete. Give the tensors names (name=...) or "

@@ -11,6 +11,12 @@
 
 namespace gradcomp {
 
+/// How messages name rank `r` of a runtime's world: its rank in MPI's world when `names` maps
+/// them (a process set's runtime), else `r`.
+inline int RankName(const std::vector<int>& names, int r) {
+  return r >= 0 && static_cast<size_t>(r) < names.size() ? names[static_cast<size_t>(r)] : r;
+}
+
 class StallInspector {
  public:
   using Clock = std::chrono::steady_clock;
@@ -18,6 +24,9 @@ class StallInspector {
   /// 0 disables the warning or the shutdown.
   StallInspector(double warn_seconds, double shutdown_seconds, int size)
       : warn_seconds_(warn_seconds), shutdown_seconds_(shutdown_seconds), size_(size) {}
+
+  /// Messages name rank r as names[r] (a process set's ranks in MPI's world; empty: r).
+  void SetRankNames(std::vector<int> names) { names_ = std::move(names); }
 
   /// Rank `rank` submitted `name` (of collective `type`).
   void RecordArrival(const std::string& name, const std::string& type, int rank, Clock::time_point now);
@@ -56,6 +65,7 @@ class StallInspector {
   double warn_seconds_;
   double shutdown_seconds_;
   int size_;
+  std::vector<int> names_;
   std::map<std::string, Waiting> waiting_;
 };
 

@@ -187,6 +187,7 @@ std::unique_ptr<Runtime> MakeProcessSetRuntime(const std::vector<int>& ranks,
   options.world = CreateMpiSubworld(ranks);
   if (options.world == nullptr) return nullptr;
   options.world_is_mpi = true;
+  options.rank_names = ranks;  // messages name the set's ranks by their rank in MPI's world
   return std::make_unique<Runtime>(std::move(options));
 }
 

@@ -174,6 +174,11 @@ def test_misuse_is_a_clear_error_on_every_rank_involved(halves):
         hvd.add_process_set([me])
     with pytest.raises(ValueError, match=f"ranks must be between 0 and {n - 1}"):
         hvd.add_process_set([0, n])
+    # A mismatch inside a set fails on the set's ranks, naming them by their global rank.
+    if len(mine.ranks) > 1:
+        shown = ", ".join(f"rank {r} \\[{r + 1}\\]" for r in mine.ranks)
+        with pytest.raises(hvd.GradcompError, match=f"mismatched shape for allreduce of tensor 'uneven': {shown}"):
+            hvd.allreduce(torch.ones(me + 1), name="uneven", process_set=mine)
     # The sets still work after all of that.
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=mine).item() == len(mine.ranks)
 
