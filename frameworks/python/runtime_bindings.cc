@@ -169,10 +169,13 @@ int64_t ProcessSetLocalSize(const std::vector<int>& ranks, int64_t world_local_s
 }
 
 // A process set's runtime: collective over MPI's world (every rank passes the same sorted
-// ranks); null for the ranks outside the set. The set's runtime writes no timeline and tunes
-// nothing (those write files the global runtime's rank 0 writes).
+// ranks), or over the set's ranks only with `members_only` (torch.distributed's new_group:
+// only the members create it; they pass the same `tag`); null for the ranks outside the set.
+// The set's runtime writes no timeline and tunes nothing (those write files the global
+// runtime's rank 0 writes).
 std::unique_ptr<Runtime> MakeProcessSetRuntime(const std::vector<int>& ranks,
-                                               const std::map<std::string, std::string>& overrides) {
+                                               const std::map<std::string, std::string>& overrides, bool members_only,
+                                               int tag) {
   if (ranks.empty()) throw InvalidArgument("a process set needs at least one rank");
   if (!std::is_sorted(ranks.begin(), ranks.end()) || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
     throw InvalidArgument("a process set's ranks must be sorted and distinct");
@@ -184,7 +187,7 @@ std::unique_ptr<Runtime> MakeProcessSetRuntime(const std::vector<int>& ranks,
   options.settings.autotune_log.clear();
   options.settings.local_size = ProcessSetLocalSize(ranks, options.settings.local_size);
   py::gil_scoped_release release;  // collective: let other Python threads run
-  options.world = CreateMpiSubworld(ranks);
+  options.world = members_only ? CreateMpiGroupWorld(ranks, tag) : CreateMpiSubworld(ranks);
   if (options.world == nullptr) return nullptr;
   options.world_is_mpi = true;
   options.rank_names = ranks;  // messages name the set's ranks by their rank in MPI's world
@@ -262,9 +265,10 @@ py::dict StatsDict(const Runtime& rt) {
 
 void BindRuntime(py::module& m) {
   m.def("process_set_runtime", &MakeProcessSetRuntime, py::arg("ranks"),
-        py::arg("settings") = std::map<std::string, std::string>{},
-        "Collective over MPI's world: a runtime over `ranks` (sorted, the same on every rank) for its members, "
-        "None for the other ranks");
+        py::arg("settings") = std::map<std::string, std::string>{}, py::arg("members_only") = false,
+        py::arg("tag") = 0,
+        "Collective over MPI's world (over `ranks` only with members_only, whose members pass the same `tag`): a "
+        "runtime over `ranks` (sorted, the same on every rank) for its members, None for the other ranks");
   m.def("cuda_data_path", [] {
     return GRADCOMP_HAVE_CUDA_KERNELS == 1 && Settings::FromMap(EnvironmentWith({})).cuda_data_path;
   }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");

@@ -63,7 +63,8 @@ std::unique_ptr<Communicator> CreateMpiWorld() {
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
 }
 
-std::unique_ptr<Communicator> CreateMpiSubworld(const std::vector<int>& ranks) {
+namespace {
+void RequireThreadMultiple() {
   EnsureMpiInitialized();
   int provided = 0;
   MPI_Query_thread(&provided);
@@ -71,6 +72,29 @@ std::unique_ptr<Communicator> CreateMpiSubworld(const std::vector<int>& ranks) {
     GC_THROW("process sets need MPI_THREAD_MULTIPLE (each set's runtime calls MPI from its own thread), but MPI "
              "provides thread level ", provided, "; initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)");
   }
+}
+}  // namespace
+
+std::unique_ptr<Communicator> CreateMpiGroupWorld(const std::vector<int>& ranks, int tag) {
+  RequireThreadMultiple();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  MPI_Group_incl(world, static_cast<int>(ranks.size()), ranks.data(), &members);
+  MPI_Comm sub = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &sub);
+  MPI_Group_free(&members);
+  MPI_Group_free(&world);
+  if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Comm_create_group (a process set)", rank));
+  if (sub == MPI_COMM_NULL) GC_THROW("rank ", rank, " is not among the ranks of the group it creates");
+  auto result = std::make_unique<MpiCommunicator>(sub);
+  MPI_Comm_free(&sub);
+  return result;
+}
+
+std::unique_ptr<Communicator> CreateMpiSubworld(const std::vector<int>& ranks) {
+  RequireThreadMultiple();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const bool member = std::binary_search(ranks.begin(), ranks.end(), rank);

@@ -28,6 +28,10 @@ std::unique_ptr<Communicator> CreateMpiWorld();
 /// set's world). Each process set runs a runtime of its own, whose background thread calls MPI
 /// alongside the other runtimes': this needs MPI_THREAD_MULTIPLE, and says so otherwise.
 std::unique_ptr<Communicator> CreateMpiSubworld(const std::vector<int>& ranks);
+/// The same communicator, collective over the ranks in `ranks` only (MPI_Comm_create_group:
+/// for groups that only their members create, as torch.distributed's new_group does). The
+/// members pass the same `tag`, which no other group being created alongside by any of them uses.
+std::unique_ptr<Communicator> CreateMpiGroupWorld(const std::vector<int>& ranks, int tag);
 
 /// Whether the MPI library takes GPU memory (Open MPI's MPIX_Query_cuda_support, when it was
 /// built with CUDA; false for any other MPI).

@@ -1129,18 +1129,41 @@ def test_backend_rooted_collectives():
         assert got == [("for", me)]
 
 
-def test_backend_groups_of_some_ranks_run_on_gloo_and_groups_never_mix():
+def test_backend_groups_of_some_ranks_run_on_a_runtime_of_their_own_and_groups_never_mix():
+    """dist.new_group of some ranks (created by its members only) runs on gradcomp among them,
+    with torch's src and dst in world ranks; disjoint groups run apart."""
     me, n = hvd.rank(), hvd.size()
     members = list(range(n - 1))
+    evens, odds = [r for r in range(n) if r % 2 == 0], [r for r in range(n) if r % 2 == 1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         some = dist.new_group(members)
+        halves = {r: g for g, ranks in ((dist.new_group(evens), evens), (dist.new_group(odds), odds)) for r in ranks}
+    assert not [w for w in caught if "gradcomp" in str(w.message)], [str(w.message) for w in caught]
     if me in members:
-        assert any(f"a group of {n - 1} of the {n} ranks (dist.new_group) runs on gloo" in str(w.message)
-                   for w in caught)
+        assert dist.get_backend(some) == "gradcomp" and dist.get_world_size(some) == n - 1
         x = torch.full((3,), float(me + 1))
         dist.all_reduce(x, group=some)
         assert torch.equal(x, torch.full((3,), float(sum(r + 1 for r in members))))
+        b = torch.full((2,), float(me))
+        dist.broadcast(b, src=members[-1], group=some)  # src is a world rank, as in torch
+        assert torch.equal(b, torch.full((2,), float(members[-1])))
+        outs = [torch.zeros(1) for _ in members]
+        dist.all_gather(outs, torch.tensor([float(me)]), group=some)
+        assert [o.item() for o in outs] == [float(r) for r in members]
+        g = torch.Generator().manual_seed(me)
+        big = torch.randn(512, 512, generator=g)
+        exact = [torch.zeros_like(big) for _ in members]
+        dist.all_gather(exact, big, group=some)
+        mean = torch.stack(exact).mean(0)
+        dist.all_reduce(big, group=some)
+        torch.testing.assert_close(big / len(members), mean, rtol=0, atol=1e-4)
+        dist.barrier(group=some)
+    mine = halves[me]
+    ranks = evens if me % 2 == 0 else odds
+    y = torch.full((4,), float(me))
+    dist.all_reduce(y, group=mine)
+    assert torch.equal(y, torch.full((4,), float(sum(ranks))))
     # Two more groups of every rank, fed in opposite orders by odd and even ranks: each
     # operation meets its own group's (their sequence numbers are alike: both groups are new).
     b, c = dist.new_group(), dist.new_group()

@@ -11,6 +11,7 @@ import functools
 import itertools
 import sys
 import threading
+import zlib
 
 from gradcomp import _core
 from gradcomp._core import GradcompError
@@ -37,6 +38,7 @@ class _State:
         self.reserved_names = {}  # kind -> next number, taken once the call is submitted
         self.process_sets = {}  # id -> registered ProcessSet (the global one is id 0)
         self.next_set_id = 1
+        self.members_only_sets = 0  # members_only_process_set's, numbered -1, -2, ...
         self.set_calls = 0  # add/remove_process_set calls so far (they name their checks)
 
 
@@ -123,12 +125,29 @@ def add_process_set(process_set):
     n = rt.size()
     if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= n:
         raise ValueError(f"{what}: ranks must be between 0 and {n - 1}, at least one of them")
-    same = next((other for other in _state.process_sets.values() if other.ranks == ps.ranks), None)
+    same = next((other for other in _state.process_sets.values()
+                 if other.ranks == ps.ranks and other.process_set_id >= 0), None)
     if same is not None:
         raise ValueError(f"{what}: a process set with these ranks is already registered: {same!r}")
     ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides)
     ps.process_set_id = _state.next_set_id
     _state.next_set_id += 1
+    _state.process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def members_only_process_set(ranks):
+    """A process set that only its members create, each with the same sorted `ranks` (what
+    torch.distributed's new_group does: the backend's groups of some ranks). Registered under
+    a negative id, apart from add_process_set's (its ranks may register the same ranks again);
+    shutdown() stops it with the others."""
+    ps = ProcessSet(ranks)
+    if rank() not in ps.ranks:
+        raise ValueError(f"rank {rank()} creates a group of ranks {ps.ranks} it is not in")
+    tag = zlib.crc32(repr(ps.ranks).encode()) % 32000  # the same on every member; MPI_TAG_UB >= 32767
+    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides, members_only=True, tag=tag)
+    _state.members_only_sets += 1
+    ps.process_set_id = -_state.members_only_sets
     _state.process_sets[ps.process_set_id] = ps
     return ps
 

@@ -130,21 +130,27 @@ class _Work(dist.Work):
 class ProcessGroupGradcomp(dist.ProcessGroup):
     """A c10d ProcessGroup whose collectives are gradcomp runtime operations."""
 
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, rank, size, timeout, process_set=None):
         super().__init__(rank, size)
         del store, timeout
         if not _b.is_initialized():
             _b.init()
-        if _b.rank() != rank or _b.size() != size:
+        # A group of some of the ranks runs on a process set of its own (its own runtime).
+        self._process_set = process_set
+        runtime = _b.runtime(process_set)
+        if runtime.rank() != rank or runtime.size() != size:
             raise ValueError(f"backend gradcomp: torch.distributed says rank {rank} of {size}, but MPI says rank "
-                             f"{_b.rank()} of {_b.size()}; launch with gcrun or mpirun and let RANK/WORLD_SIZE "
-                             "come from it")
+                             f"{runtime.rank()} of {runtime.size()}; launch with gcrun or mpirun and let "
+                             "RANK/WORLD_SIZE come from it")
         self._seq = 0
-        # Operation names are unique across groups: every rank creates its groups in the same
-        # order (torch's rule for new_group), so the n-th group has the same prefix everywhere.
-        global _groups_created
-        self._prefix = "c10d" if _groups_created == 0 else f"c10d.group{_groups_created}"
-        _groups_created += 1
+        if process_set is not None:
+            self._prefix = "c10d"  # alone on its runtime
+        else:
+            # Operation names are unique across the world's groups: every rank creates them in
+            # the same order (torch's rule for new_group), so the n-th has the same prefix everywhere.
+            global _groups_created
+            self._prefix = "c10d" if _groups_created == 0 else f"c10d.group{_groups_created}"
+            _groups_created += 1
         self._seq_lock = threading.Lock()  # hooks may issue collectives from callback threads
         self._retained = collections.deque()  # Works kept alive for C++ callers (_retain)
         spec, self._min_size = _b.runtime().default_compression()
@@ -266,18 +272,21 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             compression = self._compress  # CGX semantics: flat buffers are compressed too
         elif t.dtype.is_floating_point:
             compression = {"codec": "none"}
-        h = mpi_ops.allreduce_async_(t, name=self._name("allreduce"), op=op, compression=compression)
+        h = mpi_ops.allreduce_async_(t, name=self._name("allreduce"), op=op, compression=compression,
+                                     process_set=self._process_set)
         return self._work([h], None, tensors)
 
     def broadcast(self, tensors, opts=None):
         t = self._single(tensors, "broadcast")
-        root = opts.rootRank if opts is not None else 0
-        h = mpi_ops.broadcast_async_(t, root, self._name("broadcast"))
+        root = opts.rootRank if opts is not None else 0  # the group's rank; mpi_ops takes the world's
+        if self._process_set is not None:
+            root = self._process_set.ranks[root]
+        h = mpi_ops.broadcast_async_(t, root, self._name("broadcast"), self._process_set)
         return self._work([h], None, tensors)
 
     def _allgather_flat(self, t):
         return mpi_ops.allgather_async(t.reshape(1, -1) if t.dim() == 0 else t.reshape(1, *t.shape),
-                                       self._name("allgather"))
+                                       self._name("allgather"), self._process_set)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = self._single(input_tensors, "allgather")
@@ -326,7 +335,8 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             # Rows one value wider than every rank's output: the operation fails on every rank
             # (a shape mismatch naming this rank's rows) instead of leaving the others waiting.
             flat = output.detach().new_zeros(self.size() * (output.numel() + 1))
-        h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter"))
+        h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter"),
+                                        process_set=self._process_set)
 
         def finish():
             if problem is not None:
@@ -350,7 +360,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         splits = list(input_split_sizes) if input_split_sizes else None
-        h = mpi_ops.alltoall_async(input, splits, self._name("alltoall"))
+        h = mpi_ops.alltoall_async(input, splits, self._name("alltoall"), self._process_set)
 
         def finish():
             received, _ = _b.synchronize(h)
@@ -372,7 +382,8 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         target = t if self.rank() == root else t.detach().clone()
         h = mpi_ops.allreduce_async_(target, name=self._name("reduce"), op=op,
-                                     compression={"codec": "none"} if t.dtype.is_floating_point else None)
+                                     compression={"codec": "none"} if t.dtype.is_floating_point else None,
+                                     process_set=self._process_set)
         return self._work([h], None, tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -383,7 +394,8 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         me, n = self.rank(), self.size()
         outs = self._single(output_tensors, "gather") if me == root else []
         splits = [int(p == root) for p in range(n)]
-        h = mpi_ops.alltoall_async(t.detach().reshape(1, -1).contiguous(), splits, self._name("gather"))
+        h = mpi_ops.alltoall_async(t.detach().reshape(1, -1).contiguous(), splits, self._name("gather"),
+                                   self._process_set)
 
         def finish():
             # The root's own mistakes are its error alone (the others' tensors went through).
@@ -416,7 +428,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             # Rows one value wider than every rank's output: the operation fails on every rank
             # (a shape mismatch naming the root's rows) instead of leaving the others waiting.
             rows, splits = out.detach().new_zeros((n, out.numel() + 1)), [1] * n
-        h = mpi_ops.alltoall_async(rows, splits, self._name("scatter"))
+        h = mpi_ops.alltoall_async(rows, splits, self._name("scatter"), self._process_set)
 
         def finish():
             if problem is not None:
@@ -431,17 +443,20 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         return self._work([], finish, output_tensors)
 
     def barrier(self, opts=None):
-        mpi_ops.barrier()
+        mpi_ops.barrier(self._process_set)
         return self._work([], None, [])
 
 
 def _create(store, rank, size, timeout):
     if dist.is_initialized() and _b.is_initialized() and size != _b.size():
-        # dist.new_group of some of the ranks (the default group is made before is_initialized).
-        warnings.warn(f"backend gradcomp: a group of {size} of the {_b.size()} ranks (dist.new_group) runs on gloo: "
-                      "gradcomp's runtime negotiates every operation among all ranks. Its collectives are exact "
-                      "(not compressed).")
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
+        # dist.new_group of some of the ranks (the default group is made before is_initialized):
+        # torch creates it on its members only, which learn each other's world ranks through
+        # the group's store, then start a runtime among themselves.
+        store.set(f"gradcomp.world_rank.{rank}", str(_b.rank()))
+        ranks = [int(store.get(f"gradcomp.world_rank.{r}")) for r in range(size)]
+        if ranks != sorted(ranks) or ranks[rank] != _b.rank():
+            raise ValueError(f"backend gradcomp: a group's ranks {ranks} are not in world rank order")
+        return ProcessGroupGradcomp(store, rank, size, timeout, _b.members_only_process_set(ranks))
     return ProcessGroupGradcomp(store, rank, size, timeout)
 
 
