@@ -134,10 +134,11 @@ def _check_priority(priority, what):
 
 def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postscale_factor, spec, priority=0,
                      process_set=None):
-    return _b.runtime(process_set).allreduce_async(staged.ptr, output_ptr, staged.code, staged.shape, name, op,
-                                        float(prescale_factor), float(postscale_factor), spec,
-                                        keep, device=staged.device, stream=staged.stream,
-                                        priority=_check_priority(priority, f"allreduce of '{name}'"))
+    rt = _b.runtime(process_set)
+    return rt.allreduce_async(staged.ptr, output_ptr, staged.code, staged.shape, name, op,
+                              float(prescale_factor), float(postscale_factor), spec,
+                              keep, device=staged.device, stream=staged.stream,
+                              priority=_check_priority(priority, f"allreduce of '{name}'"))
 
 
 def _staged_for_allreduce(tensor, name, compression):
@@ -174,8 +175,9 @@ def host_allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, s
     if code is None:
         dtype_code(tensor, f"allreduce of '{name}'")  # raises, naming the tensor and the dtype
     ptr = tensor.data_ptr()
-    native = _b.runtime(process_set).allreduce_async(ptr, ptr, code, list(tensor.shape), name, op, prescale_factor,
-                                          postscale_factor, spec, tensor, -1, 0, priority)
+    rt = _b.runtime(process_set)
+    native = rt.allreduce_async(ptr, ptr, code, list(tensor.shape), name, op, prescale_factor,
+                                postscale_factor, spec, tensor, -1, 0, priority)
     return _b.register(native, lambda: tensor)
 
 
@@ -255,11 +257,12 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                          f"{sorted({str(t.dtype) for t in tensors})}")
     spec, dtype = compressed_form(tensors[0].dtype, runtime_spec(compression))
     staged = [_Staged(t, f"grouped allreduce of '{n}'", on_device=on_gpu, dtype=dtype) for t, n in zip(tensors, names)]
-    natives = _b.runtime(process_set).grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
-                                                   [s.shape for s in staged], names, op, float(prescale_factor),
-                                                   float(postscale_factor), spec,
-                                                   tuple(staged), device=staged[0].device, stream=staged[0].stream,
-                                                   priority=_check_priority(priority, f"grouped allreduce '{base}'"))
+    rt = _b.runtime(process_set)
+    natives = rt.grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
+                                         [s.shape for s in staged], names, op, float(prescale_factor),
+                                         float(postscale_factor), spec,
+                                         tuple(staged), device=staged[0].device, stream=staged[0].stream,
+                                         priority=_check_priority(priority, f"grouped allreduce '{base}'"))
     return _b.register(_Group(natives), lambda: [s.write_back() for s in staged])
 
 
@@ -313,8 +316,9 @@ def allgather_async(tensor, name=None, process_set=None):
     staged = _Staged(tensor, f"allgather of '{name}'", on_device=True)
     if staged.buffer.dim() == 0:
         raise ValueError(f"allgather of '{name}' needs a tensor with at least one dimension")
-    native = _b.runtime(process_set).allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,),
-                                          device=staged.device, stream=staged.stream)
+    rt = _b.runtime(process_set)
+    native = rt.allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,),
+                                device=staged.device, stream=staged.stream)
     return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
@@ -389,8 +393,9 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     name = _b.auto_name("broadcast", name, process_set)
     root = _b.set_rank(process_set, root_rank, f"broadcast of '{name}'")
     staged = _Staged(tensor, f"broadcast of '{name}'", on_device=True)
-    native = _b.runtime(process_set).broadcast_async(staged.ptr, staged.code, staged.shape, root, name, (staged,),
-                                                     device=staged.device, stream=staged.stream)
+    rt = _b.runtime(process_set)
+    native = rt.broadcast_async(staged.ptr, staged.code, staged.shape, root, name, (staged,),
+                                device=staged.device, stream=staged.stream)
     return _b.register(native, staged.write_back)
 
 
@@ -437,8 +442,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
         if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
             raise ValueError(f"alltoall of '{name}': splits must be integers (row counts), got {splits.dtype}")
         s = [int(v) for v in splits.reshape(-1).tolist()]
-    native = _b.runtime(process_set).alltoall_async(staged.ptr, staged.code, staged.shape, s, name, (staged,),
-                                         device=staged.device, stream=staged.stream)
+    rt = _b.runtime(process_set)
+    native = rt.alltoall_async(staged.ptr, staged.code, staged.shape, s, name, (staged,),
+                               device=staged.device, stream=staged.stream)
     return _b.register(native, lambda: (_from_output(native, tensor.dtype, tensor.device),
                                         torch.tensor(native.aux(), dtype=torch.int32)))
 
@@ -476,9 +482,10 @@ def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postsca
     staged = _Staged(tensor, f"reducescatter of '{name}'", on_device=True)
     if tensor.dim() == 0:
         raise ValueError(f"reducescatter of '{name}' needs a tensor with at least one dimension")
-    native = _b.runtime(process_set).reducescatter_async(staged.ptr, staged.code, staged.shape, name, op,
-                                              float(prescale_factor), float(postscale_factor), (staged,),
-                                              device=staged.device, stream=staged.stream)
+    rt = _b.runtime(process_set)
+    native = rt.reducescatter_async(staged.ptr, staged.code, staged.shape, name, op,
+                                    float(prescale_factor), float(postscale_factor), (staged,),
+                                    device=staged.device, stream=staged.stream)
     return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
