@@ -120,8 +120,8 @@ def several_nodes():
 @pytest.mark.parametrize("backend", ["gloo", "gradcomp"])
 def test_every_step_of_a_multi_bucket_model_is_within_the_codec_bound(backend, groups):
     model, ddp, state, hook = ddp_model(groups[backend], 1, {"bits": BITS, "bucket_size": 128})
-    # Node rows where the layout has them and the backend has subgroups (gradcomp's has not).
-    assert state.reduces_in_nodes_first == (backend == "gloo" and several_nodes())
+    # Node rows where the layout has them (both backends have subgroups).
+    assert state.reduces_in_nodes_first == several_nodes()
     ref = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     assert {n for n, p in model.named_parameters() if p.dim() >= 2 and p.numel() >= MIN_SIZE} == QUANTIZED
@@ -203,20 +203,19 @@ def test_node_rows_cut_the_bytes_across_nodes_by_the_ranks_per_node(groups):
         with pytest.raises(ValueError, match=r"node_rows=True\): the process group is on one node"):
             hvd.DDPHookState(groups["gloo"], node_rows=True)
         return
-    with pytest.raises(ValueError, match=r"node_rows=True\): its backend 'gradcomp' has no subgroups"):
-        hvd.DDPHookState(groups["gradcomp"], node_rows=True)
-    across = {}
     rows = slice(hvd.rank() * PER_RANK, (hvd.rank() + 1) * PER_RANK)
-    for node_rows in (False, True):
-        model, ddp, state, hook = ddp_model(groups["gloo"], 0.5, {"bits": BITS}, node_rows=node_rows)
-        assert state.reduces_in_nodes_first == node_rows
-        for step in range(2):
-            x, y = batch(step)
-            torch.nn.functional.cross_entropy(ddp(x[rows]), y[rows]).backward()
-        assert hook["calls"] >= 4  # four buckets in the second step (DDP rebuilt them)
-        across[node_rows] = state.bytes_across_nodes
-    ratio = across[False] / across[True]
-    assert abs(ratio - hvd.local_size()) < 0.02 * hvd.local_size(), across
+    for backend in ("gloo", "gradcomp"):  # gradcomp's subgroups run on runtimes of their own
+        across = {}
+        for node_rows in (False, True):
+            model, ddp, state, hook = ddp_model(groups[backend], 0.5, {"bits": BITS}, node_rows=node_rows)
+            assert state.reduces_in_nodes_first == node_rows
+            for step in range(2):
+                x, y = batch(step)
+                torch.nn.functional.cross_entropy(ddp(x[rows]), y[rows]).backward()
+            assert hook["calls"] >= 4  # four buckets in the second step (DDP rebuilt them)
+            across[node_rows] = state.bytes_across_nodes
+        ratio = across[False] / across[True]
+        assert abs(ratio - hvd.local_size()) < 0.02 * hvd.local_size(), (backend, across)
 
 
 def test_bad_layout_settings_are_named(groups, monkeypatch):

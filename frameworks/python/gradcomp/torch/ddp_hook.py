@@ -75,7 +75,7 @@ class DDPHookState:
     ({"bits": 1..8, "bucket_size": n, "stochastic": bool, "error_feedback": bool}).
 
     node_rows: None (default) reduces inside each node first when the group spans several nodes
-    of two or more ranks each (equal counts, the world's ranks, backend gloo or nccl), flat
+    of two or more ranks each (equal counts, the world's ranks, backend gloo, nccl or gradcomp), flat
     otherwise; True requires it (ValueError saying why it cannot); False keeps it flat. Nodes
     are the hosts, or blocks of GRADCOMP_LOCAL_SIZE consecutive ranks where that is set."""
 
@@ -251,8 +251,8 @@ def _plan(state, group):
         why_not = "every node holds one rank"
     elif len(nodes) != dist.get_world_size():
         why_not = "the process group does not span the world (new_group needs the world's ranks)"
-    elif backend not in ("gloo", "nccl"):
-        why_not = f"its backend '{backend}' has no subgroups (gloo and nccl have)"
+    elif backend not in ("gloo", "nccl", "gradcomp"):
+        why_not = f"its backend '{backend}' has no subgroups (gloo, nccl and gradcomp have)"
     if state.node_rows and why_not is not None:
         raise ValueError(f"DDPHookState(node_rows=True): {why_not}")
     return _Grid(group, nodes, state.node_rows is not False and why_not is None)
