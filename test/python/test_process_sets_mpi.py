@@ -111,13 +111,15 @@ def test_gradients_flow_within_the_set(halves):
 
 
 def make_model():
+    """1.05M parameters, several of them large matrices."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    return torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 256),
+                               torch.nn.ReLU(), torch.nn.Linear(256, 4))
 
 
 def batch(step, rank):
     g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    return torch.randn(8, 256, generator=g), torch.randint(0, 4, (8,), generator=g)
 
 
 def test_distributed_optimizer_on_a_set_trains_as_one_process_on_the_sets_data(halves):
@@ -147,6 +149,22 @@ def test_distributed_optimizer_on_a_set_trains_as_one_process_on_the_sets_data(h
     assert len({digests[r] for r in even.ranks}) == 1
     odd_ranks = [r for r in range(hvd.size()) if r not in even.ranks]
     assert len({digests[r] for r in odd_ranks}) == len(odd_ranks)  # each odd rank trained alone
+    # The same on this rank's own set, 4-bit: every rank of the set ends identical, near exact.
+    quantized = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(quantized.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=quantized.named_parameters(),
+                                   compression=hvd.Compression.maxmin(4), process_set=mine)
+    for step in range(8):
+        opt.zero_grad()
+        x, y = batch(step, me)
+        loss_fn(quantized(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in quantized.parameters()])
+    assert len(set(hvd.allgather_object(digest(flat), process_set=mine))) == 1
+    if me in even.ranks and len(even.ranks) > 1:
+        exact = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        drift = float((flat - exact).norm() / exact.norm())
+        assert 0 < drift < 0.03, drift  # 0.012 here; training on one rank's data alone: 0.084
 
 
 def test_misuse_is_a_clear_error_on_every_rank_involved(halves):
