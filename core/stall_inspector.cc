@@ -16,25 +16,33 @@ void StallInspector::RecordArrival(const std::string& name, const std::string& t
 
 void StallInspector::Remove(const std::string& name) { waiting_.erase(name); }
 
+namespace {
+
+std::string RankList(const std::set<int>& ranks, const std::vector<int>& names) {
+  std::ostringstream os;
+  bool first = true;
+  for (int r : ranks) {
+    os << (first ? "" : ", ") << RankName(names, r);
+    first = false;
+  }
+  return os.str();
+}
+
+}  // namespace
+
 std::string StallInspector::Describe(const std::string& name, const Waiting& w, double seconds,
                                      const std::set<int>& joined) const {
   std::ostringstream os;
   os.setf(std::ios::fixed);
   os.precision(1);
-  os << "tensor '" << name << "' (" << w.type << ") has waited " << seconds << " s for other ranks: submitted by ranks [";
-  bool first = true;
-  for (int r : w.ranks) {
-    os << (first ? "" : ", ") << RankName(names_, r);
-    first = false;
-  }
-  os << "], missing ranks [";
-  first = true;
+  std::set<int> missing;
   for (int r = 0; r < size_; ++r) {
-    if (w.ranks.count(r) || joined.count(r)) continue;
-    os << (first ? "" : ", ") << RankName(names_, r);
-    first = false;
+    if (!w.ranks.count(r) && !joined.count(r)) missing.insert(r);
   }
-  os << "]. All ranks must submit the same tensors (check for rank-dependent control flow).";
+  os << "tensor '" << name << "' (" << w.type << ") has waited " << seconds
+     << " s for other ranks: submitted by ranks [" << RankList(w.ranks, names_) << "], missing ranks ["
+     << RankList(missing, names_)
+     << "]. All ranks must submit the same tensors (check for rank-dependent control flow).";
   return os.str();
 }
 
@@ -53,16 +61,6 @@ bool SplitAutoName(const std::string& name, std::string* kind, uint64_t* number,
   *number = std::stoull(name.substr(digits, end - digits));
   *rest = name.substr(end);
   return true;
-}
-
-std::string RankList(const std::set<int>& ranks, const std::vector<int>& names) {
-  std::ostringstream os;
-  bool first = true;
-  for (int r : ranks) {
-    os << (first ? "" : ", ") << RankName(names, r);
-    first = false;
-  }
-  return os.str();
 }
 
 }  // namespace
@@ -96,8 +94,8 @@ std::vector<StallInspector::Drift> StallInspector::FindNameDrift(Clock::time_poi
         const std::string kind = key.substr(0, key.find('\n'));
         drifts.push_back({*a.name, *b.name,
                           "unnamed collectives out of step between ranks: ranks [" + RankList(a.w->ranks, names_) +
-                              "] submitted '" + *a.name + "' while ranks [" + RankList(b.w->ranks, names_) + "] submitted '" +
-                              *b.name + "'. Each rank numbers its unnamed " + kind +
+                              "] submitted '" + *a.name + "' while ranks [" + RankList(b.w->ranks, names_) +
+                              "] submitted '" + *b.name + "'. Each rank numbers its unnamed " + kind +
                               " calls, and these numbers no longer match (a call failed or was skipped on some "
                               "ranks only), so neither could ever complete. Give the tensors names (name=...) or "
                               "make every rank issue the same unnamed calls."});

@@ -97,15 +97,13 @@ global_process_set.process_set_id = 0
 def _agree_on_ranks(ranks, what):
     """Raises on every rank, naming each rank's list, unless every rank passed the same ranks."""
     import numpy as np  # pylint: disable=import-outside-toplevel
+    from gradcomp import numpy as gc_numpy  # pylint: disable=import-outside-toplevel  # imports this module
 
     n = size()
     mine = np.full((1, n + 1), -1, dtype=np.int64)
     mine[0, 0] = len(ranks)
     mine[0, 1:min(len(ranks), n) + 1] = ranks[:n]
-    name = f"process_set.check.{_state.set_calls}"
-    native = _rt().allgather_async(mine.ctypes.data, _core.dtypes["int64"], list(mine.shape), name, mine)
-    native.wait()
-    every = np.frombuffer(native.output_bytes(), dtype=np.int64).reshape(n, n + 1)
+    every = gc_numpy.allgather(mine, name=f"process_set.check.{_state.set_calls}")
     lists = [row[1:1 + int(row[0])].tolist() if 0 <= row[0] <= n else row[1:].tolist() for row in every]
     if any(lst != lists[0] or every[r, 0] != every[0, 0] for r, lst in enumerate(lists)):
         shown = ", ".join(f"rank {r} {lst}" for r, lst in enumerate(lists))
