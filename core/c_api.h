@@ -2,7 +2,8 @@
  * Every call that can fail returns GRADCOMP_OK or an error code and writes a message naming
  * the tensor, setting or value at fault into `error` (error_len bytes, NUL-terminated).
  * Data types and ops use the C++ codes: dtype uint8=0 int8=1 int32=2 int64=3 float16=4
- * bfloat16=5 float32=6 float64=7 bool=8 int16=9; op sum=0 average=1 min=2 max=3 product=4. */
+ * bfloat16=5 float32=6 float64=7 bool=8 int16=9; op sum=0 average=1 min=2 max=3 product=4
+ * adasum=6 (allreduce of floating-point tensors). */
 #ifndef GRADCOMP_C_API_H_
 #define GRADCOMP_C_API_H_
 

@@ -79,6 +79,8 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
       } else if ((r.names.size() > 1 || any_missing) && fusion_.size() < bytes) {
         fusion_.resize(bytes);
       }
+      // Adasum works on the host in the fusion buffer: the values and the halves received.
+      if (r.op == ReduceOp::kAdasum && fusion_.size() < 2 * bytes) fusion_.resize(2 * bytes);
       return;
     }
     case RequestType::kBroadcast:
@@ -199,8 +201,9 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   const Topology* comms = DeviceComms(r, entries);
   // Device arithmetic is needed for the scale factors and Average; without it, staging.
   const bool arithmetic = r.op == ReduceOp::kAverage || r.prescale != 1.0 || r.postscale != 1.0;
+  // Adasum is gradcomp's own algorithm on host memory (a device communicator has no such op).
   if (comms != nullptr && comms->world->device_memory() != nullptr && comms->world->reduces(r.dtype) &&
-      (!arithmetic || DeviceOf(entries).Arithmetic(r.dtype))) {
+      r.op != ReduceOp::kAdasum && (!arithmetic || DeviceOf(entries).Arithmetic(r.dtype))) {
     RunDeviceAllreduce(r, entries, o, *comms->world);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     RunStagedAllreduce(r, entries, o);

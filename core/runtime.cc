@@ -307,6 +307,10 @@ Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const
   if (dtype == DataType::kBool && op == ReduceOp::kAverage) {
     throw InvalidArgument("allreduce of '" + name + "': op average is not defined for bool tensors");
   }
+  if (op == ReduceOp::kAdasum && !IsFloatingPoint(dtype)) {
+    throw InvalidArgument("allreduce of '" + name + "': op adasum needs a floating-point tensor (float16, bfloat16, "
+                          "float32, float64), got " + DataTypeName(dtype));
+  }
   r.op = op;
   r.prescale = prescale;
   r.postscale = postscale;
@@ -415,6 +419,9 @@ std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType
   if (op == ReduceOp::kBitwiseAnd || (dtype == DataType::kBool && op == ReduceOp::kAverage)) {
     throw InvalidArgument("reducescatter of '" + name + "': op " + ReduceOpName(op) + " is not supported for " +
                           DataTypeName(dtype));
+  }
+  if (op == ReduceOp::kAdasum) {
+    throw InvalidArgument("reducescatter of '" + name + "': op adasum is an allreduce only (Horovod's too)");
   }
   r.op = op;
   r.prescale = prescale;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "ops/collectives/adasum.h"
 #include "ops/collectives/context.h"
 #include "ops/reduce/reduce.h"
 
@@ -35,6 +36,12 @@ ReduceOp LoweredOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kS
 }  // namespace
 
 void Allreduce(Communicator& comm, const AllreduceOptions& o) {
+  if (o.op == ReduceOp::kAdasum) {
+    Validate(o);
+    std::vector<char> scratch;
+    AdasumAllreduce(comm, {BufferPiece{o.input, o.output, o.count}}, o, scratch);
+    return;
+  }
   WithTensorContext("allreduce", o.name, [&] {
     Validate(o);
     if (o.count == 0) return;
@@ -47,6 +54,7 @@ void Allreduce(Communicator& comm, const AllreduceOptions& o) {
 void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& o) {
   WithTensorContext("hierarchical allreduce", o.name, [&] {
     Validate(o);
+    if (o.op == ReduceOp::kAdasum) throw InvalidArgument("op adasum has no hierarchical form (FusedAllreduce runs it)");
     if (!topo.homogeneous) {
       GC_THROW("hierarchical allreduce needs the same number of ranks on every node (rank ", topo.rank(),
                " has ", topo.local_size(), " local ranks)");
@@ -71,6 +79,10 @@ void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<B
                     const AllreduceOptions& o, std::vector<char>& fusion) {
   WithTensorContext("allreduce", o.name, [&] {
     ValidateOp(o);  // the pieces carry the buffers
+    if (o.op == ReduceOp::kAdasum) {  // flat over the world: a tree of whole ranks
+      AdasumAllreduce(*topo.world, pieces, o, fusion);
+      return;
+    }
     if (hierarchical) {
       AllreduceOptions whole = o;
       if (pieces.size() == 1 && pieces[0].input != nullptr && pieces[0].output != nullptr) {

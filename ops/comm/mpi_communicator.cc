@@ -65,8 +65,11 @@ int OpIndex(ReduceOp op) {
     case ReduceOp::kMax: return 2;
     case ReduceOp::kProduct: return 3;
     case ReduceOp::kAverage:
-    case ReduceOp::kBitwiseAnd: break;
+    case ReduceOp::kBitwiseAnd:
+    case ReduceOp::kAdasum: break;
   }
+  GC_ENFORCE(op != ReduceOp::kAdasum, "Adasum runs over point-to-point messages (ops/collectives/adasum.h), "
+             "never as the communicator's reduction");
   GC_ENFORCE(false, "Average must be lowered to Sum before reaching the communicator");
   return -1;
 }

@@ -48,6 +48,7 @@ const char* ReduceOpName(ReduceOp op) {
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProduct: return "product";
     case ReduceOp::kBitwiseAnd: return "bitwise_and";
+    case ReduceOp::kAdasum: return "adasum";
   }
   return "unknown";
 }
@@ -60,9 +61,10 @@ DataType DataTypeFromInt(int value) {
 }
 
 ReduceOp ReduceOpFromInt(int value) {
-  if (value < 0 || value > static_cast<int>(ReduceOp::kProduct)) {
-    throw InvalidArgument(
-        detail::StrCat("unknown reduce op code ", value, " (expected 0..4: sum, average, min, max, product)"));
+  // kBitwiseAnd (5) is the runtime's own.
+  if (value < 0 || value > static_cast<int>(ReduceOp::kAdasum) || value == static_cast<int>(ReduceOp::kBitwiseAnd)) {
+    throw InvalidArgument(detail::StrCat("unknown reduce op code ", value,
+                                         " (expected 0..4 or 6: sum, average, min, max, product, adasum)"));
   }
   return static_cast<ReduceOp>(value);
 }

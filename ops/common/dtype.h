@@ -25,6 +25,8 @@ inline constexpr int kNumDataTypes = 10;
 
 /// Reduction applied by allreduce / reducescatter. Average is Sum followed by a division
 /// by the number of ranks; the communicators only ever see Sum, Min, Max and Product.
+/// Adasum (allreduce of floating-point tensors only) is gradcomp's own algorithm over
+/// point-to-point messages (ops/collectives/adasum.h), never a communicator's reduction.
 enum class ReduceOp : uint8_t {
   kSum = 0,
   kAverage = 1,
@@ -33,8 +35,10 @@ enum class ReduceOp : uint8_t {
   kProduct = 4,
   /// Bitwise AND of integers; internal to the runtime (negotiation bit vectors).
   kBitwiseAnd = 5,
+  /// Horovod's hvd.Adasum: the adaptive sum of each tensor's vectors (ops/collectives/adasum.h).
+  kAdasum = 6,
 };
-inline constexpr int kNumReduceOps = 6;
+inline constexpr int kNumReduceOps = 7;
 
 /// Size in bytes of one element of `dtype`.
 size_t DataTypeSize(DataType dtype);

@@ -77,7 +77,8 @@ void ReduceTyped(void* dst, const void* a, const void* b, size_t n, ReduceOp op)
     case ReduceOp::kBitwiseAnd:
       if constexpr (std::is_integral_v<T>) Loop(d, x, y, n, AndOp<T>());
       return;  // floats are rejected by the dispatcher in reduce.cc
-    case ReduceOp::kAverage: return;  // lowered by the caller (reduce.cc), never reaches here
+    case ReduceOp::kAverage:  // lowered by the caller (reduce.cc), never reaches here
+    case ReduceOp::kAdasum: return;  // rejected by the dispatcher in reduce.cc
   }
 }
 
@@ -104,7 +105,8 @@ inline __m256 ApplySimd(__m256 a, __m256 b, ReduceOp op) {
     case ReduceOp::kMin: return _mm256_blendv_ps(a, b, _mm256_cmp_ps(b, a, _CMP_LT_OQ));
     case ReduceOp::kMax: return _mm256_blendv_ps(a, b, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
     case ReduceOp::kAverage:
-    case ReduceOp::kBitwiseAnd: break;
+    case ReduceOp::kBitwiseAnd:
+    case ReduceOp::kAdasum: break;
   }
   return a;
 }
@@ -117,7 +119,8 @@ inline float ApplyScalar(float a, float b, ReduceOp op) {
     case ReduceOp::kMin: return b < a ? b : a;
     case ReduceOp::kMax: return a < b ? b : a;
     case ReduceOp::kAverage:
-    case ReduceOp::kBitwiseAnd: break;
+    case ReduceOp::kBitwiseAnd:
+    case ReduceOp::kAdasum: break;
   }
   return a;
 }

@@ -8,6 +8,7 @@ namespace gradcomp {
 
 void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Isa isa) {
   GC_ENFORCE(op != ReduceOp::kAverage, "Average must be lowered to Sum + ScaleInPlace");
+  GC_ENFORCE(op != ReduceOp::kAdasum, "Adasum is not element-wise (ops/collectives/adasum.h)");
   GC_ENFORCE(op != ReduceOp::kBitwiseAnd || !IsFloatingPoint(dtype), "bitwise AND of ", DataTypeName(dtype));
   (void)DataTypeSize(dtype);  // throws for an unknown dtype code before entering a kernel
   if (n == 0) return;
