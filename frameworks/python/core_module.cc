@@ -225,7 +225,8 @@ PYBIND11_MODULE(_core, m) {
   for (int code = 0; code < kNumDataTypes; ++code) dtypes[DataTypeName(static_cast<DataType>(code))] = code;
   m.attr("dtypes") = dtypes;
   py::dict reduce_ops;  // the user-facing ones (kBitwiseAnd is internal)
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct,
+                      ReduceOp::kAdasum}) {
     reduce_ops[ReduceOpName(op)] = static_cast<int>(op);
   }
   m.attr("reduce_ops") = reduce_ops;

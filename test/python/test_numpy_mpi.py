@@ -333,6 +333,30 @@ def test_auto_compression_with_relaxed_bits_reports_regimes_and_names_bad_settin
         gc.Compression.auto(relaxed=2, critical_change=0)
 
 
+def test_adasum_equals_the_pairwise_tree_and_refuses_integers():
+    """op=Adasum through the NumPy adapter (the algorithm's own suites: test_adasum,
+    test_adasum_mpi.py): float64 against the tree of a (+) b written from the formula."""
+    def combine(a, b):
+        dot = a @ b
+        return (1 - dot / (2 * (a @ a))) * a + (1 - dot / (2 * (b @ b))) * b
+
+    shared = np.random.default_rng(5).normal(size=4000)
+    mine = shared + (1 + gc.rank()) * np.random.default_rng(50 + gc.rank()).normal(size=4000)
+    got = gc.allreduce(mine, op=gc.Adasum, name="np.adasum")
+    v = list(gc.allgather(mine[None, :], name="np.adasum.in"))
+    p = 1 << (len(v).bit_length() - 1)
+    for r in range(p, len(v)):  # a rank beyond the largest power of two folds in first
+        v[r - p] = combine(v[r - p], v[r])
+    v = v[:p]
+    while len(v) > 1:
+        v = [combine(v[i], v[i + 1]) for i in range(0, len(v), 2)]
+    assert np.linalg.norm(got - v[0]) <= 1e-12 * np.linalg.norm(v[0])
+    with pytest.raises(ValueError, match="allreduce of 'np.adasum.int': op adasum needs a floating-point tensor"):
+        gc.allreduce(np.ones(8, np.int32), op=gc.Adasum, name="np.adasum.int")
+    with pytest.raises(ValueError, match="reducescatter of 'np.adasum.rs': op adasum is an allreduce only"):
+        gc.reducescatter(np.ones((4, 2), np.float32), op=gc.Adasum, name="np.adasum.rs")
+
+
 def test_timeline_records_phases_and_per_rank_ready_marks():
     path = os.path.join(os.environ.get("GRADCOMP_TEST_TMP", "/tmp"), f"gradcomp_timeline_{os.getppid()}.json")
     gc.start_timeline(path)

@@ -22,7 +22,9 @@ Average = _core.reduce_ops["average"]
 Min = _core.reduce_ops["min"]
 Max = _core.reduce_ops["max"]
 Product = _core.reduce_ops["product"]
-_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+# Horovod's adaptive summation (allreduce of floating-point tensors; docs/design.md "Adasum").
+Adasum = _core.reduce_ops["adasum"]
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product", Adasum: "Adasum"}
 
 _SETTING_NAMES = {s["name"][len("GRADCOMP_"):].lower(): s["name"] for s in _core.describe_settings()}
 
@@ -302,7 +304,7 @@ def check_op(op, average=None):
         return Average if average else Sum
     op = Average if op is None else op
     if op not in _OP_NAMES:
-        raise ValueError(f"unknown reduction op {op!r}; use Sum, Average, Min, Max or Product")
+        raise ValueError(f"unknown reduction op {op!r}; use Sum, Average, Min, Max, Product or Adasum")
     return op
 
 
@@ -503,4 +505,4 @@ __all__ = ["GradcompError", "init", "shutdown", "join", "barrier", "ProcessSet",
            "add_process_set", "remove_process_set",
            "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "start_timeline", "stop_timeline", "poll", "synchronize",
-           "Sum", "Average", "Min", "Max", "Product"]
+           "Sum", "Average", "Min", "Max", "Product", "Adasum"]

@@ -11,7 +11,7 @@ names are generated from the call order (the same on every rank).
 """
 import numpy as np
 
-from gradcomp.basics import (Average, GradcompError, Max, Min, Product, Sum, barrier, check_op, cross_rank,
+from gradcomp.basics import (Adasum, Average, GradcompError, Max, Min, Product, Sum, barrier, check_op, cross_rank,
                              cross_size, init, is_initialized, join, local_rank, local_size, poll, rank, shutdown,
                              size, start_timeline, stats, stop_timeline, synchronize, compression_choices)
 from gradcomp import _core
@@ -23,7 +23,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
            "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
-           "Product", "GradcompError", "stats", "compression_choices", "Compression"]
+           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "Compression"]
 
 
 class Compression:

@@ -17,7 +17,7 @@ compression on for an unchanged Horovod script; pass ``Compression.none`` to for
 communication.
 """
 from gradcomp._core import GradcompError
-from gradcomp.basics import (Average, Max, Min, ProcessSet, Product, Sum, add_process_set, compression_choices,
+from gradcomp.basics import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_process_set, compression_choices,
                              cross_rank, cross_size, global_process_set, init, is_initialized, local_rank, local_size,
                              poll, rank, remove_process_set, shutdown, size, start_timeline, stats, stop_timeline,
                              synchronize)
@@ -102,7 +102,7 @@ __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initializ
            "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
            "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async", "join",
            "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allgather_object", "Average", "Sum", "Min", "Max", "Product", "start_timeline", "stop_timeline",
+           "allgather_object", "Average", "Sum", "Min", "Max", "Product", "Adasum", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
            "GradcompError", "HorovodInternalError", "stats", "compression_choices", "mpi_built", "mpi_enabled", "mpi_threads_supported",
            "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built",

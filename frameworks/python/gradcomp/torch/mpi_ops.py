@@ -46,6 +46,25 @@ def compressed_form(dtype, spec):
     return _EXACT, None  # integers and bool: reduced exactly, as Horovod's compressors leave them
 
 
+def adasum_form(dtype, compression, what):
+    """(runtime spec, dtype to stage in or None) of an op=Adasum allreduce of a `dtype` tensor
+    under the torch `compression` argument. Adasum combines whole vectors (their dot products
+    and norms), so it runs exact, on the values Horovod's compressors would send: fp16 and bf16
+    cast the tensor first; maxmin, top-k and the like cannot apply."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"{what}: op Adasum needs a floating-point tensor, got {dtype}")
+    spec = runtime_spec(compression)
+    codec = "none" if spec is None else spec.get("codec")
+    if codec in ("fp16", "bf16"):
+        cast = torch.float16 if codec == "fp16" else torch.bfloat16
+        return _EXACT, (None if dtype == cast else cast)
+    if codec != "none":
+        raise ValueError(f"{what}: op Adasum runs on exact values (its coefficients need each tensor's dot "
+                         f"products and norms), so compression {compression!r} cannot apply; use "
+                         "Compression.none, fp16 or bf16")
+    return _EXACT, None
+
+
 def _check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{what} expects a torch.Tensor, got {type(tensor).__name__}")
@@ -141,10 +160,13 @@ def _allreduce_start(staged, output_ptr, keep, name, op, prescale_factor, postsc
                               priority=_check_priority(priority, f"allreduce of '{name}'"))
 
 
-def _staged_for_allreduce(tensor, name, compression):
-    """(_Staged, runtime spec) of one tensor to allreduce under `compression`."""
+def _staged_for_allreduce(tensor, name, compression, op):
+    """(_Staged, runtime spec) of one tensor to allreduce with `op` under `compression`."""
     _check_tensor(tensor, f"allreduce of '{name}'")
-    spec, dtype = compressed_form(tensor.dtype, runtime_spec(compression))
+    if op == _b.Adasum:
+        spec, dtype = adasum_form(tensor.dtype, compression, f"allreduce of '{name}'")
+    else:
+        spec, dtype = compressed_form(tensor.dtype, runtime_spec(compression))
     return _Staged(tensor, f"allreduce of '{name}'", on_device=True, dtype=dtype), spec
 
 
@@ -159,7 +181,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     GRADCOMP_SCHEDULING_CREDIT_MB's worth a cycle, so an urgent tensor overtakes a backlog."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name, process_set)
-    staged, spec = _staged_for_allreduce(tensor, name, compression)
+    staged, spec = _staged_for_allreduce(tensor, name, compression, op)
     native = _allreduce_start(staged, staged.ptr, (staged,), name, op, prescale_factor, postscale_factor,
                               spec, priority, process_set)
     return _b.register(native, staged.write_back)
@@ -187,7 +209,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Reduces a copy of `tensor` across ranks; synchronize(handle) returns the new tensor."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name, process_set)
-    staged, spec = _staged_for_allreduce(tensor, name, compression)
+    staged, spec = _staged_for_allreduce(tensor, name, compression, op)
     out = _new_output(staged.buffer)
     native = _allreduce_start(staged, out.data_ptr(), (staged, out), name, op, prescale_factor, postscale_factor,
                               spec, process_set=process_set)
@@ -255,7 +277,10 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     if len({t.dtype for t in tensors}) > 1:
         raise ValueError(f"grouped allreduce '{base}': every tensor must have the same dtype, got "
                          f"{sorted({str(t.dtype) for t in tensors})}")
-    spec, dtype = compressed_form(tensors[0].dtype, runtime_spec(compression))
+    if op == _b.Adasum:
+        spec, dtype = adasum_form(tensors[0].dtype, compression, f"grouped allreduce '{base}'")
+    else:
+        spec, dtype = compressed_form(tensors[0].dtype, runtime_spec(compression))
     staged = [_Staged(t, f"grouped allreduce of '{n}'", on_device=on_gpu, dtype=dtype) for t, n in zip(tensors, names)]
     rt = _b.runtime(process_set)
     natives = rt.grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
@@ -478,6 +503,8 @@ def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postsca
     """Reduces `tensor` (default Average) and gives each rank a slice of the first dimension
     (ranks below first_dim % size get one row more)."""
     op = check_op(op)
+    if op == _b.Adasum:  # Horovod raises a RuntimeError here too
+        raise NotImplementedError("reducescatter: op Adasum is an allreduce only; use Sum or Average")
     name = _b.auto_name("reducescatter", name, process_set)
     staged = _Staged(tensor, f"reducescatter of '{name}'", on_device=True)
     if tensor.dim() == 0:
@@ -558,7 +585,7 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
     that waits and returns the reduced sparse tensor."""
     op = check_op(op)
     if op not in (_b.Sum, Average):
-        raise ValueError("sparse allreduce supports Sum and Average")
+        raise ValueError(f"sparse allreduce supports Sum and Average, got {_b._OP_NAMES[op]}")
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise ValueError(f"sparse_allreduce_async expects a sparse COO tensor, got {type(tensor).__name__}"
                          + (f" with layout {tensor.layout}" if isinstance(tensor, torch.Tensor) else ""))

@@ -45,6 +45,11 @@ Overlap with the next forward (``overlap_forward=model``)
     (the same reductions, the same optimizer arithmetic). Not with ``groups``, PowerSGD or
     ``step(closure)``; a forward must go through ``model`` (a gradient that arrives before its
     parameter's previous update was applied is an error).
+
+Adasum (``op=hvd.Adasum``)
+    Horovod's delta optimizer: each rank's wrapped optimizer steps on its own gradients, and
+    the updates are combined with Adasum (ops/collectives/adasum.h), exact or cast by
+    ``Compression.fp16``/``bf16``; the settings' compression does not apply to them.
 """
 import contextlib
 import gc
@@ -57,8 +62,8 @@ import torch
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
 from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK, runtime_spec
-from gradcomp.torch.mpi_ops import (allreduce_async_, compressed_form, grouped_allreduce_async_, host_allreduce_async_,
-                                    sparse_allreduce_async)
+from gradcomp.torch.mpi_ops import (adasum_form, allreduce_async_, compressed_form, grouped_allreduce_async_,
+                                    host_allreduce_async_, sparse_allreduce_async)
 from gradcomp.torch.powersgd import PowerSGDState
 
 _NAMED_PARAMETERS_ERROR = ("named_parameters should be a sequence of tuples (name, parameter), usually produced "
@@ -147,6 +152,45 @@ def _add_owner(p, opt):
     entry[1].add(opt)
 
 
+def _check_process_set(process_set):
+    """(the optimizer's ProcessSet, whether this rank belongs to it). As Horovod's: on a rank
+    outside the set the optimizer is local."""
+    ps = _b.global_process_set if process_set is None else process_set
+    if not isinstance(ps, _b.ProcessSet):
+        raise ValueError(f"DistributedOptimizer: process_set must be a ProcessSet, got {process_set!r}")
+    included = ps is _b.global_process_set or bool(ps.included())
+    if included:
+        _b.runtime(ps)  # a ProcessSet that is registered, or a clear error
+    elif ps.included() is None:
+        raise ValueError(f"DistributedOptimizer: {ps!r} is not registered: add it with add_process_set (on every rank)")
+    return ps, included
+
+
+def _names_of(named_parameters, all_params):
+    """id(parameter) -> the name its tensor is reduced under (Horovod's checks and messages)."""
+    if named_parameters is None:
+        return {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
+    named_parameters = list(named_parameters)
+    if not all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in named_parameters):
+        raise ValueError(_NAMED_PARAMETERS_ERROR)
+    names = [n for n, _ in named_parameters]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(dups)}")
+    name_of = {id(p): n for n, p in named_parameters}
+    unnamed = [id(p) for p in all_params if id(p) not in name_of]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                         f"Python object ids: {', '.join(map(str, unnamed))}")
+    return name_of
+
+
+_TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
+                    "Increase backward_passes_per_step to accumulate gradients locally.")
+_ZERO_GRAD_RACE = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                   "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+
+
 def _remove_hooks(handles):
     for h in handles:
         h.remove()
@@ -157,16 +201,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, overlap_forward=None, process_set=None):
         super(self.__class__, self).__init__(params)
-        # As Horovod's: a rank outside `process_set` keeps its gradients (a local optimizer).
-        self.process_set = _b.global_process_set if process_set is None else process_set
-        if not isinstance(self.process_set, _b.ProcessSet):
-            raise ValueError(f"DistributedOptimizer: process_set must be a ProcessSet, got {process_set!r}")
-        self._included = self.process_set is _b.global_process_set or bool(self.process_set.included())
-        if self._included:
-            _b.runtime(self.process_set)  # a ProcessSet that is registered, or a clear error
-        elif self.process_set.included() is None:
-            raise ValueError(f"DistributedOptimizer: {self.process_set!r} is not registered: add it with "
-                             "add_process_set (on every rank)")
+        self.process_set, self._included = _check_process_set(process_set)
         self._sparse_as_dense = bool(sparse_as_dense)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
@@ -179,23 +214,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for g in self.param_groups for p in g["params"]]
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-            if not all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in named_parameters):
-                raise ValueError(_NAMED_PARAMETERS_ERROR)
-            names = [n for n, _ in named_parameters]
-            dups = sorted({n for n in names if names.count(n) > 1})
-            if dups:
-                raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
-                                 f"{', '.join(dups)}")
-            name_of = {id(p): n for n, p in named_parameters}
-            unnamed = [id(p) for p in all_params if id(p) not in name_of]
-            if unnamed:
-                raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
-                                 f"Python object ids: {', '.join(map(str, unnamed))}")
-        else:
-            name_of = {id(p): f"noname.{i}" for i, p in enumerate(all_params)}
-        self._name_of = name_of
+        self._name_of = name_of = _names_of(named_parameters, all_params)
         # Horovod's attribute: parameter -> the name its gradient is reduced under.
         self._parameter_names = {p: name_of[id(p)] for p in all_params}
 
@@ -479,9 +498,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "given as overlap_forward (or call optimizer.synchronize() before it)")
         if p in self._handles and self._handles[p] is not None:
             if self._allreduce_delay[p] <= 0:
-                raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
-                                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                                     "locally.")
+                raise AssertionError(_TOO_MANY_PASSES)
         assert not p.grad.requires_grad
         assert self._allreduce_delay[p] > 0
         self._allreduce_delay[p] -= 1
@@ -676,8 +693,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, *args, **kwargs):
         if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
-                                 "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+            raise AssertionError(_ZERO_GRAD_RACE)
         if self._deferred:
             # The deferred parameters' .grad holds (or receives) their reduced gradient: cleared
             # once their update is applied.
@@ -691,6 +707,94 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).state_dict(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """op=Adasum: Horovod's delta optimizer. When a parameter's gradient is ready (after
+    backward_passes_per_step passes) the wrapped optimizer steps on that parameter alone, and
+    the change it made (the delta) is combined across ranks with Adasum while backward goes on;
+    step() sets each parameter to its value before the local step plus the combined delta. So
+    Adasum adapts the optimizer's updates, not the raw gradients (the Adasum paper's form for
+    Adam and LAMB as well as SGD), and each rank's optimizer state follows its own gradients."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, process_set):
+        super(self.__class__, self).__init__(params)
+        self.process_set, self._included = _check_process_set(process_set)
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self.backward_passes_per_step = backward_passes_per_step
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        self._name_of = _names_of(named_parameters, all_params)
+        self._parameter_names = {p: self._name_of[id(p)] for p in all_params}
+        self._compression = compression
+        self._requires_update = [p for p in all_params if p.requires_grad]
+        for p in self._requires_update:  # a bad dtype or compression fails here, not in backward
+            adasum_form(p.dtype, compression, f"DistributedOptimizer(op=Adasum): parameter '{self._name_of[id(p)]}'")
+        self._allreduce_delay = {p: backward_passes_per_step for p in all_params}
+        self._handles = {}  # param -> handle of its delta's Adasum (None while accumulating)
+        self._starts = {}  # param -> its value before this step's local update
+        self._grad_accs = []
+        self._hook_handles = []  # as _DistributedOptimizer's: they go with the optimizer
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
+        self._refuse_clashes()
+        if self._included:
+            self._register_hooks()
+
+    _only = _DistributedOptimizer._only
+    _refuse_clashes = _DistributedOptimizer._refuse_clashes
+    _register_hooks = _DistributedOptimizer._register_hooks
+    _make_hook = _DistributedOptimizer._make_hook
+
+    def _gradient_ready(self, p):
+        if self._handles.get(p) is not None and self._allreduce_delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] == 0:
+            self._start(p)
+        else:
+            self._handles[p] = None
+
+    def _start(self, p):
+        """Steps the wrapped optimizer on p alone and starts the Adasum of the change (p holds
+        it until step())."""
+        start = self._starts.get(p)
+        if start is None:
+            start = self._starts[p] = torch.empty_like(p.data)
+        start.copy_(p.data)
+        with self._only([p]):
+            super(self.__class__, self).step()
+        p.data.sub_(start)
+        self._handles[p] = allreduce_async_(p.data, name=self._name_of[id(p)], op=_b.Adasum,
+                                            compression=self._compression, process_set=self.process_set)
+
+    def synchronize(self):
+        """Nothing to do: step() waits for the deltas (as in Horovod)."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer.")
+        yield  # pragma: no cover (a generator, for contextmanager)
+
+    def step(self, closure=None):
+        if not self._included:  # outside the process set: a local optimizer
+            return super(self.__class__, self).step(closure)
+        loss = closure() if closure is not None else None
+        # Parameters whose gradient did not come through a hook this step (no backward, or
+        # step() before backward_passes_per_step passes) are updated and combined now.
+        for p in self._requires_update:
+            if self._handles.get(p) is None:
+                self._start(p)
+        handles, self._handles = self._handles, {}
+        for p, handle in handles.items():
+            synchronize(handle)
+            p.data.add_(self._starts[p])
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError(_ZERO_GRAD_RACE)
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False, overlap_forward=None,
                          process_set=None):
@@ -701,9 +805,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     Sparse gradients (embeddings with sparse=True) are allgathered as indices and values, or,
     with `sparse_as_dense`, reduced dense and handed back sparse. With `process_set` the
     gradients are averaged over that set's ranks; on the other ranks the optimizer is local
-    (as Horovod's)."""
+    (as Horovod's). ``op=Adasum`` combines each parameter's local update with Adasum instead
+    (Horovod's delta optimizer: _DistributedAdasumOptimizer)."""
     if not _b.is_initialized():
         raise ValueError("gradcomp has not been initialized; call gradcomp.torch.init() before DistributedOptimizer")
+    if op == _b.Adasum:
+        for arg, value, default in (("groups", groups, None), ("overlap_forward", overlap_forward, None),
+                                    ("gradient_predivide_factor", gradient_predivide_factor, 1.0)):
+            if value != default:
+                raise ValueError(f"DistributedOptimizer: {arg} is not supported with op=Adasum (it combines each "
+                                 "parameter's update on its own)")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
+        return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
+                   process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups, sparse_as_dense, overlap_forward, process_set)
