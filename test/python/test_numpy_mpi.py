@@ -82,6 +82,16 @@ def test_grouped_allreduce():
     out = gc.grouped_allreduce(arrays, op=gc.Sum, name="group")
     for i, o in enumerate(out):
         np.testing.assert_array_equal(o, np.full(i + 1, float(sum(range(gc.size())))))
+    # Several dtypes in one group (Horovod takes them): each comes back in its own dtype, exact.
+    mixed = [np.full(3, gc.rank(), np.int32), np.full((2, 2), 0.5, np.float32), np.full(4, gc.rank(), np.int64),
+             np.full(5, 1.0 + gc.rank(), np.float64)]
+    out = gc.grouped_allreduce(mixed, op=gc.Sum, name="group.mixed")
+    total = sum(range(gc.size()))
+    assert [o.dtype for o in out] == [np.int32, np.float32, np.int64, np.float64]
+    for o, want in zip(out, [total, 0.5 * gc.size(), total, gc.size() + total]):
+        np.testing.assert_array_equal(o, np.full(o.shape, want, o.dtype))
+    with pytest.raises(ValueError, match="grouped allreduce of 'group.ada.0': op adasum needs a floating-point"):
+        gc.grouped_allreduce(mixed, op=gc.Adasum, name="group.ada")
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [np.bool_])

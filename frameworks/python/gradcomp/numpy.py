@@ -99,17 +99,28 @@ def allreduce_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=
 
 @_b.submits
 def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Allreduces a list of arrays negotiated together; returns a handle whose result is the list."""
+    """Allreduces a list of arrays negotiated together; returns a handle whose result is the list.
+    Arrays of several dtypes are allowed (each dtype's arrays form a group of their own)."""
     base = _b.auto_name("grouped_allreduce", name)
+    op = check_op(op)
     outs = [np.array(_array(a, "grouped_allreduce"), copy=True) for a in arrays]
     names = [f"{base}.{i}" for i in range(len(outs))]
     bufs = [_buffer(a, f"grouped allreduce of '{n}'") for a, n in zip(outs, names)]
-    if len({b[1] for b in bufs}) > 1:
-        raise ValueError(f"grouped allreduce '{base}': every array must have the same dtype, "
-                         f"got {sorted({str(a.dtype) for a in outs})}")
-    natives = _b.runtime().grouped_allreduce_async([b[0] for b in bufs], bufs[0][1] if bufs else 0,
-                                                   [b[2] for b in bufs], names, check_op(op), prescale_factor,
-                                                   postscale_factor, None, outs)
+    if not outs:
+        raise ValueError(f"grouped allreduce '{base}' needs at least one array")
+    if op == Adasum:  # checked for every array first, so a refused one submits nothing
+        for a, n in zip(outs, names):
+            if a.dtype.kind != "f":
+                raise ValueError(f"grouped allreduce of '{n}': op adasum needs a floating-point array, got {a.dtype}")
+    by_dtype = {}  # dtype code -> indices, in the order the dtypes first appear
+    for i, b in enumerate(bufs):
+        by_dtype.setdefault(b[1], []).append(i)
+    natives = []
+    for code, indices in by_dtype.items():
+        natives += _b.runtime().grouped_allreduce_async([bufs[i][0] for i in indices], code,
+                                                        [bufs[i][2] for i in indices], [names[i] for i in indices],
+                                                        op, prescale_factor, postscale_factor, None,
+                                                        [outs[i] for i in indices])
 
     class _Group:
         def poll(self):

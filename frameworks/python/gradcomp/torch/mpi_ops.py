@@ -264,30 +264,37 @@ class _Group:
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              compression=None, priority=0, process_set=None):
     """Reduces every tensor in place, negotiated and fused as one group; returns a handle
-    whose result is the list. `priority` as for allreduce_async_."""
+    whose result is the list. `priority` as for allreduce_async_. Tensors of several dtypes
+    are allowed, as in Horovod: each dtype's tensors form a group of their own."""
     op = check_op(op, average)
     base = _b.auto_name("grouped_allreduce", name, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"grouped allreduce '{base}' needs at least one tensor")
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    on_gpu = _same_gpu(tensors)
     for t, n in zip(tensors, names):
         _check_tensor(t, f"grouped allreduce of '{n}'")
-    if len({t.dtype for t in tensors}) > 1:
-        raise ValueError(f"grouped allreduce '{base}': every tensor must have the same dtype, got "
-                         f"{sorted({str(t.dtype) for t in tensors})}")
-    if op == _b.Adasum:
-        spec, dtype = adasum_form(tensors[0].dtype, compression, f"grouped allreduce '{base}'")
-    else:
-        spec, dtype = compressed_form(tensors[0].dtype, runtime_spec(compression))
-    staged = [_Staged(t, f"grouped allreduce of '{n}'", on_device=on_gpu, dtype=dtype) for t, n in zip(tensors, names)]
+        dtype_code(t, f"grouped allreduce of '{n}'")
+    priority = _check_priority(priority, f"grouped allreduce '{base}'")
+    by_dtype = {}  # dtype -> indices, in the order the dtypes first appear (the same on every rank)
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    # Every dtype's form first, so a refused one submits nothing on this rank.
+    forms = {dtype: (adasum_form(dtype, compression, f"grouped allreduce '{base}'") if op == _b.Adasum
+                     else compressed_form(dtype, runtime_spec(compression))) for dtype in by_dtype}
     rt = _b.runtime(process_set)
-    natives = rt.grouped_allreduce_async([s.ptr for s in staged], staged[0].code,
-                                         [s.shape for s in staged], names, op, float(prescale_factor),
-                                         float(postscale_factor), spec,
-                                         tuple(staged), device=staged[0].device, stream=staged[0].stream,
-                                         priority=_check_priority(priority, f"grouped allreduce '{base}'"))
+    staged, natives = [None] * len(tensors), []
+    for dtype, indices in by_dtype.items():
+        spec, stage_as = forms[dtype]
+        on_gpu = _same_gpu([tensors[i] for i in indices])
+        part = [_Staged(tensors[i], f"grouped allreduce of '{names[i]}'", on_device=on_gpu, dtype=stage_as)
+                for i in indices]
+        for i, s in zip(indices, part):
+            staged[i] = s
+        natives += rt.grouped_allreduce_async([s.ptr for s in part], part[0].code, [s.shape for s in part],
+                                              [names[i] for i in indices], op, float(prescale_factor),
+                                              float(postscale_factor), spec, tuple(part), device=part[0].device,
+                                              stream=part[0].stream, priority=priority)
     return _b.register(_Group(natives), lambda: [s.write_back() for s in staged])
 
 
