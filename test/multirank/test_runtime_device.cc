@@ -72,9 +72,9 @@ using Results = std::vector<std::vector<char>>;
 
 // With `device_comms` the runtime gets communicators that take the device's memory (as NCCL
 // would be for GPU tensors; test/support/device_comm.h). Rank r's device is device_of(r), else
-// the test device.
+// the test device. The allreduces reduce with `op`.
 Results Train(int world, const std::map<std::string, std::string>& vars, Where where, bool device_comms = false,
-              const std::function<Device&(int)>& device_of = nullptr) {
+              const std::function<Device&(int)>& device_of = nullptr, ReduceOp op = ReduceOp::kAverage) {
   const int steps = 3;
   Results results(static_cast<size_t>(world));
   const std::vector<std::string> failures = RunRanks(world, [&](Communicator& comm) {
@@ -124,8 +124,7 @@ Results Train(int world, const std::map<std::string, std::string>& vars, Where w
           outputs.push_back(buf);
           placements.push_back(on_device(i) ? Placement{&dev, stream.get()} : Placement{});
         }
-        const auto h = rt.GroupedAllreduce(names, dtype, shapes, inputs, outputs, ReduceOp::kAverage, 1.0, 1.0,
-                                           nullptr, placements);
+        const auto h = rt.GroupedAllreduce(names, dtype, shapes, inputs, outputs, op, 1.0, 1.0, nullptr, placements);
         handles.insert(handles.end(), h.begin(), h.end());
       }
       for (auto& h : handles) h->Wait();
@@ -237,6 +236,25 @@ INSTANTIATE_TEST_SUITE_P(
 
 // One rank's tensor on the device, the other's on the host: the response is staged through the
 // host on both (device communicators are for tensors in device memory on every rank).
+// Adasum is the host's algorithm whatever the tensors' memory: device tensors are staged through
+// the host, also where device communicators exist (they have no such op), with the host's bytes.
+TEST(RuntimeOnDevice, AdasumOfDeviceTensorsHasTheHostBytes) {
+  for (int world : {2, 3}) {
+    const Results host = Train(world, {}, Where::kHost, false, nullptr, ReduceOp::kAdasum);
+    EXPECT_NE(host, Train(world, {}, Where::kHost)) << "Adasum gave the average";
+    for (Where where : {Where::kDevice, Where::kMixed}) {
+      for (bool device_comms : {false, true}) {
+        const Results got = Train(world, {}, where, device_comms, nullptr, ReduceOp::kAdasum);
+        for (int r = 0; r < world; ++r) {
+          EXPECT_EQ(FirstDifference(got[static_cast<size_t>(r)], host[static_cast<size_t>(r)]), "")
+              << "world " << world << " rank " << r << (where == Where::kDevice ? " device" : " mixed")
+              << (device_comms ? " with device communicators" : " staged");
+        }
+      }
+    }
+  }
+}
+
 TEST(RuntimeOnDevice, RanksThatDisagreeOnWhereATensorIsStageThroughTheHost) {
   const size_t before = DeviceMemoryCommunicatorBytes();
   std::vector<std::vector<float>> out(2);
