@@ -3,12 +3,15 @@
     gcrun -np 4 --compression maxmin --bits 4 /usr/bin/python3 examples/torch_digits.py
     gcrun -np 4 /usr/bin/python3 examples/torch_digits.py --mode ddp --compression powersgd_fp16
     gcrun -np 2 /usr/bin/python3 examples/torch_digits.py --mode hvd --compression topk --topk-ratio 0.001
+    gcrun -np 4 /usr/bin/python3 examples/torch_digits.py --use-adasum
 
 The seeds' "DDP on MNIST with gradient compression" example on the 8x8 digits that Debian's
 python3-sklearn ships (real MNIST from --data-dir when its idx files are there). Two modes:
 
   hvd  gradcomp.torch.DistributedOptimizer (Horovod style). --compression none, fp16, maxmin,
        topk (DGC) or powersgd; without --compression the gcrun/GRADCOMP_* settings decide.
+       --use-adasum (Horovod's examples' flag): the ranks' updates combined with Adasum, at the
+       learning rate of one rank (exact values; --compression none or fp16).
   ddp  torch DistributedDataParallel on --backend gradcomp (default; compresses per the
        settings, as CGX does) or gloo. --compression none, fp16, powersgd, powersgd_fp16,
        batched_powersgd_fp16 (torch's own hooks) or maxmin (gradcomp's per-layer ddp_hook).
@@ -178,7 +181,11 @@ def parse_args(argv=None):
     p.add_argument("--log-dir", default="./logging", help="rank 0 writes digits_train.log here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--use-adasum", action="store_true", help="hvd mode: op=hvd.Adasum (the lr is not scaled by "
+                   "the number of ranks)")
     args = p.parse_args(argv)
+    if args.use_adasum and (args.mode != "hvd" or args.compression not in (None, "none", "fp16")):
+        p.error("--use-adasum needs --mode hvd and --compression none or fp16 (Adasum combines exact values)")
     choices = HVD_CHOICES if args.mode == "hvd" else DDP_CHOICES
     if args.compression is not None and args.compression not in choices:
         p.error(f"--compression {args.compression} is not available in --mode {args.mode} (choose among "
@@ -205,15 +212,18 @@ def train(args):
         opt = torch.optim.SGD(net.parameters(), lr=args.lr * size, momentum=0.9)
     else:
         net = model
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
+        # Horovod's rule: Adasum adapts the combined update, so the lr stays one rank's.
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr * (1 if args.use_adasum else size), momentum=0.9)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=hvd_compression(args))
+                                       compression=hvd_compression(args),
+                                       op=hvd.Adasum if args.use_adasum else hvd.Average)
     settings = {k: v for k, v in os.environ.items() if k.startswith(("GRADCOMP_COMPRESSION", "GRADCOMP_BITS"))}
     header = (f"{what}: {len(ytr)} train / {len(yte)} test images; {size} ranks; mode {args.mode}"
               + (f" on {args.backend}" if args.mode == "ddp" else "")
-              + f"; compression {args.compression or 'from settings ' + str(settings or '(none)')}")
+              + f"; compression {args.compression or 'from settings ' + str(settings or '(none)')}"
+              + ("; op Adasum" if args.use_adasum else ""))
     if rank == 0:
         print(header, flush=True)
     log.info(header)
@@ -279,6 +289,9 @@ def report(args, rank, log, top1, top5, seconds, steps, hook_state):
         lines.append(f"compressed gradients ({where}, rank {rank}): {bytes_in / 1e6:.2f} MB reduced, "
                      f"{wire / 1e6:.2f} MB sent where a float32 ring allreduce sends {ring / 1e6:.2f} MB "
                      f"({ring / max(wire, 1):.1f}x less, {(ring - wire) / 1e6:.2f} MB saved)")
+    elif args.use_adasum:
+        lines.append("Adasum combined the updates as " + ("float16 values (cast before the exchange)"
+                                                          if args.compression == "fp16" else "exact float32 values"))
     else:
         lines.append("no gradient was compressed (pass gcrun --compression maxmin --bits 4, or --compression)")
     for line in lines:

@@ -60,6 +60,19 @@ def test_torch_digits_ddp_modes(tmp_path):
     assert r.returncode != 0 and "which torch does not implement on CPU; use --compression powersgd" in r.stderr
 
 
+def test_torch_digits_trains_with_adasum(tmp_path):
+    """Horovod's examples' --use-adasum: the ranks' updates combined with Adasum at one rank's
+    learning rate train the digits as well as averaging does (98.3-98.6% over 3 seeds here)."""
+    out = run([PY, os.path.join(ROOT, "examples", "torch_digits.py"), "--use-adasum", "--log-dir",
+               str(tmp_path / "logs")], tmp_path)
+    assert "op Adasum" in out and "Adasum combined the updates as exact float32 values" in out
+    top1 = float(out.split("final test accuracy: top-1 ")[1].split("%")[0])
+    assert top1 >= 95, out
+    r = subprocess.run([GCRUN, "-np", "1", PY, os.path.join(ROOT, "examples", "torch_digits.py"), "--use-adasum",
+                        "--compression", "maxmin"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode != 0 and "--use-adasum needs --mode hvd and --compression none or fp16" in r.stderr
+
+
 def test_torch_dgc_resnet_reads_cifar_pickles(tmp_path):
     rng = np.random.default_rng(1)
     data = tmp_path / "cifar-10-batches-py"
