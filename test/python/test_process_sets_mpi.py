@@ -31,6 +31,42 @@ def digest(t):
     return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
+def test_the_numpy_adapter_takes_process_sets_too(halves):
+    """gradcomp.numpy shares the registry: every collective with process_set= among the set's
+    ranks, Adasum included, root ranks global, a rank outside the set refused by name."""
+    import numpy as np
+    import gradcomp.numpy as gc
+    mine, other = halves
+    me, ranks = gc.rank(), mine.ranks
+    k, total = len(ranks), float(sum(ranks))
+    x = np.full((5, 2), float(me), np.float32)
+    assert np.array_equal(gc.allreduce(x, op=gc.Sum, process_set=mine), np.full((5, 2), total, np.float32))
+    y = x.copy()
+    gc.allreduce_(y, op=gc.Max, process_set=mine)
+    assert np.array_equal(y, np.full((5, 2), float(max(ranks)), np.float32))
+    a, b = gc.grouped_allreduce([x, np.full(3, me, np.int64)], op=gc.Sum, process_set=mine)
+    assert np.array_equal(a, np.full((5, 2), total, np.float32)) and np.array_equal(b, np.full(3, sum(ranks)))
+    gathered = gc.allgather(np.full((me + 1, 2), me, np.int32), process_set=mine)
+    assert np.array_equal(gathered, np.concatenate([np.full((r + 1, 2), r, np.int32) for r in ranks]))
+    g1, g2 = gc.grouped_allgather([np.full(1, me), np.full(2, me)], process_set=mine)
+    assert g1.tolist() == ranks and g2.tolist() == [r for r in ranks for _ in range(2)]
+    for root in ranks:
+        assert np.array_equal(gc.broadcast(np.full(4, float(me)), root, process_set=mine), np.full(4, float(root)))
+    received = gc.alltoall(np.array([[me * 100 + i] for i in range(k)], np.int64), process_set=mine)
+    assert received.reshape(-1).tolist() == [r * 100 + mine.rank() for r in ranks]
+    rows = gc.reducescatter(np.ones((2 * k, 3), np.float64) * (me + 1), op=gc.Sum, process_set=mine)
+    assert np.array_equal(rows, np.full((2, 3), float(sum(r + 1 for r in ranks))))
+    (part,) = gc.grouped_reducescatter([np.ones((k, 2), np.float32)], op=gc.Sum, process_set=mine)
+    assert np.array_equal(part, np.full((1, 2), float(k), np.float32))
+    # Adasum of equal vectors is that vector, on any set.
+    same = np.linspace(-1, 1, 1000)
+    assert np.allclose(gc.allreduce(same, op=gc.Adasum, process_set=mine), same, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=rf"broadcast of 'np.bad.root': root rank {other.ranks[0]} is not in"):
+        gc.broadcast(np.zeros(2), other.ranks[0], name="np.bad.root", process_set=mine)
+    with pytest.raises(ValueError, match=rf"rank {me} is not in ProcessSet\(process_set_id={other.process_set_id}"):
+        gc.allreduce(np.zeros(2), process_set=other)
+
+
 def test_a_set_knows_its_ranks(halves):
     mine, other = halves
     me = hvd.rank()

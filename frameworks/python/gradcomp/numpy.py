@@ -7,13 +7,16 @@
 
 Every collective has an ``_async`` variant returning a handle for ``poll``/``synchronize``;
 ``allreduce_`` and ``broadcast_`` work in place. Names must match across ranks; when omitted,
-names are generated from the call order (the same on every rank).
+names are generated from the call order (the same on every rank). ``process_set=`` (every
+collective, as in the torch adapter): the ranks of a registered ProcessSet run it among
+themselves; ``root_rank`` stays a global rank.
 """
 import numpy as np
 
-from gradcomp.basics import (Adasum, Average, GradcompError, Max, Min, Product, Sum, barrier, check_op, cross_rank,
-                             cross_size, init, is_initialized, join, local_rank, local_size, poll, rank, shutdown,
-                             size, start_timeline, stats, stop_timeline, synchronize, compression_choices)
+from gradcomp.basics import (Adasum, Average, GradcompError, Max, Min, ProcessSet, Product, Sum, add_process_set,
+                             barrier, check_op, compression_choices, cross_rank, cross_size, global_process_set, init,
+                             is_initialized, join, local_rank, local_size, poll, rank, remove_process_set, shutdown,
+                             size, start_timeline, stats, stop_timeline, synchronize)
 from gradcomp import _core
 from gradcomp import basics as _b
 
@@ -23,7 +26,8 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
            "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
-           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "Compression"]
+           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "Compression", "ProcessSet",
+           "global_process_set", "add_process_set", "remove_process_set"]
 
 
 class Compression:
@@ -68,40 +72,44 @@ def _result(native, like):
 
 @_b.submits
 def allreduce_async_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
-                     compression=None):
+                     compression=None, process_set=None):
     """Reduces `array` across ranks in place; returns a handle. `compression` overrides the
     settings' policy for this tensor: a codec name or {"codec": "maxmin", "bits": 4, ...}."""
     _writeable(array, "allreduce_")
-    name = _b.auto_name("allreduce", name)
+    name = _b.auto_name("allreduce", name, process_set)
     ptr, code, shape = _buffer(array, f"allreduce of '{name}'")
-    native = _b.runtime().allreduce_async(ptr, ptr, code, shape, name, check_op(op, average), prescale_factor,
-                                          postscale_factor, _b.compression_spec(compression), array)
+    native = _b.runtime(process_set).allreduce_async(ptr, ptr, code, shape, name, check_op(op, average),
+                                                     prescale_factor, postscale_factor,
+                                                     _b.compression_spec(compression), array)
     return _b.register(native, lambda: array)
 
 
 def allreduce_async(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
-                    compression=None):
+                    compression=None, process_set=None):
     """Reduces a copy of `array` across ranks; returns a handle whose result is the new array."""
     out = np.array(_array(array, "allreduce"), copy=True)
-    return allreduce_async_(out, op, name, prescale_factor, postscale_factor, average, compression)
+    return allreduce_async_(out, op, name, prescale_factor, postscale_factor, average, compression, process_set)
 
 
-def allreduce(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None, compression=None):
-    """op (default Average) of `array` over all ranks, as a new array."""
-    return synchronize(allreduce_async(array, op, name, prescale_factor, postscale_factor, average, compression))
+def allreduce(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None, compression=None,
+              process_set=None):
+    """op (default Average) of `array` over all ranks (or `process_set`'s), as a new array."""
+    return synchronize(allreduce_async(array, op, name, prescale_factor, postscale_factor, average, compression,
+                                       process_set))
 
 
 def allreduce_(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, average=None,
-               compression=None):
+               compression=None, process_set=None):
     """In-place allreduce; returns `array`."""
-    return synchronize(allreduce_async_(array, op, name, prescale_factor, postscale_factor, average, compression))
+    return synchronize(allreduce_async_(array, op, name, prescale_factor, postscale_factor, average, compression,
+                                        process_set))
 
 
 @_b.submits
-def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Allreduces a list of arrays negotiated together; returns a handle whose result is the list.
     Arrays of several dtypes are allowed (each dtype's arrays form a group of their own)."""
-    base = _b.auto_name("grouped_allreduce", name)
+    base = _b.auto_name("grouped_allreduce", name, process_set)
     op = check_op(op)
     outs = [np.array(_array(a, "grouped_allreduce"), copy=True) for a in arrays]
     names = [f"{base}.{i}" for i in range(len(outs))]
@@ -115,12 +123,11 @@ def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, pos
     by_dtype = {}  # dtype code -> indices, in the order the dtypes first appear
     for i, b in enumerate(bufs):
         by_dtype.setdefault(b[1], []).append(i)
-    natives = []
+    rt, natives = _b.runtime(process_set), []
     for code, indices in by_dtype.items():
-        natives += _b.runtime().grouped_allreduce_async([bufs[i][0] for i in indices], code,
-                                                        [bufs[i][2] for i in indices], [names[i] for i in indices],
-                                                        op, prescale_factor, postscale_factor, None,
-                                                        [outs[i] for i in indices])
+        natives += rt.grouped_allreduce_async([bufs[i][0] for i in indices], code, [bufs[i][2] for i in indices],
+                                              [names[i] for i in indices], op, prescale_factor, postscale_factor,
+                                              None, [outs[i] for i in indices])
 
     class _Group:
         def poll(self):
@@ -133,102 +140,104 @@ def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, pos
     return _b.register(_Group(), lambda: outs)
 
 
-def grouped_allreduce(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(grouped_allreduce_async(arrays, op, name, prescale_factor, postscale_factor))
+def grouped_allreduce(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return synchronize(grouped_allreduce_async(arrays, op, name, prescale_factor, postscale_factor, process_set))
 
 
 @_b.submits
-def allgather_async(array, name=None):
+def allgather_async(array, name=None, process_set=None):
     """Concatenates every rank's `array` along the first dimension (which may differ per rank)."""
     a = _array(array, "allgather")
     if a.ndim == 0:
         raise ValueError("allgather needs an array with at least one dimension")
-    name = _b.auto_name("allgather", name)
-    native = _b.runtime().allgather_async(*_buffer(a, f"allgather of '{name}'"), name, a)
+    name = _b.auto_name("allgather", name, process_set)
+    native = _b.runtime(process_set).allgather_async(*_buffer(a, f"allgather of '{name}'"), name, a)
     return _b.register(native, _result(native, a))
 
 
-def allgather(array, name=None):
-    return synchronize(allgather_async(array, name))
+def allgather(array, name=None, process_set=None):
+    return synchronize(allgather_async(array, name, process_set))
 
 
 @_b.submits
-def grouped_allgather_async(arrays, name=None):
+def grouped_allgather_async(arrays, name=None, process_set=None):
     """allgather of each array; the handle's result is the list of gathered arrays."""
-    base = _b.auto_name("grouped_allgather", name)
-    return _b.register_group([allgather_async(a, f"{base}.{i}") for i, a in enumerate(arrays)])
+    base = _b.auto_name("grouped_allgather", name, process_set)
+    return _b.register_group([allgather_async(a, f"{base}.{i}", process_set) for i, a in enumerate(arrays)])
 
 
-def grouped_allgather(arrays, name=None):
-    return synchronize(grouped_allgather_async(arrays, name))
+def grouped_allgather(arrays, name=None, process_set=None):
+    return synchronize(grouped_allgather_async(arrays, name, process_set))
 
 
 @_b.submits
-def broadcast_async_(array, root_rank, name=None):
-    """Overwrites `array` with root_rank's in place; returns a handle."""
+def broadcast_async_(array, root_rank, name=None, process_set=None):
+    """Overwrites `array` with root_rank's (a global rank) in place; returns a handle."""
     _writeable(array, "broadcast_")
-    name = _b.auto_name("broadcast", name)
-    native = _b.runtime().broadcast_async(*_buffer(array, f"broadcast of '{name}'"), int(root_rank), name, array)
+    name = _b.auto_name("broadcast", name, process_set)
+    root = _b.set_rank(process_set, root_rank, f"broadcast of '{name}'")
+    native = _b.runtime(process_set).broadcast_async(*_buffer(array, f"broadcast of '{name}'"), root, name, array)
     return _b.register(native, lambda: array)
 
 
-def broadcast_async(array, root_rank, name=None):
+def broadcast_async(array, root_rank, name=None, process_set=None):
     out = np.array(_array(array, "broadcast"), copy=True)
-    return broadcast_async_(out, root_rank, name)
+    return broadcast_async_(out, root_rank, name, process_set)
 
 
-def broadcast(array, root_rank, name=None):
+def broadcast(array, root_rank, name=None, process_set=None):
     """root_rank's `array` on every rank, as a new array."""
-    return synchronize(broadcast_async(array, root_rank, name))
+    return synchronize(broadcast_async(array, root_rank, name, process_set))
 
 
-def broadcast_(array, root_rank, name=None):
-    return synchronize(broadcast_async_(array, root_rank, name))
+def broadcast_(array, root_rank, name=None, process_set=None):
+    return synchronize(broadcast_async_(array, root_rank, name, process_set))
 
 
 @_b.submits
-def alltoall_async(array, splits=None, name=None):
+def alltoall_async(array, splits=None, name=None, process_set=None):
     """Sends rows splits[p] of `array` to rank p (without splits, an even split: the first
     dimension must be a multiple of the number of ranks). The handle's result is (received
     array, rows received from each rank)."""
     a = _array(array, "alltoall")
     s = [] if splits is None else [int(v) for v in np.asarray(splits).reshape(-1)]
-    name = _b.auto_name("alltoall", name)
-    native = _b.runtime().alltoall_async(*_buffer(a, f"alltoall of '{name}'"), s, name, a)
+    name = _b.auto_name("alltoall", name, process_set)
+    native = _b.runtime(process_set).alltoall_async(*_buffer(a, f"alltoall of '{name}'"), s, name, a)
     result = _result(native, a)
     return _b.register(native, lambda: (result(), np.asarray(native.aux(), dtype=np.int64)))
 
 
-def alltoall(array, splits=None, name=None):
+def alltoall(array, splits=None, name=None, process_set=None):
     """The received array; with `splits`, (received array, rows received from each rank), as
     Horovod returns them."""
-    received, received_splits = synchronize(alltoall_async(array, splits, name))
+    received, received_splits = synchronize(alltoall_async(array, splits, name, process_set))
     return received if splits is None else (received, received_splits)
 
 
 @_b.submits
-def reducescatter_async(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Reduces `array` and gives each rank a slice of the first dimension (even split)."""
     a = _array(array, "reducescatter")
     if a.ndim == 0:
         raise ValueError("reducescatter needs an array with at least one dimension")
-    name = _b.auto_name("reducescatter", name)
-    native = _b.runtime().reducescatter_async(*_buffer(a, f"reducescatter of '{name}'"), name, check_op(op),
-                                              prescale_factor, postscale_factor, a)
+    name = _b.auto_name("reducescatter", name, process_set)
+    native = _b.runtime(process_set).reducescatter_async(*_buffer(a, f"reducescatter of '{name}'"), name,
+                                                         check_op(op), prescale_factor, postscale_factor, a)
     return _b.register(native, _result(native, a))
 
 
-def reducescatter(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(reducescatter_async(array, op, name, prescale_factor, postscale_factor))
+def reducescatter(array, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return synchronize(reducescatter_async(array, op, name, prescale_factor, postscale_factor, process_set))
 
 
 @_b.submits
-def grouped_reducescatter_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                                process_set=None):
     """reducescatter of each array; the handle's result is the list of this rank's slices."""
-    base = _b.auto_name("grouped_reducescatter", name)
-    return _b.register_group([reducescatter_async(a, op, f"{base}.{i}", prescale_factor, postscale_factor)
+    base = _b.auto_name("grouped_reducescatter", name, process_set)
+    return _b.register_group([reducescatter_async(a, op, f"{base}.{i}", prescale_factor, postscale_factor, process_set)
                               for i, a in enumerate(arrays)])
 
 
-def grouped_reducescatter(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor))
+def grouped_reducescatter(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return synchronize(grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor, process_set))
