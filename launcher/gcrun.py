@@ -68,17 +68,69 @@ FLAGS = {
     "--failure-cooldown": ("failure_cooldown", "float", "with --elastic: seconds a host sits out after a failure (60)"),
     "--elastic-dir": ("elastic_dir", "str", "with --elastic: where ranks keep their last commit (default: a temporary directory)"),
 }
-_ALIASES = {"--num-proc": "-np", "-n": "-np", "--np": "-np"}
+# horovodrun's flags under horovodrun's names, so that a horovodrun command line runs as it is:
+# its names for gcrun's flags, then flags of its own. kind "set:V" takes no value and sets V;
+# dest "ignored" is a flag with nothing to do here, accepted with a note saying why.
+_ALIASES = {"--num-proc": "-np", "-n": "-np", "--np": "-np", "--hierarchical-allreduce": "--hierarchical",
+            "--network-interfaces": "--network-interface", "--min-num-proc": "--min-np",
+            "--max-num-proc": "--max-np", "-hostfile": "--hostfile", "-p": "--ssh-port", "-i": "--ssh-identity-file",
+            "-prefix-timestamp": "--prefix-output-with-timestamp", "--log-hide-timestamp": "--log-without-timestamp"}
+HOROVODRUN_FLAGS = {
+    "--no-hierarchical-allreduce": ("GRADCOMP_HIERARCHICAL", "set:0", "no node-local step (the default)"),
+    "--cache-capacity": ("GRADCOMP_CACHE_CAPACITY", "int", "response cache entries (0 disables the cache)"),
+    "--timeline-mark-cycles": ("GRADCOMP_TIMELINE_MARK_CYCLES", "bool", "mark each background cycle in the timeline"),
+    "--no-autotune": ("GRADCOMP_AUTOTUNE", "set:0", "no autotuning (the default)"),
+    "--no-stall-check": ("GRADCOMP_STALL_CHECK_TIME_SECONDS", "set:0", "no stall warnings"),
+    "--gloo": ("GRADCOMP_CONTROLLER", "set:gloo", "negotiate over gradcomp's TCP connections (Horovod's Gloo "
+               "controller's place; ranks still start through mpirun)"),
+    "--mpi": ("GRADCOMP_CONTROLLER", "set:mpi", "negotiate over MPI"),
+    "--ssh-port": ("ssh_port", "int", "-p: the hosts' ssh port (Open MPI's plm_rsh_args)"),
+    "--ssh-identity-file": ("ssh_identity_file", "str", "-i: the ssh private key (Open MPI's plm_rsh_args)"),
+    "--binding-args": ("binding_args", "str", "mpirun's binding arguments, in place of --bind-to none --map-by slot"),
+    "--prefix-output-with-timestamp": ("timestamp_output", "bool", "-prefix-timestamp: timestamp each output line"),
+    "--tcp": ("tcp", "bool", "MPI over TCP only (--mca pml ob1 --mca btl ^openib)"),
+    "--hierarchical-allgather": ("ignored", "bool", "gradcomp's allgather has no hierarchical form"),
+    "--no-hierarchical-allgather": ("ignored", "bool", "gradcomp's allgather is flat"),
+    "--disable-cache": ("ignored", "bool", "gcrun runs no start-up checks to cache"),
+    "--start-timeout": ("ignored", "int", "gcrun runs no start-up checks (GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS bounds "
+                        "init)"),
+    "--num-nccl-streams": ("ignored", "int", "gradcomp uses one stream per GPU"),
+    "--thread-affinity": ("ignored", "int", "gradcomp does not pin its background thread"),
+    "--gloo-timeout-seconds": ("ignored", "int", "GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS and "
+                               "--stall-check-shutdown-time-seconds bound waits"),
+    "--mpi-threads-disable": ("ignored", "bool", "gradcomp needs MPI's thread support (process sets)"),
+    "--log-with-timestamp": ("ignored", "bool", "gradcomp's log lines always carry their time"),
+    "--log-without-timestamp": ("ignored", "bool", "gradcomp's log lines always carry their time"),
+    "--autotune-warmup-samples": ("ignored", "int", "gradcomp's autotune scores GRADCOMP_AUTOTUNE_WINDOW_SECONDS "
+                                  "windows"),
+    "--autotune-steps-per-sample": ("ignored", "int", "gradcomp's autotune scores windows of time"),
+    "--autotune-bayes-opt-max-samples": ("ignored", "int", "gradcomp's autotune is a coordinate search"),
+    "--autotune-gaussian-process-noise": ("ignored", "float", "gradcomp's autotune is a coordinate search"),
+}
+# horovodrun flags gcrun cannot honour: an error saying what to do instead.
+_REFUSED = {"--jsrun": "gcrun starts the ranks with mpirun; jsrun is not supported",
+            "--config-file": "horovodrun's YAML configuration files are not read; pass the settings as flags",
+            "--blacklist-cooldown-range": "use --failure-cooldown SECONDS (with --elastic)",
+            "--slots-per-host": "give the slots in the host discovery script's lines (host:slots)"}
 FORWARDED_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def help_text():
     lines = [__doc__.strip(), "", USAGE, "", "options:"]
-    for flag, (_, kind, text) in FLAGS.items():
-        arg = "" if kind == "bool" else " " + kind.upper()
-        lines.append(f"  {flag + arg:<46} {text}")
+
+    def describe(table):
+        for flag, (dest, kind, text) in table.items():
+            arg = "" if kind == "bool" or kind.startswith("set:") else " " + kind.upper()
+            lines.append(f"  {flag + arg:<46} {'(no effect) ' if dest == 'ignored' else ''}{text}")
+
+    describe(FLAGS)
     lines.append(f"  {'-h, --help':<46} show this help")
+    lines += ["", "horovodrun's flags, so that a horovodrun command line runs unchanged:"]
+    for alias, flag in _ALIASES.items():
+        lines.append(f"  {alias:<46} {flag}")
+    describe(HOROVODRUN_FLAGS)
+    lines += [f"  {flag:<46} refused: {why}" for flag, why in _REFUSED.items()]
     return "\n".join(lines)
 
 
@@ -108,13 +160,15 @@ def parse_args(argv):
         if token.startswith("--") and "=" in token:
             flag, value = token.split("=", 1)
         flag = _ALIASES.get(flag, flag)
-        if flag not in FLAGS:
+        if flag in _REFUSED:
+            raise LaunchError(f"{token}: {_REFUSED[flag]}")
+        if flag not in FLAGS and flag not in HOROVODRUN_FLAGS:
             raise LaunchError(f"unknown flag {token} (gcrun --help lists the flags; put the command after them)")
-        dest, kind, _ = FLAGS[flag]
-        if kind == "bool":
+        dest, kind, reason = FLAGS.get(flag) or HOROVODRUN_FLAGS[flag]
+        if kind == "bool" or kind.startswith("set:"):
             if value is not None:
                 raise LaunchError(f"{flag} takes no value")
-            converted = True
+            converted = True if kind == "bool" else kind[len("set:"):]
         else:
             if value is None:
                 i += 1
@@ -122,8 +176,12 @@ def parse_args(argv):
                     raise LaunchError(f"{flag} needs a value")
                 value = argv[i]
             converted = _convert(flag, kind, value)
-        if dest.startswith("GRADCOMP_"):
+        if dest == "ignored":
+            opts.setdefault("notes", []).append(f"{token.split('=', 1)[0]} has no effect: {reason}")
+        elif dest.startswith("GRADCOMP_"):
             opts["settings"][dest] = ("1" if converted is True else str(converted))
+        elif dest == "network_interface" and opts.get(dest):
+            opts[dest] += "," + converted  # given again (horovodrun's --network-interface eth0 --network-interface eth1)
         else:
             opts[dest] = converted
         i += 1
@@ -230,7 +288,18 @@ def build_command(opts, command, env=None, is_root=None, cpu_count=None, port=No
         args += ["--hostfile", opts["hostfile"]]
     if np_ > slots:
         args.append("--oversubscribe")
-    args += ["--bind-to", "none", "--map-by", "slot"]
+    if opts.get("binding_args"):
+        args += shlex.split(opts["binding_args"])
+    else:
+        args += ["--bind-to", "none", "--map-by", "slot"]
+    ssh = ([f"-p {opts['ssh_port']}"] if opts.get("ssh_port") is not None else []) + \
+          ([f"-i {shlex.quote(opts['ssh_identity_file'])}"] if opts.get("ssh_identity_file") else [])
+    if ssh:
+        args += ["--mca", "plm_rsh_args", " ".join(ssh)]
+    if opts.get("timestamp_output"):
+        args.append("--timestamp-output")
+    if opts.get("tcp"):
+        args += ["--mca", "pml", "ob1", "--mca", "btl", "^openib"]
     if opts.get("output_filename"):
         args += ["--output-filename", opts["output_filename"]]
     nics = opts.get("network_interface")
@@ -285,6 +354,8 @@ def run(argv):
         if opts.get(flag) is not None:
             raise LaunchError(f"--{flag.replace('_', '-')} needs --elastic")
     args, env, assigned = build_command(opts, command)
+    for note in opts.get("notes", []):
+        print(f"gcrun: note: {note}", file=sys.stderr, flush=True)
     if opts.get("dry_run") or opts.get("verbose"):
         # A shell line that runs the same job: the variables gcrun sets, then mpirun.
         shown = " ".join([f"{k}={shlex.quote(v)}" for k, v in sorted(assigned.items())] +

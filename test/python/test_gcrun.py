@@ -92,6 +92,55 @@ def test_each_setting_flag_becomes_its_variable(flag, value, var, expected):
         assert env2[var] == expected
 
 
+@pytest.mark.parametrize("argv,var,expected", [
+    (["--hierarchical-allreduce"], "GRADCOMP_HIERARCHICAL", "1"),
+    (["--hierarchical", "--no-hierarchical-allreduce"], "GRADCOMP_HIERARCHICAL", "0"),
+    (["--cache-capacity", "2048"], "GRADCOMP_CACHE_CAPACITY", "2048"),
+    (["--timeline-mark-cycles"], "GRADCOMP_TIMELINE_MARK_CYCLES", "1"),
+    (["--no-autotune"], "GRADCOMP_AUTOTUNE", "0"),
+    (["--no-stall-check"], "GRADCOMP_STALL_CHECK_TIME_SECONDS", "0"),
+    (["--gloo"], "GRADCOMP_CONTROLLER", "gloo"),
+    (["--mpi"], "GRADCOMP_CONTROLLER", "mpi"),
+])
+def test_horovodruns_flags_become_gradcomps_settings(argv, var, expected):
+    args, env, _ = build(["-np", "2"] + argv + [PY, "x.py"])
+    assert env[var] == expected and var in exported(args)
+
+
+def test_horovodruns_launch_flags_become_mpirun_arguments():
+    args, _, _ = build(["--num-proc", "4", "-H", "a:2,b:2", "-p", "2222", "-i", "/keys/id rsa", "-prefix-timestamp",
+                        "--tcp", "--binding-args=--bind-to socket --map-by socket", "--network-interface", "eth0",
+                        "--network-interfaces", "eth1,eth2", PY, "x.py"])
+    assert args[args.index("-np") + 1] == "4"
+    assert args[args.index("plm_rsh_args") + 1] == "-p 2222 -i '/keys/id rsa'"
+    assert "--timestamp-output" in args
+    assert args[args.index("pml") - 1:args.index("pml") + 4] == ["--mca", "pml", "ob1", "--mca", "btl"]
+    assert args[args.index("pml") + 4] == "^openib"
+    i = args.index("--bind-to")
+    assert args[i:i + 4] == ["--bind-to", "socket", "--map-by", "socket"] and args.count("--bind-to") == 1
+    assert args[args.index("btl_tcp_if_include") + 1] == "eth0,eth1,eth2"
+
+
+def test_horovodruns_flags_with_nothing_to_do_are_accepted_with_a_note():
+    r = run_gcrun(["-np", "2", "--start-timeout", "30", "--hierarchical-allgather", "--log-without-timestamp",
+                   "--autotune-warmup-samples=5", "--dry-run", PY, "x.py"])
+    assert r.returncode == 0, r.stderr
+    assert "gcrun: note: --start-timeout has no effect: gcrun runs no start-up checks" in r.stderr
+    assert "--hierarchical-allgather has no effect: gradcomp's allgather has no hierarchical form" in r.stderr
+    assert "--autotune-warmup-samples has no effect" in r.stderr and "--log-without-timestamp has no effect" in r.stderr
+    assert "GRADCOMP_" not in r.stdout.split("mpirun")[0].replace("PYTHONPATH", "")  # nothing set for them
+
+
+def test_a_horovodrun_command_line_runs_unchanged():
+    r = run_gcrun(["--num-proc", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2", "--cache-capacity", "512",
+                   "--hierarchical-allreduce", "--no-stall-check", "--mpi", "--log-level", "INFO", PY, "-c",
+                   "import gradcomp.numpy as gc, numpy as np; gc.init(); "
+                   "print(f'sum={gc.allreduce(np.ones(3), op=gc.Sum)[0]}'); gc.shutdown()"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("sum=2.0") == 2  # (the ranks' lines may interleave)
+    assert "fusion 32 MB, cache 512, negotiating over mpi" in r.stderr
+
+
 def test_caller_variables_are_forwarded_and_flags_win():
     env = {"PATH": os.environ["PATH"], "GRADCOMP_BITS": "8", "CGX_COMPRESSION_BUCKET_SIZE": "128",
            "LD_LIBRARY_PATH": "/opt/lib", "PYTHONPATH": "/opt/py", "UNRELATED": "x"}
@@ -153,7 +202,7 @@ def test_dry_run_prints_a_runnable_command_and_starts_nothing():
 def test_help():
     r = run_gcrun(["--help"])
     assert r.returncode == 0
-    for flag in gcrun.FLAGS:
+    for flag in list(gcrun.FLAGS) + list(gcrun.HOROVODRUN_FLAGS) + list(gcrun._ALIASES) + list(gcrun._REFUSED):
         assert flag in r.stdout
 
 
@@ -176,6 +225,10 @@ def test_help():
     (["-np", "2", "--bits"], "--bits needs a value"),
     (["-np", "2", "--hierarchical=1", PY, "x.py"], "--hierarchical takes no value"),
     (["-np", "2", "--mpirun", "/no/mpirun", PY, "x.py"], "mpirun not found at /no/mpirun"),
+    (["-np", "2", "--config-file", "h.yaml", PY, "x.py"], "--config-file: horovodrun's YAML configuration files are "
+                                                           "not read; pass the settings as flags"),
+    (["-np", "2", "--jsrun", PY, "x.py"], "--jsrun: gcrun starts the ranks with mpirun"),
+    (["-np", "2", "--no-autotune=1", PY, "x.py"], "--no-autotune takes no value"),
 ])
 def test_errors(argv, message):
     r = run_gcrun(argv)
