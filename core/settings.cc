@@ -47,7 +47,7 @@ constexpr int64_t kNoExtra = std::numeric_limits<int64_t>::min();
 /// One row of the registry.
 struct Entry {
   const char* name;
-  const char* alias;  // CGX variable or nullptr
+  const char* alias;  // the CGX or Horovod variable of the same meaning, or nullptr
   Kind kind;
   Field field;
   const char* default_value;
@@ -65,7 +65,7 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_FUSION_THRESHOLD_MB", "CGX_FUSION_BUFFER_SIZE_MB", Kind::kFloat, Of(&Settings::fusion_threshold_mb),
        "64", "largest fusion buffer in MB; tensors ready together are packed up to this size (0 disables fusion)",
        0, 65536},
-      {"GRADCOMP_CYCLE_TIME_MS", nullptr, Kind::kFloat, Of(&Settings::cycle_time_ms), "1",
+      {"GRADCOMP_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME", Kind::kFloat, Of(&Settings::cycle_time_ms), "1",
        "longest the background thread gathers newly enqueued tensors before negotiating them (less once enqueues pause or a caller waits on a handle)", 0, 10000},
       {"GRADCOMP_SCHEDULING_CREDIT_MB", nullptr, Kind::kFloat, Of(&Settings::scheduling_credit_mb), "16",
        "when ready tensors carry priorities (DistributedOptimizer's overlap_forward), each cycle runs the most "
@@ -77,7 +77,7 @@ const std::vector<Entry>& Registry() {
        "pending tensor, or they waited 16 negotiation rounds (~64 cycle times): fewer, larger collectives for "
        "models of many small tensors (0: run whatever is ready every cycle)",
        0, 1048576},
-      {"GRADCOMP_CACHE_CAPACITY", nullptr, Kind::kInt, Of(&Settings::cache_capacity), "1024",
+      {"GRADCOMP_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", Kind::kInt, Of(&Settings::cache_capacity), "1024",
        "entries of the response cache that skips coordinator round trips in steady state (0 disables it)", 0,
        1e9},
       {"GRADCOMP_COMPRESSION", nullptr, Kind::kChoice, Spec(&CompressionSpec::codec), "none",
@@ -133,7 +133,7 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_AUTO_NORMALIZED", nullptr, Kind::kBool, Spec(&CompressionSpec::auto_normalized), "0",
        "with GRADCOMP_COMPRESSION=auto, each tensor's error is weighed over its values' mean square (the error of an "
        "update normalized per coordinate: Adam and its kin) instead of absolute (SGD)"},
-      {"GRADCOMP_HIERARCHICAL", nullptr, Kind::kBool, Of(&Settings::hierarchical), "0",
+      {"GRADCOMP_HIERARCHICAL", "HOROVOD_HIERARCHICAL_ALLREDUCE", Kind::kBool, Of(&Settings::hierarchical), "0",
        "allreduce inside each node first (shared memory), then across nodes"},
       {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, Of(&Settings::local_size), "0",
        "force nodes of this many consecutive ranks (0 detects them); lets one machine exercise hierarchy", 0,
@@ -203,18 +203,21 @@ const std::vector<Entry>& Registry() {
        0, 3600, true},
       {"GRADCOMP_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", Kind::kString, Of(&Settings::autotune_log), "",
        "with GRADCOMP_AUTOTUNE, rank 0 writes each scored setting to this CSV file"},
-      {"GRADCOMP_TIMELINE", nullptr, Kind::kString, Of(&Settings::timeline), "",
+      {"GRADCOMP_TIMELINE", "HOROVOD_TIMELINE", Kind::kString, Of(&Settings::timeline), "",
        "write a Chrome-trace timeline of every operation to this file (empty: off)"},
-      {"GRADCOMP_TIMELINE_MARK_CYCLES", nullptr, Kind::kBool, Of(&Settings::timeline_mark_cycles), "0",
+      {"GRADCOMP_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", Kind::kBool,
+       Of(&Settings::timeline_mark_cycles), "0",
        "mark each background-thread cycle in the timeline"},
-      {"GRADCOMP_STALL_CHECK_TIME_SECONDS", nullptr, Kind::kFloat, Of(&Settings::stall_check_time_seconds), "60",
+      {"GRADCOMP_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS", Kind::kFloat,
+       Of(&Settings::stall_check_time_seconds), "60",
        "warn, naming the missing ranks, when a tensor waits this long for other ranks (0 disables)", 0, 1e9},
-      {"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", nullptr, Kind::kFloat, Of(&Settings::stall_shutdown_time_seconds), "0",
+      {"GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", Kind::kFloat,
+       Of(&Settings::stall_shutdown_time_seconds), "0",
        "fail a tensor on every rank once it has waited this long (0 disables)", 0, 1e9},
       {"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", nullptr, Kind::kFloat, Of(&Settings::collective_timeout_seconds), "600",
        "end the process (status 1, naming what waited) when init, a negotiation round or a collective has not "
        "completed after this long: a peer rank died, stopped or lost its link (0: wait forever)", 0, 1e9},
-      {"GRADCOMP_LOG_LEVEL", nullptr, Kind::kChoice, Of(&Settings::log_level), "warning",
+      {"GRADCOMP_LOG_LEVEL", "HOROVOD_LOG_LEVEL", Kind::kChoice, Of(&Settings::log_level), "warning",
        "least severe log level printed", -kInf, kInf, false, kNoExtra,
        "trace|debug|info|warning|error|fatal|off"},
   };
@@ -377,6 +380,32 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
     if (primary != nullptr || alias != nullptr) explicitly_set.insert(e.name);
   }
 
+  // Horovod's variables whose meaning needs a conversion (the others are aliases in the registry).
+  if (const char* bytes = lookup("HOROVOD_FUSION_THRESHOLD"); bytes != nullptr) {
+    double b = -1;
+    std::istringstream in(bytes);
+    in >> b;
+    if (!in || !in.eof() || !(b >= 0) || b > 65536.0 * 1048576) {
+      throw InvalidArgument(std::string("invalid value for HOROVOD_FUSION_THRESHOLD (Horovod's fusion threshold in "
+                                        "bytes, read as GRADCOMP_FUSION_THRESHOLD_MB): '") + bytes +
+                            "'; expected a number of bytes in [0, 65536 MB]");
+    }
+    if (explicitly_set.count("GRADCOMP_FUSION_THRESHOLD_MB")) {
+      s.notes.push_back("GRADCOMP_FUSION_THRESHOLD_MB (or CGX_FUSION_BUFFER_SIZE_MB) overrides "
+                        "HOROVOD_FUSION_THRESHOLD=" + std::string(bytes));
+    } else {
+      s.fusion_threshold_mb = b / 1048576.0;
+    }
+  }
+  if (const char* off = lookup("HOROVOD_STALL_CHECK_DISABLE"); off != nullptr) {
+    bool disable = false;
+    if (!ParseBool(off, &disable)) {
+      throw InvalidArgument(std::string("invalid value for HOROVOD_STALL_CHECK_DISABLE: '") + off +
+                            "'; expected 0 or 1 (also true/false, yes/no, on/off)");
+    }
+    if (disable && !explicitly_set.count("GRADCOMP_STALL_CHECK_TIME_SECONDS")) s.stall_check_time_seconds = 0;
+  }
+
   // CGX semantics: choosing a bit width below 32 turns quantization on, 32 turns it off.
   CompressionSpec& c = s.compression;
   if (!explicitly_set.count("GRADCOMP_COMPRESSION") && explicitly_set.count("GRADCOMP_BITS") && c.bits < 32) {
@@ -459,7 +488,7 @@ std::string AgreedSettingsText(const Settings& settings) {
 
 std::string SettingsMarkdownTable() {
   std::ostringstream os;
-  os << "| variable | CGX alias | default | allowed | meaning |\n|---|---|---|---|---|\n";
+  os << "| variable | CGX / Horovod alias | default | allowed | meaning |\n|---|---|---|---|---|\n";
   for (const SettingInfo& i : DescribeSettings()) {
     os << "| `" << i.name << "` | " << (i.alias.empty() ? "" : "`" + i.alias + "`") << " | `"
        << i.default_value << "` | " << i.allowed << " | " << i.help << " |\n";

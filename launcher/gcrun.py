@@ -4,7 +4,7 @@
     gcrun -np 8 -H node1:4,node2:4 --hierarchical python3 train.py
     gcrun -np 2 --dry-run python3 train.py          # prints the mpirun command only
 
-Every gradcomp flag becomes the GRADCOMP_* variable of the same meaning; GRADCOMP_*/CGX_*
+Every gradcomp flag becomes the GRADCOMP_* variable of the same meaning; GRADCOMP_*/CGX_*/HOROVOD_*
 variables already set, PATH, LD_LIBRARY_PATH and PYTHONPATH reach every rank. Each rank also
 gets what torch.distributed's env:// needs (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE), so an existing DDP script runs unchanged. gcrun exits with the
@@ -330,7 +330,7 @@ def build_command(opts, command, env=None, is_root=None, cpu_count=None, port=No
     env.setdefault("MASTER_ADDR", master)
     env.setdefault("MASTER_PORT", str(port if port is not None else free_port()))
 
-    names = sorted(k for k in env if k.startswith(("GRADCOMP_", "CGX_")))
+    names = sorted(k for k in env if k.startswith(("GRADCOMP_", "CGX_", "HOROVOD_")))
     names += [k for k in FORWARDED_VARIABLES + ("MASTER_ADDR", "MASTER_PORT") if k in env]
     for name in names:
         args += ["-x", name]

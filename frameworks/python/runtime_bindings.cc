@@ -139,7 +139,8 @@ std::map<std::string, std::string> EnvironmentWith(const std::map<std::string, s
   for (char** env = environ; env && *env; ++env) {
     const std::string kv = *env;
     const size_t eq = kv.find('=');
-    if (eq != std::string::npos && (kv.rfind("GRADCOMP_", 0) == 0 || kv.rfind("CGX_", 0) == 0)) {
+    if (eq != std::string::npos &&
+        (kv.rfind("GRADCOMP_", 0) == 0 || kv.rfind("CGX_", 0) == 0 || kv.rfind("HOROVOD_", 0) == 0)) {
       vars[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
   }

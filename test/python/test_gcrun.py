@@ -132,10 +132,12 @@ def test_horovodruns_flags_with_nothing_to_do_are_accepted_with_a_note():
 
 
 def test_a_horovodrun_command_line_runs_unchanged():
-    r = run_gcrun(["--num-proc", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2", "--cache-capacity", "512",
+    """horovodrun's flags, and a Horovod variable (HOROVOD_FUSION_THRESHOLD, in bytes) from the caller."""
+    r = run_gcrun(["--num-proc", "2", "--cycle-time-ms", "2", "--cache-capacity", "512",
                    "--hierarchical-allreduce", "--no-stall-check", "--mpi", "--log-level", "INFO", PY, "-c",
                    "import gradcomp.numpy as gc, numpy as np; gc.init(); "
-                   "print(f'sum={gc.allreduce(np.ones(3), op=gc.Sum)[0]}'); gc.shutdown()"])
+                   "print(f'sum={gc.allreduce(np.ones(3), op=gc.Sum)[0]}'); gc.shutdown()"],
+                  env=dict(os.environ, HOROVOD_FUSION_THRESHOLD=str(32 * 1024 * 1024)))
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("sum=2.0") == 2  # (the ranks' lines may interleave)
     assert "fusion 32 MB, cache 512, negotiating over mpi" in r.stderr
@@ -143,10 +145,12 @@ def test_a_horovodrun_command_line_runs_unchanged():
 
 def test_caller_variables_are_forwarded_and_flags_win():
     env = {"PATH": os.environ["PATH"], "GRADCOMP_BITS": "8", "CGX_COMPRESSION_BUCKET_SIZE": "128",
-           "LD_LIBRARY_PATH": "/opt/lib", "PYTHONPATH": "/opt/py", "UNRELATED": "x"}
+           "HOROVOD_FUSION_THRESHOLD": "33554432", "LD_LIBRARY_PATH": "/opt/lib", "PYTHONPATH": "/opt/py",
+           "UNRELATED": "x"}
     args, run_env, _ = build(["-np", "2", "--bits", "2", PY, "x.py"], env=env)
     names = exported(args)
-    assert {"GRADCOMP_BITS", "CGX_COMPRESSION_BUCKET_SIZE", "LD_LIBRARY_PATH", "PYTHONPATH", "PATH"} <= set(names)
+    assert {"GRADCOMP_BITS", "CGX_COMPRESSION_BUCKET_SIZE", "HOROVOD_FUSION_THRESHOLD", "LD_LIBRARY_PATH",
+            "PYTHONPATH", "PATH"} <= set(names)
     assert "UNRELATED" not in names
     assert run_env["GRADCOMP_BITS"] == "2"
     assert "/opt/py" in run_env["PYTHONPATH"].split(os.pathsep)

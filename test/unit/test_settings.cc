@@ -101,6 +101,52 @@ TEST(Settings, CgxAliasesAreHonoured) {
   EXPECT_TRUE(s.compression.skip_incomplete_buckets);
 }
 
+TEST(Settings, HorovodVariablesKeepTheirMeaning) {
+  const Settings s = Settings::FromMap({{"HOROVOD_FUSION_THRESHOLD", "33554432"},  // bytes
+                                        {"HOROVOD_CYCLE_TIME", "3.5"},
+                                        {"HOROVOD_CACHE_CAPACITY", "0"},
+                                        {"HOROVOD_HIERARCHICAL_ALLREDUCE", "1"},
+                                        {"HOROVOD_TIMELINE", "/tmp/h.json"},
+                                        {"HOROVOD_TIMELINE_MARK_CYCLES", "1"},
+                                        {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "90"},
+                                        {"HOROVOD_STALL_CHECK_DISABLE", "1"},
+                                        {"HOROVOD_LOG_LEVEL", "DEBUG"},
+                                        {"HOROVOD_AUTOTUNE", "1"},
+                                        {"HOROVOD_CONTROLLER", "gloo"}});
+  EXPECT_DOUBLE_EQ(s.fusion_threshold_mb, 32);
+  EXPECT_DOUBLE_EQ(s.cycle_time_ms, 3.5);
+  EXPECT_EQ(s.cache_capacity, 0);
+  EXPECT_TRUE(s.hierarchical);
+  EXPECT_EQ(s.timeline, "/tmp/h.json");
+  EXPECT_TRUE(s.timeline_mark_cycles);
+  EXPECT_DOUBLE_EQ(s.stall_shutdown_time_seconds, 90);
+  EXPECT_DOUBLE_EQ(s.stall_check_time_seconds, 0);  // HOROVOD_STALL_CHECK_DISABLE
+  EXPECT_EQ(s.log_level, "debug");
+  EXPECT_TRUE(s.autotune);
+  EXPECT_EQ(s.controller, "gloo");  // Horovod's name for its TCP controller, which the runtime reads as tcp
+  EXPECT_DOUBLE_EQ(Settings::FromMap({{"HOROVOD_STALL_CHECK_TIME_SECONDS", "15"}}).stall_check_time_seconds, 15);
+  // gradcomp's own variables win, and the conflict is noted.
+  const Settings both = Settings::FromMap({{"HOROVOD_FUSION_THRESHOLD", "1048576"},
+                                           {"GRADCOMP_FUSION_THRESHOLD_MB", "8"},
+                                           {"GRADCOMP_STALL_CHECK_TIME_SECONDS", "20"},
+                                           {"HOROVOD_STALL_CHECK_DISABLE", "1"}});
+  EXPECT_DOUBLE_EQ(both.fusion_threshold_mb, 8);
+  EXPECT_DOUBLE_EQ(both.stall_check_time_seconds, 20);
+  bool noted = false;
+  for (const auto& note : both.notes) {
+    noted = noted || note.find("overrides HOROVOD_FUSION_THRESHOLD=1048576") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+  // Bad values name the Horovod variable.
+  std::string msg = ErrorFor({{"HOROVOD_FUSION_THRESHOLD", "64MB"}});
+  EXPECT_NE(msg.find("invalid value for HOROVOD_FUSION_THRESHOLD (Horovod's fusion threshold in bytes"),
+            std::string::npos) << msg;
+  msg = ErrorFor({{"HOROVOD_STALL_CHECK_DISABLE", "maybe"}});
+  EXPECT_NE(msg.find("invalid value for HOROVOD_STALL_CHECK_DISABLE: 'maybe'"), std::string::npos) << msg;
+  msg = ErrorFor({{"HOROVOD_CYCLE_TIME", "-1"}});
+  EXPECT_NE(msg.find("HOROVOD_CYCLE_TIME (alias of GRADCOMP_CYCLE_TIME_MS)"), std::string::npos) << msg;
+}
+
 TEST(Settings, CgxBitsEnableQuantizationAndThirtyTwoDisablesIt) {
   EXPECT_EQ(Settings::FromMap({{"CGX_COMPRESSION_QUANTIZATION_BITS", "4"}}).compression.codec, "maxmin");
   EXPECT_EQ(Settings::FromMap({{"CGX_COMPRESSION_QUANTIZATION_BITS", "32"}}).compression.codec, "none");
