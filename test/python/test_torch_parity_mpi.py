@@ -189,6 +189,26 @@ def test_grouped_calls_need_a_tensor():
         hvd.grouped_reducescatter_async([], name="g.rs")
 
 
+def test_distributed_optimizer_takes_horovods_arguments_in_horovods_order():
+    """Horovod's positional order, with its deprecated num_groups (groups, with a warning)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                       hvd.Compression.none, 1, hvd.Sum, 1.0, 2, None, False, hvd.global_process_set)
+    assert sorted(set(opt._groups.values())) == [0, 1]
+    x = torch.full((4, 8), 1.0 + hvd.rank())
+    opt.zero_grad()
+    model(x).sum().backward()
+    local = [p.grad.clone() for p in model.parameters()]
+    opt.synchronize()
+    summed = [hvd.allreduce(g, op=hvd.Sum, name=f"num_groups.check.{i}") for i, g in enumerate(local)]
+    for p, want in zip(model.parameters(), summed):
+        torch.testing.assert_close(p.grad, want)
+    with opt.skip_synchronize():
+        opt.step()
+
+
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_sparse_embedding_gradients_train_identically_on_every_rank(sparse_as_dense):
     torch.manual_seed(0)

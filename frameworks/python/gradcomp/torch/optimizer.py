@@ -796,8 +796,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1, op=Average,
-                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False, overlap_forward=None,
-                         process_set=None):
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=None, overlap_forward=None):
     """Wraps `optimizer` so that step() applies gradients averaged (op) over all ranks.
 
     See the module documentation for compression, DGC momentum handling, PowerSGD and
@@ -806,9 +806,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     with `sparse_as_dense`, reduced dense and handed back sparse. With `process_set` the
     gradients are averaged over that set's ranks; on the other ranks the optimizer is local
     (as Horovod's). ``op=Adasum`` combines each parameter's local update with Adasum instead
-    (Horovod's delta optimizer: _DistributedAdasumOptimizer)."""
+    (Horovod's delta optimizer: _DistributedAdasumOptimizer). The arguments are Horovod's, in
+    Horovod's order (``num_groups``, deprecated there, is ``groups``), then gradcomp's own."""
     if not _b.is_initialized():
         raise ValueError("gradcomp has not been initialized; call gradcomp.torch.init() before DistributedOptimizer")
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` (as in Horovod)", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
     if op == _b.Adasum:
         for arg, value, default in (("groups", groups, None), ("overlap_forward", overlap_forward, None),
                                     ("gradient_predivide_factor", gradient_predivide_factor, 1.0)):
