@@ -100,3 +100,20 @@ def test_distributed_optimizer_default_follows_the_settings_with_the_layer_filte
     assert 0 < float((w - w_ref).norm() / w_ref.norm()) < 0.3
     with opt.skip_synchronize():
         opt.step()
+
+
+def test_adasum_says_the_settings_compression_does_not_apply_and_runs_exact():
+    """GRADCOMP_COMPRESSION=maxmin here: Adasum combines exact values, and says so once."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    with pytest.warns(UserWarning, match=r"the settings' compression \(maxmin, GRADCOMP_COMPRESSION\) does not "
+                                         r"apply: Adasum combines exact values"):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), op=hvd.Adasum)
+    before = hvd.stats()["compressed_bytes_in"]
+    opt.zero_grad()
+    model(torch.ones(4, 64)).sum().backward()
+    opt.step()
+    assert hvd.stats()["compressed_bytes_in"] == before
+    x = torch.full((64, 64), 2.0)  # a (+) a = a, exact
+    assert torch.equal(hvd.allreduce(x, op=hvd.Adasum, name="settings.adasum"), x)

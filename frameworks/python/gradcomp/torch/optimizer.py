@@ -725,6 +725,12 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._name_of = _names_of(named_parameters, all_params)
         self._parameter_names = {p: self._name_of[id(p)] for p in all_params}
         self._compression = compression
+        if compression is None and self._included:
+            settings_spec, _ = _b.runtime(self.process_set).default_compression()
+            if settings_spec.get("codec", "none") != "none":
+                warnings.warn(f"DistributedOptimizer(op=Adasum): the settings' compression ({settings_spec['codec']}, "
+                              "GRADCOMP_COMPRESSION) does not apply: Adasum combines exact values (pass "
+                              "compression=Compression.fp16 to halve them)")
         self._requires_update = [p for p in all_params if p.requires_grad]
         for p in self._requires_update:  # a bad dtype or compression fails here, not in backward
             adasum_form(p.dtype, compression, f"DistributedOptimizer(op=Adasum): parameter '{self._name_of[id(p)]}'")
