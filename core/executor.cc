@@ -168,6 +168,11 @@ bool Executor::UseHierarchy(bool compressed, bool raw_auto) const {
   return wanted && topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
 }
 
+bool Executor::FusedHierarchy(const Response& r) const {
+  if (r.op != ReduceOp::kAdasum) return UseHierarchy(false);
+  return r.on_device && (!topo_.homogeneous || topo_.local_size() > 1);
+}
+
 void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   const size_t esize = DataTypeSize(r.dtype);
   const bool record = timeline_.active();
@@ -208,7 +213,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   } else if (&DeviceOf(entries) != &HostDevice()) {
     RunStagedAllreduce(r, entries, o);
   } else {
-    FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
+    FusedAllreduce(topo_, FusedHierarchy(r), pieces, o, fusion_);
   }
   if (record) {
     for (size_t i = 0; i < n; ++i) {
@@ -322,7 +327,7 @@ void Executor::RunStagedAllreduce(const Response& r, EntryList& entries, const A
     pieces[i].input = pieces[i].output = stage + at;
   }
   SynchronizeAll(entries);
-  FusedAllreduce(topo_, UseHierarchy(false), pieces, o, fusion_);
+  FusedAllreduce(topo_, FusedHierarchy(r), pieces, o, fusion_);
   for (size_t i = 0; i < r.names.size(); ++i) {
     if (!entries[i]) continue;
     Device& d = EntryDevice(*entries[i]);

@@ -139,6 +139,10 @@ class Executor {
   /// and several nodes (GRADCOMP_INTRA_BROADCAST asks for it too in compressed allreduces, and
   /// `raw_auto`, the uncompressed SRA that GRADCOMP_UNCOMPRESSED_ALGORITHM=auto chose).
   bool UseHierarchy(bool compressed, bool raw_auto = false) const;
+  /// Whether FusedAllreduce runs `r` hierarchically: UseHierarchy(false), except for Adasum,
+  /// which combines the nodes' averages when the tensors are on a device on every rank (Horovod's
+  /// Adasum of GPU tensors), whatever the settings, and whole ranks' tensors otherwise.
+  bool FusedHierarchy(const Response& r) const;
   /// The grid of `across` when the SRA over it runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM),
   /// made the first time (collectively: every rank runs the same responses) and kept; else null.
   /// topo.world spanning nodes of several ranks runs on the grid whose rows are the nodes

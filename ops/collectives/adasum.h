@@ -23,6 +23,18 @@
 // Dot products and norms accumulate in float64; the combination is computed in float64 for
 // float32/float64 and in float32 for float16/bfloat16 (Horovod's precisions). Every rank ends
 // with the same bits (the tree's ranges are gathered, the group sums are commutative).
+//
+// Across nodes (Horovod's Adasum of GPU tensors): the ranks of each node first average their
+// tensors, and the tree runs over the nodes' averages, n_nodes vectors instead of n ranks'
+// (Horovod sums in the node and divides the result by the node's size: the same value, as the
+// operation is scale-free; its examples scale the learning rate by the node's size for it).
+// With the same number of ranks on every node, each rank of a node holds a shard of the node's
+// sum (a reduce-scatter), the tree runs among the ranks with the same local rank on their shards,
+// and each level's dot products and norms are summed over the node's shards too (an allgather
+// of the 3 doubles a tensor, added in local-rank order), so every tensor keeps the coefficients
+// of its whole vectors; the shards are gathered back in the node. Per rank across nodes: 2/local
+// of the buffer a level, every rank of a node sending at once. Nodes of different sizes: each
+// node's first rank runs the tree on the whole average and broadcasts the result in its node.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +42,7 @@
 
 #include "ops/collectives/allreduce.h"
 #include "ops/comm/communicator.h"
+#include "ops/comm/topology.h"
 
 namespace gradcomp {
 
@@ -40,6 +53,10 @@ namespace gradcomp {
 /// buffer and the received halves (grown as needed).
 void AdasumAllreduce(Communicator& comm, const std::vector<BufferPiece>& pieces, const AllreduceOptions& o,
                      std::vector<char>& scratch);
+
+/// Adasum across the nodes of `topo` of each node's average (see above); the same arguments.
+void NodeAdasumAllreduce(const Topology& topo, const std::vector<BufferPiece>& pieces, const AllreduceOptions& o,
+                         std::vector<char>& scratch);
 
 /// a = a (+) b for consecutive tensors of `counts` elements each, whole vectors on one rank (the
 /// fold of the ranks beyond a power of two; tests use it as the reference).

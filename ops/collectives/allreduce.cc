@@ -79,8 +79,12 @@ void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<B
                     const AllreduceOptions& o, std::vector<char>& fusion) {
   WithTensorContext("allreduce", o.name, [&] {
     ValidateOp(o);  // the pieces carry the buffers
-    if (o.op == ReduceOp::kAdasum) {  // flat over the world: a tree of whole ranks
-      AdasumAllreduce(*topo.world, pieces, o, fusion);
+    if (o.op == ReduceOp::kAdasum) {  // a tree of whole ranks, or of node averages
+      if (hierarchical) {
+        NodeAdasumAllreduce(topo, pieces, o, fusion);
+      } else {
+        AdasumAllreduce(*topo.world, pieces, o, fusion);
+      }
       return;
     }
     if (hierarchical) {

@@ -39,8 +39,8 @@ void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& opts);
 /// scale factors and name; its buffers and count are ignored. Flat: the node's
 /// communicator when the whole world is one node (the shared-memory one stages straight
 /// from the pieces, without a fusion buffer), else the world's. Hierarchical: through
-/// `fusion` and HierarchicalAllreduce. Adasum: AdasumAllreduce over the world, hierarchical or
-/// not. Every rank gets the same bits.
+/// `fusion` and HierarchicalAllreduce. Adasum: AdasumAllreduce over the world, or hierarchical,
+/// NodeAdasumAllreduce (Adasum of the nodes' averages). Every rank gets the same bits.
 void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<BufferPiece>& pieces,
                     const AllreduceOptions& opts, std::vector<char>& fusion);
 

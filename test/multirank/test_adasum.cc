@@ -3,6 +3,7 @@
 // tree written from the formula; its defining properties; the same bits on every rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -97,7 +98,38 @@ struct Case {
   int joined = -1;  // this rank passes null inputs (a zero vector)
 };
 
-std::string RunCase(const Case& c, int world) {
+// The ranks' vectors averaged within each node of `nodes` (consecutive ranks) before the tree.
+std::vector<Vec> NodeAverages(const std::vector<Vec>& per_rank, const std::vector<int>& nodes) {
+  std::vector<Vec> out;
+  size_t r = 0;
+  for (int size : nodes) {
+    Vec avg(per_rank[r].size(), 0.0);
+    for (int i = 0; i < size; ++i, ++r) {
+      for (size_t j = 0; j < avg.size(); ++j) avg[j] += per_rank[r][j] / size;
+    }
+    out.push_back(std::move(avg));
+  }
+  return out;
+}
+
+// This rank's topology of nodes of `nodes` consecutive ranks, of equal sizes or not.
+Topology NodesOf(Communicator& comm, const std::vector<int>& nodes) {
+  int node = 0, first = 0;
+  while (comm.rank() >= first + nodes[static_cast<size_t>(node)]) first += nodes[static_cast<size_t>(node++)];
+  if (std::all_of(nodes.begin(), nodes.end(), [&](int n) { return n == nodes[0]; })) {
+    return BuildTopology(comm.Split(0, comm.rank()), nodes[0], LocalTransport::kSharedMemory);
+  }
+  Topology topo;
+  topo.world = comm.Split(0, comm.rank());
+  topo.local = comm.Split(node, comm.rank());
+  topo.cross = comm.Split(comm.rank() - first, comm.rank());
+  topo.homogeneous = false;
+  return topo;
+}
+
+// Adasum over `world` ranks, or, with `nodes` (their sizes, summing to world), of the nodes'
+// averages, against the float64 tree; the same bits on every rank.
+std::string RunCase(const Case& c, int world, const std::vector<int>& nodes = {}) {
   const size_t esize = DataTypeSize(c.dtype);
   // The inputs as the dtype stores them, and the reference on those rounded values.
   std::vector<std::vector<std::vector<char>>> inputs(world);
@@ -114,7 +146,7 @@ std::string RunCase(const Case& c, int world) {
       inputs[r].push_back(std::move(bytes));
       per_rank.push_back(std::move(v));
     }
-    expected[t] = Tree(per_rank);
+    expected[t] = Tree(nodes.empty() ? per_rank : NodeAverages(per_rank, nodes));
     for (double& x : expected[t]) x *= c.postscale;
   }
   std::vector<std::vector<std::vector<char>>> outputs(world);
@@ -132,7 +164,11 @@ std::string RunCase(const Case& c, int world) {
     o.postscale = c.postscale;
     o.name = "adasum_test";
     std::vector<char> scratch;
-    AdasumAllreduce(comm, pieces, o, scratch);
+    if (nodes.empty()) {
+      AdasumAllreduce(comm, pieces, o, scratch);
+    } else {
+      NodeAdasumAllreduce(NodesOf(comm, nodes), pieces, o, scratch);
+    }
     for (size_t t = 0; t < c.counts.size(); ++t) {
       double err = 0, norm = 0;
       for (size_t i = 0; i < c.counts[t]; ++i) {
@@ -177,6 +213,28 @@ TEST_P(AdasumWorld, ScaleFactorsAndAZeroRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, AdasumWorld, ::testing::Range(1, 9));
+
+// Horovod's Adasum of GPU tensors: the tree over the nodes' averages. Nodes of equal sizes
+// (each rank of a node runs the tree on its shard, the coefficients of the whole vectors): 2 to 4
+// nodes (3 folds) of 2 to 4 ranks, one node (the average), nodes of one rank (the flat tree); and
+// nodes of different sizes (each node's first rank runs it).
+TEST(Adasum, NodeAveragesEqualTheTreeOverNodes) {
+  const std::vector<std::vector<int>> layouts = {{2, 2}, {2, 2, 2}, {2, 2, 2, 2}, {4, 4}, {3, 3}, {4},
+                                                 {1, 1, 1}, {2, 1, 3}, {1, 2}, {3, 1, 1, 2}};
+  for (const std::vector<int>& nodes : layouts) {
+    int world = 0;
+    for (int n : nodes) world += n;
+    std::string layout;
+    for (int n : nodes) layout += std::to_string(n) + " ";
+    for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
+      // Tensors that straddle the node's shards, an empty one and one smaller than a node.
+      EXPECT_EQ(RunCase({dt, {4097, 0, 1, 3, 100003, 64}}, world, nodes), "")
+          << DataTypeName(dt) << ", nodes of " << layout;
+    }
+    EXPECT_EQ(RunCase({DataType::kFloat32, {5000, 17}, 0.5, 3.0, world - 1}, world, nodes), "")
+        << "scale factors and a zero rank, nodes of " << layout;
+  }
+}
 
 TEST(Adasum, MillionElementModelOnFourRanks) {
   EXPECT_EQ(RunCase({DataType::kFloat32, {1 << 20, 4096, 1000, 1 << 18}}, 4), "");

@@ -237,22 +237,36 @@ INSTANTIATE_TEST_SUITE_P(
 // One rank's tensor on the device, the other's on the host: the response is staged through the
 // host on both (device communicators are for tensors in device memory on every rank).
 // Adasum is the host's algorithm whatever the tensors' memory: device tensors are staged through
-// the host, also where device communicators exist (they have no such op), with the host's bytes.
-TEST(RuntimeOnDevice, AdasumOfDeviceTensorsHasTheHostBytes) {
+// the host, also where device communicators exist (they have no such op). Tensors on a device on
+// every rank combine the nodes' averages, as Horovod's Adasum of GPU tensors: with nodes of one
+// rank that is the host's tree of whole ranks, bit for bit; one node of two ranks, their average;
+// two nodes of two, neither.
+TEST(RuntimeOnDevice, AdasumOfDeviceTensorsCombinesTheNodesAverages) {
+  const std::map<std::string, std::string> ranks_as_nodes = {{"GRADCOMP_LOCAL_SIZE", "1"}};
   for (int world : {2, 3}) {
     const Results host = Train(world, {}, Where::kHost, false, nullptr, ReduceOp::kAdasum);
     EXPECT_NE(host, Train(world, {}, Where::kHost)) << "Adasum gave the average";
-    for (Where where : {Where::kDevice, Where::kMixed}) {
-      for (bool device_comms : {false, true}) {
-        const Results got = Train(world, {}, where, device_comms, nullptr, ReduceOp::kAdasum);
+    for (bool device_comms : {false, true}) {
+      const std::string how = device_comms ? " with device communicators" : " staged";
+      for (Where where : {Where::kDevice, Where::kMixed}) {
+        const Results nodes = Train(world, ranks_as_nodes, where, device_comms, nullptr, ReduceOp::kAdasum);
         for (int r = 0; r < world; ++r) {
-          EXPECT_EQ(FirstDifference(got[static_cast<size_t>(r)], host[static_cast<size_t>(r)]), "")
-              << "world " << world << " rank " << r << (where == Where::kDevice ? " device" : " mixed")
-              << (device_comms ? " with device communicators" : " staged");
+          EXPECT_EQ(FirstDifference(nodes[static_cast<size_t>(r)], host[static_cast<size_t>(r)]), "")
+              << "world " << world << " rank " << r << (where == Where::kDevice ? " device" : " mixed") << how
+              << ", nodes of one rank";
         }
       }
     }
   }
+  const Results average = Train(2, {}, Where::kHost);
+  const Results one_node = Train(2, {}, Where::kDevice, false, nullptr, ReduceOp::kAdasum);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(FirstDifference(one_node[r], average[r]), "") << "one node, rank " << r;
+  const std::map<std::string, std::string> two_nodes = {{"GRADCOMP_LOCAL_SIZE", "2"}};
+  const Results flat = Train(4, two_nodes, Where::kHost, false, nullptr, ReduceOp::kAdasum);
+  const Results of_nodes = Train(4, two_nodes, Where::kDevice, true, nullptr, ReduceOp::kAdasum);
+  EXPECT_NE(of_nodes[0], flat[0]) << "two nodes of two: the tree of whole ranks";
+  EXPECT_NE(of_nodes[0], Train(4, two_nodes, Where::kHost)[0]) << "two nodes of two: the average";
+  for (size_t r = 1; r < 4; ++r) EXPECT_EQ(FirstDifference(of_nodes[r], of_nodes[0]), "") << "rank " << r;
 }
 
 TEST(RuntimeOnDevice, RanksThatDisagreeOnWhereATensorIsStageThroughTheHost) {
