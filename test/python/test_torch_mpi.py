@@ -1085,6 +1085,43 @@ def test_backend_collectives():
     assert len(group._retained) <= group._RETAIN_COUNT + 1
 
 
+def test_backend_list_collectives():
+    """all_to_all of tensors of any shapes and sizes per pair, all_reduce_coalesced and
+    all_gather_coalesced (gloo's list forms), at sizes of real layers."""
+    me, n = hvd.rank(), hvd.size()
+    # Rank p sends rank q a (q + 1) x (p + 2) block valued 1000 p + q (rank q's output p has that shape).
+    ins = [torch.full((q + 1, me + 2), 1000.0 * me + q) for q in range(n)]
+    outs = [torch.zeros(me + 1, p + 2) for p in range(n)]
+    dist.all_to_all(outs, ins)
+    for p, out in enumerate(outs):
+        assert torch.equal(out, torch.full((me + 1, p + 2), 1000.0 * p + me)), p
+    g = torch.Generator().manual_seed(me)
+    layers = [torch.randn(1024, 1024, generator=g), torch.randn(7, generator=g), torch.randn(300, 300, generator=g)]
+    exact = [[torch.zeros_like(t) for t in layers] for _ in range(n)]
+    dist.all_gather_coalesced(exact, layers)  # exact[r][i]: rank r's layer i
+    assert all(torch.equal(e, t) for e, t in zip(exact[me], layers))
+    assert all(not torch.equal(exact[r][0], exact[me][0]) for r in range(n) if r != me)
+    dist.all_reduce_coalesced(layers)
+    for i, t in enumerate(layers):
+        torch.testing.assert_close(t, sum(exact[r][i] for r in range(n)), rtol=1e-5, atol=1e-5)
+    counts = [torch.arange(5, dtype=torch.int64) * (me + 1), torch.tensor([-me])]
+    dist.all_reduce_coalesced(counts, op=dist.ReduceOp.MAX)
+    assert counts[0].tolist() == [i * n for i in range(5)] and counts[1].item() == 0
+    # One rank's wrong list: its own reason, and on the ranks that expected its values, theirs.
+    last = n - 1
+    ins = [torch.ones(2) for _ in range(n - (me == last))]
+    what = (f"alltoall needs {n} input tensors, got {n - 1}" if me == last
+            else f"alltoall output {last} on rank {me} holds 2 elements, rank {last} sent 0")
+    with pytest.raises(ValueError, match=what):
+        dist.all_to_all([torch.zeros(2) for _ in range(n)], ins)
+    with pytest.raises(ValueError, match=f"allgather_coalesced output 1\\[0\\] has 3 elements, rank 1's input 0 2"):
+        dist.all_gather_coalesced([[torch.zeros(2)], [torch.zeros(3)]] + [[torch.zeros(2)] for _ in range(n - 2)],
+                                  [torch.ones(2)])
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.full((2,), float(n)))
+
+
 def test_backend_registration_names_its_devices_where_torch_asks(monkeypatch):
     """torch 2's register_backend takes the devices a backend serves (and warns on import when
     not told); torch 1.13's takes none. The registration passes them only where asked."""

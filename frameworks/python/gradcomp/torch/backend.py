@@ -263,18 +263,25 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             raise ValueError(f"backend gradcomp: {what} takes one tensor per process, got {len(tensors)}")
         return tensors[0]
 
-    def allreduce(self, tensors, opts=None):
-        t = self._single(tensors, "allreduce")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+    def _allreduce_one(self, t, op, kind):
         compression = None
         if (self._compress is not None and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and op in (Sum, Average) and t.numel() >= self._min_size):
             compression = self._compress  # CGX semantics: flat buffers are compressed too
         elif t.dtype.is_floating_point:
             compression = {"codec": "none"}
-        h = mpi_ops.allreduce_async_(t, name=self._name("allreduce"), op=op, compression=compression,
-                                     process_set=self._process_set)
-        return self._work([h], None, tensors)
+        return mpi_ops.allreduce_async_(t, name=self._name(kind), op=op, compression=compression,
+                                        process_set=self._process_set)
+
+    def allreduce(self, tensors, opts=None):
+        t = self._single(tensors, "allreduce")
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._work([self._allreduce_one(t, op, "allreduce")], None, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """Each tensor reduced as all_reduce reduces it (the runtime fuses those ready together)."""
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._work([self._allreduce_one(t, op, "allreduce_coalesced") for t in tensors], None, tensors)
 
     def broadcast(self, tensors, opts=None):
         t = self._single(tensors, "broadcast")
@@ -318,6 +325,25 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         with contextlib.suppress(Exception):
             _b.synchronize(h)
         raise ValueError(f"backend gradcomp: {problem}")
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """output_lists[r][i] = rank r's input_list[i]: one allgather per input."""
+        handles = [self._allgather_flat(t) for t in input_list]
+
+        def finish():
+            if len(output_lists) != self.size():
+                raise ValueError(f"backend gradcomp: allgather_coalesced needs {self.size()} output lists, got "
+                                 f"{len(output_lists)}")
+            for r, outs in enumerate(output_lists):
+                if len(outs) != len(input_list):
+                    raise ValueError(f"backend gradcomp: allgather_coalesced output list {r} has {len(outs)} tensors, "
+                                     f"the input list {len(input_list)}")
+            for i, h in enumerate(handles):
+                self._copy_rows([outs[i] for outs in output_lists], _b.synchronize(h), "",
+                                lambda r, has, sent, i=i: f"allgather_coalesced output {r}[{i}] has {has} elements, "
+                                                          f"rank {r}'s input {i} {sent}")
+
+        return self._work([], finish, output_lists)
 
     def _allgather_base(self, output, input, opts=None):
         h = self._allgather_flat(input)
@@ -371,6 +397,44 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                 output.copy_(received.reshape(output.shape))
 
         return self._work([], finish, [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """input_tensors[p] to rank p, into its output_tensors[me]: the tensors flattened into one
+        alltoall of single values (any shapes; the sizes each pair agrees on)."""
+        me, n = self.rank(), self.size()
+        problem = None
+        if len(input_tensors) != n:
+            problem = f"alltoall needs {n} input tensors, got {len(input_tensors)}"
+        elif len(output_tensors) != n:
+            problem = f"alltoall needs {n} output tensors, got {len(output_tensors)}"
+        elif len({t.dtype for t in list(input_tensors) + list(output_tensors)}) != 1:
+            problem = (f"alltoall tensors must share one dtype, got inputs "
+                       f"{[str(t.dtype) for t in input_tensors]} and outputs {[str(t.dtype) for t in output_tensors]}")
+        if problem is None:
+            flat = torch.cat([t.detach().reshape(-1) for t in input_tensors])
+            splits = [t.numel() for t in input_tensors]
+        else:
+            # Nothing sent: every rank expecting values from this one fails on their count; this
+            # rank raises its own reason.
+            like = (list(input_tensors) + list(output_tensors) + [torch.empty(0)])[0]
+            flat, splits = like.detach().new_empty(0), [0] * n
+        h = mpi_ops.alltoall_async(flat, splits, self._name("alltoall"), self._process_set)
+
+        def finish():
+            if problem is not None:
+                with contextlib.suppress(Exception):
+                    _b.synchronize(h)
+                raise ValueError(f"backend gradcomp: {problem}")
+            received, counts = _b.synchronize(h)
+            for p, (out, count) in enumerate(zip(output_tensors, counts.tolist())):
+                if out.numel() != count:
+                    raise ValueError(f"backend gradcomp: alltoall output {p} on rank {me} holds {out.numel()} "
+                                     f"elements, rank {p} sent {count}")
+            with torch.no_grad():
+                for out, part in zip(output_tensors, received.split(counts.tolist())):
+                    out.copy_(part.reshape(out.shape))
+
+        return self._work([], finish, output_tensors)
 
     def reduce(self, tensors, opts=None):
         """The reduction lands on the root only; the other ranks' tensors are left as they were.
