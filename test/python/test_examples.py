@@ -92,6 +92,10 @@ def test_synthetic_benchmark_and_numpy_example(tmp_path):
     out = run([PY, os.path.join(ROOT, "examples", "torch_synthetic_benchmark.py"), "--model", "mlp",
                "--num-iters", "2", "--num-batches-per-iter", "2", "--compression", "maxmin"], tmp_path)
     assert "Img/sec per rank:" in out and "Total img/sec on 2 rank(s):" in out and "compressed gradients" in out
+    # Horovod's benchmark flags (on the CPU here: no CUDA).
+    out = run([PY, os.path.join(ROOT, "examples", "torch_synthetic_benchmark.py"), "--model", "mlp",
+               "--num-iters", "2", "--num-batches-per-iter", "2", "--fp16-allreduce", "--use-adasum"], tmp_path)
+    assert "2 ranks on CPU, compression fp16, op Adasum" in out and "Total img/sec on 2 rank(s):" in out
     out = run([PY, os.path.join(ROOT, "examples", "numpy_allreduce.py")], tmp_path)
     assert "4-bit max-min: relative L2 error 0.1" in out
 
