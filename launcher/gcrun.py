@@ -344,6 +344,8 @@ def run(argv):
     if opts.get("help"):
         print(help_text())
         return 0
+    for note in opts.get("notes", []):
+        print(f"gcrun: note: {note}", file=sys.stderr, flush=True)
     if opts.get("elastic"):
         if opts.get("dry_run"):
             raise LaunchError("--dry-run does not apply to --elastic (every launch is printed as it happens)")
@@ -354,8 +356,6 @@ def run(argv):
         if opts.get(flag) is not None:
             raise LaunchError(f"--{flag.replace('_', '-')} needs --elastic")
     args, env, assigned = build_command(opts, command)
-    for note in opts.get("notes", []):
-        print(f"gcrun: note: {note}", file=sys.stderr, flush=True)
     if opts.get("dry_run") or opts.get("verbose"):
         # A shell line that runs the same job: the variables gcrun sets, then mpirun.
         shown = " ".join([f"{k}={shlex.quote(v)}" for k, v in sorted(assigned.items())] +

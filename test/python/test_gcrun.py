@@ -129,6 +129,10 @@ def test_horovodruns_flags_with_nothing_to_do_are_accepted_with_a_note():
     assert "--hierarchical-allgather has no effect: gradcomp's allgather has no hierarchical form" in r.stderr
     assert "--autotune-warmup-samples has no effect" in r.stderr and "--log-without-timestamp has no effect" in r.stderr
     assert "GRADCOMP_" not in r.stdout.split("mpirun")[0].replace("PYTHONPATH", "")  # nothing set for them
+    # With --elastic too (its launches take another path): the note comes before anything else.
+    r = run_gcrun(["--elastic", "-np", "2", "--start-timeout", "30", "--dry-run", PY, "x.py"])
+    assert r.returncode == 2 and "--dry-run does not apply to --elastic" in r.stderr
+    assert r.stderr.startswith("gcrun: note: --start-timeout has no effect"), r.stderr
 
 
 def test_a_horovodrun_command_line_runs_unchanged():
