@@ -459,6 +459,29 @@ class _HandleGroup:
         pass  # each handle is waited on by the group's result
 
 
+class NativeGroup:
+    """Several native handles standing as one (a grouped allreduce split by dtype)."""
+
+    def __init__(self, natives):
+        self.natives = list(natives)
+
+    def poll(self):
+        return all(n.poll() for n in self.natives)
+
+    def wait(self):
+        for n in self.natives:
+            n.wait()
+
+
+def indices_by(keys):
+    """{key: indices} in the order the keys first appear (the same on every rank where the keys
+    are): how a grouped allreduce of several dtypes splits into one group per dtype."""
+    groups = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
 def register_group(handles):
     """One handle for several registered ones; its result is the list of theirs, in order."""
     return register(_HandleGroup(handles), lambda: [synchronize(h) for h in handles])

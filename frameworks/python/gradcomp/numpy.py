@@ -120,24 +120,12 @@ def grouped_allreduce_async(arrays, op=None, name=None, prescale_factor=1.0, pos
         for a, n in zip(outs, names):
             if a.dtype.kind != "f":
                 raise ValueError(f"grouped allreduce of '{n}': op adasum needs a floating-point array, got {a.dtype}")
-    by_dtype = {}  # dtype code -> indices, in the order the dtypes first appear
-    for i, b in enumerate(bufs):
-        by_dtype.setdefault(b[1], []).append(i)
     rt, natives = _b.runtime(process_set), []
-    for code, indices in by_dtype.items():
+    for code, indices in _b.indices_by(b[1] for b in bufs).items():
         natives += rt.grouped_allreduce_async([bufs[i][0] for i in indices], code, [bufs[i][2] for i in indices],
                                               [names[i] for i in indices], op, prescale_factor, postscale_factor,
                                               None, [outs[i] for i in indices])
-
-    class _Group:
-        def poll(self):
-            return all(n.poll() for n in natives)
-
-        def wait(self):
-            for n in natives:
-                n.wait()
-
-    return _b.register(_Group(), lambda: outs)
+    return _b.register(_b.NativeGroup(natives), lambda: outs)
 
 
 def grouped_allreduce(arrays, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):

@@ -246,20 +246,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                                         process_set=process_set))
 
 
-class _Group:
-    """Several native handles behaving as one."""
-
-    def __init__(self, natives):
-        self.natives = natives
-
-    def poll(self):
-        return all(n.poll() for n in self.natives)
-
-    def wait(self):
-        for n in self.natives:
-            n.wait()
-
-
 @_b.submits
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              compression=None, priority=0, process_set=None):
@@ -276,9 +262,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
         _check_tensor(t, f"grouped allreduce of '{n}'")
         dtype_code(t, f"grouped allreduce of '{n}'")
     priority = _check_priority(priority, f"grouped allreduce '{base}'")
-    by_dtype = {}  # dtype -> indices, in the order the dtypes first appear (the same on every rank)
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
+    by_dtype = _b.indices_by(t.dtype for t in tensors)
     # Every dtype's form first, so a refused one submits nothing on this rank.
     forms = {dtype: (adasum_form(dtype, compression, f"grouped allreduce '{base}'") if op == _b.Adasum
                      else compressed_form(dtype, runtime_spec(compression))) for dtype in by_dtype}
@@ -295,7 +279,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                                               [names[i] for i in indices], op, float(prescale_factor),
                                               float(postscale_factor), spec, tuple(part), device=part[0].device,
                                               stream=part[0].stream, priority=priority)
-    return _b.register(_Group(natives), lambda: [s.write_back() for s in staged])
+    return _b.register(_b.NativeGroup(natives), lambda: [s.write_back() for s in staged])
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
