@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "core/runtime.h"
 #include "ops/comm/mpi_environment.h"
+#include "ops/comm/mpi_point_to_point.h"
 #include "gradcomp/config.h"
 #include "ops/common/enforce.h"
 #include "placement.h"
@@ -273,6 +275,40 @@ void BindRuntime(py::module& m) {
   m.def("cuda_data_path", [] {
     return GRADCOMP_HAVE_CUDA_KERNELS == 1 && Settings::FromMap(EnvironmentWith({})).cuda_data_path;
   }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
+  py::class_<PointToPointRequest>(m, "PointToPointRequest", "A posted send or receive (keep its buffer alive)")
+      .def("test", &PointToPointRequest::Test, "True once complete; raises its error")
+      .def("wait",
+           [](PointToPointRequest& r, double timeout) {
+             py::gil_scoped_release nogil;
+             const auto start = std::chrono::steady_clock::now();
+             Poller poller;
+             while (!r.Test()) {
+               if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= timeout) {
+                 return false;
+               }
+               poller.Pause(false);
+             }
+             return true;
+           },
+           py::arg("timeout"), "waits up to `timeout` seconds; True once complete (raises its error)")
+      .def("cancel_receive", &PointToPointRequest::CancelReceive)
+      .def("source", &PointToPointRequest::source);
+  py::class_<PointToPoint>(m, "PointToPoint",
+                           "Point-to-point messages of a group (torch.distributed's send and recv), on an MPI "
+                           "communicator of their own")
+      .def(py::init<const std::vector<int>&, int>(), py::arg("ranks"), py::arg("tag") = 0,
+           "Collective over MPI's world (`ranks` empty) or over the sorted world `ranks` only, which pass the "
+           "same `tag`")
+      .def("rank", &PointToPoint::rank)
+      .def("size", &PointToPoint::size)
+      .def("max_tag", &PointToPoint::max_tag)
+      .def("send",
+           [](PointToPoint& p, uintptr_t address, size_t bytes, int peer, int tag) {
+             return p.Send(Ptr(address), bytes, peer, tag);
+           })
+      .def("recv", [](PointToPoint& p, uintptr_t address, size_t bytes, int peer, int tag) {
+        return p.Receive(MutablePtr(address), bytes, peer, tag);
+      }, "peer -1: from any rank");
   py::class_<PyHandle>(m, "Handle", "An enqueued operation: poll() never blocks, wait() rethrows its error")
       .def("poll", &PyHandle::poll)
       .def("wait", &PyHandle::wait)

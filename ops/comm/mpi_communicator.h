@@ -1,12 +1,14 @@
 // Communicator over MPI (a backend file: only the MPI and shared-memory backends,
-// mpi_environment.cc and topology.cc, which picks the node's transport, include mpi.h). Works on a duplicate of the
-// communicator it is given, with MPI_ERRORS_RETURN so every failure becomes an exception.
+// mpi_environment.cc, mpi_point_to_point.cc and topology.cc, which picks the node's transport,
+// include mpi.h). Works on a duplicate of the communicator it is given, with MPI_ERRORS_RETURN
+// so every failure becomes an exception.
 #pragma once
 
 #include <mpi.h>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ops/comm/communicator.h"
 #include "ops/common/enforce.h"
@@ -25,6 +27,13 @@ std::string MpiErrorMessage(int code, const char* operation, int rank);
       throw ::gradcomp::Error(::gradcomp::MpiErrorMessage(gc_mpi_rc, #call, rank_)); \
     }                                                                             \
   } while (0)
+
+/// Initializes MPI if needed and throws unless it provides MPI_THREAD_MULTIPLE.
+void RequireThreadMultiple();
+
+/// Collective over the sorted world `ranks` only, which pass the same `tag`: their communicator
+/// (MPI_Comm_create_group), for the caller to free. Throws for a rank not among them.
+MPI_Comm CreateMpiGroupComm(const std::vector<int>& ranks, int tag);
 
 /// MPI datatype carrying one element of `dtype` (16-bit floats travel as a 2-byte type).
 MPI_Datatype MpiDataType(DataType dtype);

@@ -63,19 +63,18 @@ std::unique_ptr<Communicator> CreateMpiWorld() {
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
 }
 
-namespace {
 void RequireThreadMultiple() {
   EnsureMpiInitialized();
   int provided = 0;
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_MULTIPLE) {
-    GC_THROW("process sets need MPI_THREAD_MULTIPLE (each set's runtime calls MPI from its own thread), but MPI "
-             "provides thread level ", provided, "; initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)");
+    GC_THROW("process sets and point-to-point messages need MPI_THREAD_MULTIPLE (they call MPI from threads of "
+             "their own), but MPI provides thread level ", provided,
+             "; initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)");
   }
 }
-}  // namespace
 
-std::unique_ptr<Communicator> CreateMpiGroupWorld(const std::vector<int>& ranks, int tag) {
+MPI_Comm CreateMpiGroupComm(const std::vector<int>& ranks, int tag) {
   RequireThreadMultiple();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -86,8 +85,13 @@ std::unique_ptr<Communicator> CreateMpiGroupWorld(const std::vector<int>& ranks,
   const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &sub);
   MPI_Group_free(&members);
   MPI_Group_free(&world);
-  if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Comm_create_group (a process set)", rank));
+  if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Comm_create_group (a group of some ranks)", rank));
   if (sub == MPI_COMM_NULL) GC_THROW("rank ", rank, " is not among the ranks of the group it creates");
+  return sub;
+}
+
+std::unique_ptr<Communicator> CreateMpiGroupWorld(const std::vector<int>& ranks, int tag) {
+  MPI_Comm sub = CreateMpiGroupComm(ranks, tag);
   auto result = std::make_unique<MpiCommunicator>(sub);
   MPI_Comm_free(&sub);
   return result;

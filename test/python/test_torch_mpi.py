@@ -6,6 +6,7 @@ the DDP hook, SyncBatchNorm, and identical parameters after compressed training.
 Run by ctest as: mpirun -np N python3 -m pytest test/python/test_torch_mpi.py
 Every rank runs the same tests in the same order (they are collective)."""
 import copy
+import datetime
 import hashlib
 import os
 import time
@@ -1120,6 +1121,67 @@ def test_backend_list_collectives():
     x = torch.ones(2)
     dist.all_reduce(x)
     assert torch.equal(x, torch.full((2,), float(n)))
+
+
+def test_backend_point_to_point():
+    """send / recv / isend / irecv / batch_isend_irecv, recv from any rank, tags, groups of some
+    ranks, and a receive of the wrong size or with no sender, which fail naming the message."""
+    me, n = hvd.rank(), hvd.size()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    # A ring of 4 MB messages, every rank sending first (no rank waits for another to receive).
+    out, got = torch.full((1 << 20,), float(me)), torch.empty(1 << 20)
+    for work in [dist.isend(out, nxt), dist.irecv(got, prev)]:
+        work.wait()
+    assert torch.equal(got, torch.full((1 << 20,), float(prev)))
+    # The same both ways through batch_isend_irecv, with non-contiguous and float64 tensors.
+    right, left = torch.empty(3, 2, dtype=torch.float64), torch.empty(3, 2, dtype=torch.float64)
+    block = (torch.arange(6, dtype=torch.float64).reshape(2, 3) + 10 * me).t()  # not contiguous
+    ops = [dist.P2POp(dist.isend, block, nxt), dist.P2POp(dist.isend, block, prev),
+           dist.P2POp(dist.irecv, right, nxt), dist.P2POp(dist.irecv, left, prev)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for peer, t in ((nxt, right), (prev, left)):
+        assert torch.equal(t, (torch.arange(6, dtype=torch.float64).reshape(2, 3) + 10 * peer).t()), (peer, t)
+    # Tags: two messages received in the other order than sent; then one from whichever rank.
+    if me == 0:
+        first, second = dist.isend(torch.full((4,), 1.0), 1, tag=1), dist.isend(torch.full((4,), 2.0), 1, tag=2)
+        first.wait()
+        second.wait()
+        for _ in range(n - 1):
+            who = torch.empty(1, dtype=torch.int64)
+            src = dist.recv(who)
+            assert src == who.item() and src != 0
+    else:
+        if me == 1:
+            two, one = torch.empty(4), torch.empty(4)
+            dist.recv(two, 0, tag=2)
+            dist.recv(one, 0, tag=1)
+            assert two.tolist() == [2.0] * 4 and one.tolist() == [1.0] * 4
+        dist.send(torch.tensor([me]), 0)
+    # A group of some ranks: torch's src and dst are world ranks.
+    if n >= 3:
+        pair = dist.new_group([1, 2])
+        if me in (1, 2):
+            msg = torch.full((1000,), float(me))
+            if me == 1:
+                dist.send(msg, 2, group=pair)
+            else:
+                dist.recv(msg, 1, group=pair)
+                assert msg.tolist() == [1.0] * 1000
+    # The wrong size, and nothing sent within the group's timeout.
+    if me == 0:
+        dist.send(torch.ones(4), 1)
+    elif me == 1:
+        with pytest.raises(RuntimeError, match=r"recv from rank 0 \(tag 0\): the message is larger than the "
+                                               r"tensor's 12 bytes"):
+            dist.recv(torch.empty(3), 0)
+    quick = dist.new_group(timeout=datetime.timedelta(seconds=1))
+    if me == 1:
+        with pytest.raises(RuntimeError, match=r"recv from rank 0 \(tag 5\) did not complete within 1 s"):
+            dist.recv(torch.empty(3), 0, tag=5, group=quick)
+    with pytest.raises(ValueError, match="tag -1 is outside"):
+        dist.send(torch.ones(1), nxt, tag=-1)
+    dist.barrier()
 
 
 def test_backend_registration_names_its_devices_where_torch_asks(monkeypatch):

@@ -136,6 +136,12 @@ def add_process_set(process_set):
     return ps
 
 
+def group_tag(ranks):
+    """The tag with which the members of a group of `ranks` create its communicators (the same
+    on every member; MPI_TAG_UB >= 32767)."""
+    return zlib.crc32(repr(sorted(ranks)).encode()) % 32000
+
+
 def members_only_process_set(ranks):
     """A process set that only its members create, each with the same sorted `ranks` (what
     torch.distributed's new_group does: the backend's groups of some ranks). Registered under
@@ -144,8 +150,7 @@ def members_only_process_set(ranks):
     ps = ProcessSet(ranks)
     if rank() not in ps.ranks:
         raise ValueError(f"rank {rank()} creates a group of ranks {ps.ranks} it is not in")
-    tag = zlib.crc32(repr(ps.ranks).encode()) % 32000  # the same on every member; MPI_TAG_UB >= 32767
-    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides, members_only=True, tag=tag)
+    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides, members_only=True, tag=group_tag(ps.ranks))
     _state.members_only_sets += 1
     ps.process_set_id = -_state.members_only_sets
     _state.process_sets[ps.process_set_id] = ps

@@ -14,6 +14,10 @@ group (c10d requires every rank to call collectives in the same order, so the na
 Sequence names never repeat, so per-tensor state across steps is not available here:
 GRADCOMP_ERROR_FEEDBACK and GRADCOMP_COMPRESSION=topk (DGC's accumulator) are ignored by the
 backend with a warning; DistributedOptimizer and ddp_hook keep that state per parameter.
+
+send and recv concern two ranks, where a runtime operation is negotiated by all of its group:
+they are MPI messages on a communicator of the group's own (ops/comm/mpi_point_to_point.h),
+waited for on the caller's thread up to the group's timeout.
 """
 import atexit
 import collections
@@ -29,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from gradcomp import _core
 from gradcomp import basics as _b
 from gradcomp.basics import Average, Max, Min, Product, Sum
 from gradcomp.torch import mpi_ops
@@ -127,12 +132,75 @@ class _Work(dist.Work):
         return self._pending.result
 
 
+class _P2pWork(dist.Work):
+    """A send or recv: an MPI request of the group's point-to-point communicator, waited for on
+    the caller's thread up to the group's timeout. `buffer` (what MPI reads or writes) lives as
+    long as the Work, and past it while MPI may still use it; `finish` lands a staged receive."""
+
+    _abandoned = []  # buffers of requests given up on (a send cannot be withdrawn)
+
+    def __init__(self, request, what, timeout, buffer, finish):
+        super().__init__()
+        self._request, self._what, self._timeout = request, what, timeout
+        self._buffer, self._finish = buffer, finish
+        self._done, self._error = False, None
+
+    def _complete(self):
+        self._done = True
+        if self._finish is not None:
+            self._finish()
+
+    def wait(self, timeout=None):
+        del timeout  # the group's, as gloo's send and recv
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            return True
+        try:
+            completed = self._request.wait(self._timeout)
+        except Exception as e:  # noqa: BLE001 - the message's own problem, named
+            self._error = RuntimeError(f"backend gradcomp: {e}")
+            raise self._error from None
+        if not completed:
+            self._request.cancel_receive()
+            if self._request.test():  # it arrived as the receive was being withdrawn
+                self._complete()
+                return True
+            _P2pWork._abandoned.append((self._request, self._buffer))
+            self._error = RuntimeError(f"backend gradcomp: {self._what} did not complete within {self._timeout:g} s "
+                                       "(the group's timeout: init_process_group / new_group timeout=)")
+            raise self._error
+        self._complete()
+        return True
+
+    def is_completed(self):
+        if not self._done and self._error is None:
+            try:
+                if self._request.test():
+                    self._complete()
+            except Exception as e:  # noqa: BLE001 - raised by wait()
+                self._error = RuntimeError(f"backend gradcomp: {e}")
+        return self._done or self._error is not None
+
+    def is_success(self):
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        self.is_completed()
+        return self._error
+
+    def _source_rank(self):
+        """The sender of a completed recv (torch's recv(src=None) returns it)."""
+        self.wait()
+        return self._request.source()
+
+
 class ProcessGroupGradcomp(dist.ProcessGroup):
     """A c10d ProcessGroup whose collectives are gradcomp runtime operations."""
 
     def __init__(self, store, rank, size, timeout, process_set=None):
         super().__init__(rank, size)
-        del store, timeout
+        del store
         if not _b.is_initialized():
             _b.init()
         # A group of some of the ranks runs on a process set of its own (its own runtime).
@@ -142,6 +210,11 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             raise ValueError(f"backend gradcomp: torch.distributed says rank {rank} of {size}, but MPI says rank "
                              f"{runtime.rank()} of {runtime.size()}; launch with gcrun or mpirun and let "
                              "RANK/WORLD_SIZE come from it")
+        # send / recv: MPI messages of the group's own that no runtime negotiates, bounded by
+        # the group's timeout (torch's default for gloo: 30 minutes).
+        self._timeout = timeout.total_seconds() if timeout is not None else 1800.0
+        self._p2p = _core.PointToPoint(process_set.ranks if process_set is not None else [],
+                                       _b.group_tag(process_set.ranks) if process_set is not None else 0)
         self._seq = 0
         if process_set is not None:
             self._prefix = "c10d"  # alone on its runtime
@@ -505,6 +578,35 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                 out.copy_(received.reshape(out.shape))
 
         return self._work([], finish, output_tensors)
+
+    def _p2p_post(self, tensors, peer, tag, what, send):
+        t = self._single(tensors, what)
+        if not 0 <= tag <= self._p2p.max_tag():
+            raise ValueError(f"backend gradcomp: {what} tag {tag} is outside 0..{self._p2p.max_tag()} (MPI_TAG_UB)")
+        direct = t.device.type == "cpu" and t.is_contiguous()
+        if send:
+            buffer = t.detach() if direct else t.detach().contiguous().cpu()
+            request = self._p2p.send(buffer.data_ptr(), buffer.numel() * buffer.element_size(), peer, tag)
+            return _P2pWork(request, f"{what} to rank {peer} (tag {tag})", self._timeout, buffer, None)
+        buffer = t.detach() if direct else torch.empty(t.shape, dtype=t.dtype)
+        request = self._p2p.recv(buffer.data_ptr(), buffer.numel() * buffer.element_size(), peer, tag)
+        source = "any rank" if peer < 0 else f"rank {peer}"
+
+        def finish():
+            if not direct:
+                with torch.no_grad():
+                    t.copy_(buffer)
+
+        return _P2pWork(request, f"{what} from {source} (tag {tag})", self._timeout, buffer, finish)
+
+    def send(self, tensors, dstRank, tag):
+        return self._p2p_post(tensors, dstRank, tag, "send", True)
+
+    def recv(self, tensors, srcRank, tag):
+        return self._p2p_post(tensors, srcRank, tag, "recv", False)
+
+    def recv_anysource(self, tensors, tag):
+        return self._p2p_post(tensors, -1, tag, "recv", False)
 
     def barrier(self, opts=None):
         mpi_ops.barrier(self._process_set)
