@@ -32,9 +32,10 @@
 // sum (a reduce-scatter), the tree runs among the ranks with the same local rank on their shards,
 // and each level's dot products and norms are summed over the node's shards too (an allgather
 // of the 3 doubles a tensor, added in local-rank order), so every tensor keeps the coefficients
-// of its whole vectors; the shards are gathered back in the node. Per rank across nodes: 2/local
-// of the buffer a level, every rank of a node sending at once. Nodes of different sizes: each
-// node's first rank runs the tree on the whole average and broadcasts the result in its node.
+// of its whole vectors; the shards are gathered back in the node. Per rank across nodes: its
+// shard (the buffer / local) sent twice, every rank of a node sending at once. Nodes of
+// different sizes: each node's first rank runs the tree on the whole average and broadcasts
+// the result in its node.
 #pragma once
 
 #include <cstddef>
