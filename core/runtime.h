@@ -107,6 +107,8 @@ class Runtime {
   int local_size() const { return topo_.local_size(); }
   int cross_rank() const { return topo_.cross_rank(); }
   int cross_size() const { return topo_.cross_size(); }
+  /// Whether every node holds the same number of ranks (Horovod's is_homogeneous).
+  bool homogeneous() const { return topo_.homogeneous; }
   /// What the host tensors' traffic between nodes travels on: "tcp" (GRADCOMP_CROSS_COMMUNICATOR
   /// auto or tcp), "mpi", or a test world's kind.
   const char* cross_communicator_kind() const { return topo_.cross->kind(); }

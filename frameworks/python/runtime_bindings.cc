@@ -338,6 +338,7 @@ void BindRuntime(py::module& m) {
       .def("local_size", &Runtime::local_size)
       .def("cross_rank", &Runtime::cross_rank)
       .def("cross_size", &Runtime::cross_size)
+      .def("is_homogeneous", &Runtime::homogeneous)
       .def("allreduce_async",
            &AllreduceAsync,
            py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"),

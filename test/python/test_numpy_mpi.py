@@ -33,7 +33,7 @@ def rank_data(dtype, shape, rank):
 def test_topology():
     assert gc.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
     assert gc.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
-    assert gc.local_size() * gc.cross_size() == gc.size()
+    assert gc.local_size() * gc.cross_size() == gc.size() and gc.is_homogeneous()
     assert 0 <= gc.local_rank() < gc.local_size()
 
 

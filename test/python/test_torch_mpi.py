@@ -57,7 +57,7 @@ def test_topology_and_probes():
     assert hvd.is_initialized()
     assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
     assert hvd.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
-    assert hvd.local_size() * hvd.cross_size() == hvd.size()
+    assert hvd.local_size() * hvd.cross_size() == hvd.size() and hvd.is_homogeneous()
     assert 0 <= hvd.local_rank() < hvd.local_size() and 0 <= hvd.cross_rank() < hvd.cross_size()
     assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
     assert not hvd.gloo_built() and not hvd.rocm_built() and not hvd.ddl_built() and not hvd.ccl_built()

@@ -291,6 +291,11 @@ def cross_size():
     return _rt().cross_size()
 
 
+def is_homogeneous():
+    """Whether every node holds the same number of ranks (Horovod's)."""
+    return _rt().is_homogeneous()
+
+
 def start_timeline(file_path, mark_cycles=False):
     """Starts recording a Chrome-trace timeline into file_path (written by rank 0)."""
     del mark_cycles  # cycle marks follow GRADCOMP_TIMELINE_MARK_CYCLES

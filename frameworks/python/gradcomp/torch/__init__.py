@@ -18,9 +18,9 @@ communication.
 """
 from gradcomp._core import GradcompError
 from gradcomp.basics import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_process_set, compression_choices,
-                             cross_rank, cross_size, global_process_set, init, is_initialized, local_rank, local_size,
-                             poll, rank, remove_process_set, shutdown, size, start_timeline, stats, stop_timeline,
-                             synchronize)
+                             cross_rank, cross_size, global_process_set, init, is_homogeneous, is_initialized,
+                             local_rank, local_size, poll, rank, remove_process_set, shutdown, size, start_timeline,
+                             stats, stop_timeline, synchronize)
 from gradcomp.torch.compression import Compression, Compressor
 from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                                     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
@@ -96,7 +96,7 @@ def ccl_built():
 
 
 __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
-           "cross_size", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+           "cross_size", "is_homogeneous", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
            "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
            "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
            "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
