@@ -1142,6 +1142,14 @@ def test_backend_point_to_point():
         work.wait()
     for peer, t in ((nxt, right), (prev, left)):
         assert torch.equal(t, (torch.arange(6, dtype=torch.float64).reshape(2, 3) + 10 * peer).t()), (peer, t)
+    # As torch 2's batch_isend_irecv of GPU tensors brackets them: one Work for the batch.
+    group = dist.distributed_c10d._get_default_group()
+    group._start_coalescing(torch.device("cpu"))
+    dist.isend(out * 2, nxt)  # the batch's Work keeps these messages' (and their tensors)
+    dist.irecv(got, prev)
+    batch = group._end_coalescing(torch.device("cpu"))
+    assert batch.wait() and batch.is_completed() and batch.is_success() and batch.exception() is None
+    assert torch.equal(got, torch.full((1 << 20,), 2.0 * prev))
     # Tags: two messages received in the other order than sent; then one from whichever rank.
     if me == 0:
         first, second = dist.isend(torch.full((4,), 1.0), 1, tag=1), dist.isend(torch.full((4,), 2.0), 1, tag=2)

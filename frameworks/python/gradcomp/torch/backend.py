@@ -195,6 +195,28 @@ class _P2pWork(dist.Work):
         return self._request.source()
 
 
+class _Works(dist.Work):
+    """Several Works as one (the messages of a batch_isend_irecv)."""
+
+    def __init__(self, works):
+        super().__init__()
+        self._works = works
+
+    def wait(self, timeout=None):
+        for work in self._works:
+            work.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self):
+        return all(work.is_success() for work in self._works)
+
+    def exception(self):
+        return next((work.exception() for work in self._works if work.exception() is not None), None)
+
+
 class ProcessGroupGradcomp(dist.ProcessGroup):
     """A c10d ProcessGroup whose collectives are gradcomp runtime operations."""
 
@@ -587,7 +609,8 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         if send:
             buffer = t.detach() if direct else t.detach().contiguous().cpu()
             request = self._p2p.send(buffer.data_ptr(), buffer.numel() * buffer.element_size(), peer, tag)
-            return _P2pWork(request, f"{what} to rank {peer} (tag {tag})", self._timeout, buffer, None)
+            return self._coalesce(_P2pWork(request, f"{what} to rank {peer} (tag {tag})", self._timeout, buffer,
+                                           None))
         buffer = t.detach() if direct else torch.empty(t.shape, dtype=t.dtype)
         request = self._p2p.recv(buffer.data_ptr(), buffer.numel() * buffer.element_size(), peer, tag)
         source = "any rank" if peer < 0 else f"rank {peer}"
@@ -597,7 +620,25 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                 with torch.no_grad():
                     t.copy_(buffer)
 
-        return _P2pWork(request, f"{what} from {source} (tag {tag})", self._timeout, buffer, finish)
+        return self._coalesce(_P2pWork(request, f"{what} from {source} (tag {tag})", self._timeout, buffer, finish))
+
+    # torch 2's batch_isend_irecv of GPU tensors brackets the messages with these and waits on
+    # the Work _end_coalescing returns (NCCL's group calls); the messages were posted already.
+    def _start_coalescing(self, device=None):
+        del device
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None):
+        del device
+        works, self._coalesced = getattr(self, "_coalesced", None), None
+        if works is None:
+            raise RuntimeError("backend gradcomp: _end_coalescing without _start_coalescing")
+        return _Works(works)
+
+    def _coalesce(self, work):
+        if getattr(self, "_coalesced", None) is not None:
+            self._coalesced.append(work)
+        return work
 
     def send(self, tensors, dstRank, tag):
         return self._p2p_post(tensors, dstRank, tag, "send", True)
