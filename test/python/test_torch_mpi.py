@@ -1142,6 +1142,13 @@ def test_backend_point_to_point():
         work.wait()
     for peer, t in ((nxt, right), (prev, left)):
         assert torch.equal(t, (torch.arange(6, dtype=torch.float64).reshape(2, 3) + 10 * peer).t()), (peer, t)
+    # Works dropped unwaited: the group keeps the messages' tensors until they are done.
+    for _ in range(3):
+        dist.isend(torch.full((1 << 18,), 3.0 * me), nxt)
+    for _ in range(3):
+        late = torch.empty(1 << 18)
+        dist.recv(late, prev)
+        assert torch.equal(late, torch.full((1 << 18,), 3.0 * prev))
     # As torch 2's batch_isend_irecv of GPU tensors brackets them: one Work for the batch.
     group = dist.distributed_c10d._get_default_group()
     group._start_coalescing(torch.device("cpu"))

@@ -237,6 +237,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         self._timeout = timeout.total_seconds() if timeout is not None else 1800.0
         self._p2p = _core.PointToPoint(process_set.ranks if process_set is not None else [],
                                        _b.group_tag(process_set.ranks) if process_set is not None else 0)
+        self._p2p_live = []  # messages not done yet (_coalesce)
         self._seq = 0
         if process_set is not None:
             self._prefix = "c10d"  # alone on its runtime
@@ -636,6 +637,9 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         return _Works(works)
 
     def _coalesce(self, work):
+        """Keeps `work` (and so its buffer) until its message is done, waited for or not (an
+        isend whose Work is dropped must not free the tensor MPI reads), and in the batch."""
+        self._p2p_live = [w for w in self._p2p_live if not w.is_completed()] + [work]
         if getattr(self, "_coalesced", None) is not None:
             self._coalesced.append(work)
         return work
