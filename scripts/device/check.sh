@@ -13,8 +13,8 @@
 #   2. the GPU tests: test_cuda_codecs and test_cuda_device (every kernel writes the CPU's bytes),
 #      test_nccl_communicator at -np 1, test_runtime_device;
 #   3. gradcomp.torch on CUDA tensors, 2 ranks (when the interpreter has the headers to build it):
-#      allreduce against the exact average, then training steps through every adapter
-#      (torch_training_check.py);
+#      allreduce against the exact average, then training steps through every adapter, the
+#      backend's send/recv and Adasum of GPU tensors (torch_training_check.py);
 #   4. cuda_codec_bench (the kernels against the device's copy bandwidth);
 #   5. compute-sanitizer memcheck and racecheck on the kernels.
 # Logs and results go to $OUT (the device tool's; /tmp/gradcomp-device-out elsewhere), at most

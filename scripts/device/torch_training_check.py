@@ -13,8 +13,15 @@ buckets of 1 MB (several a step), through:
   ddp_hook4     DDP on backend gradcomp with ddp_hook, 4 bits per layer
 
 Each must leave every rank with the same parameters, keep them on the device, and lower the
-loss; each prints its loss and how far it ended from the exact run. Exits nonzero (every rank
-names the failing mode) otherwise.
+loss; each prints its loss and how far it ended from the exact run. Then two checks on the
+device's tensors:
+
+  p2p           the backend's isend/irecv around the ranks and batch_isend_irecv (torch 2 brackets a
+                batch of GPU tensors with _start/_end_coalescing), values and device kept
+  adasum        hvd.allreduce(op=Adasum): on GPUs through the CUDA data path the nodes' averages
+                (one node here: the plain average), else the ranks' Adasum tree
+
+Exits nonzero (every rank names the failing mode or check) otherwise.
 """
 import argparse
 import sys
@@ -111,6 +118,47 @@ def ddp_run(steps, device, hook):
     return model, train(ddp, step, steps, device)
 
 
+def p2p_check(device):
+    me, n = hvd.rank(), hvd.size()
+    nxt, prev = (me + 1) % n, (me - 1) % n
+    out, got = torch.full((1 << 20,), float(me), device=device), torch.empty(1 << 20, device=device)
+    for work in [dist.isend(out, nxt), dist.irecv(got, prev)]:
+        work.wait()
+    problems = [] if torch.equal(got.cpu(), torch.full((1 << 20,), float(prev))) else ["isend/irecv: wrong values"]
+    right, left = torch.empty(4, 3, device=device), torch.empty(4, 3, device=device)
+    block = torch.arange(12.0, device=device).reshape(4, 3) + 100 * me
+    ops = [dist.P2POp(dist.isend, block, nxt), dist.P2POp(dist.isend, block, prev),
+           dist.P2POp(dist.irecv, right, nxt), dist.P2POp(dist.irecv, left, prev)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for peer, t in ((nxt, right), (prev, left)):
+        if t.device.type != device.type or not torch.equal(t.cpu(), torch.arange(12.0).reshape(4, 3) + 100 * peer):
+            problems.append(f"batch_isend_irecv: wrong values or device from rank {peer}")
+    return problems
+
+
+def adasum_check(device):
+    from gradcomp import _core
+    g = torch.Generator().manual_seed(hvd.rank())
+    x = (torch.randn(100000, generator=g) + 1.0).to(device)  # a shared component: neither orthogonal nor equal
+    got = hvd.allreduce(x, op=hvd.Adasum, name="check.adasum").double().cpu()
+    vs = hvd.allgather(x.double().reshape(1, -1).cpu(), name="check.adasum.inputs")
+    if device.type == "cuda" and _core.cuda_data_path():
+        # The nodes' averages (Horovod's GPU Adasum); every rank of this check shares a node.
+        want, what = vs.mean(0), "the node's average"
+    else:
+        level = list(vs)
+        while len(level) > 1:  # the tree of whole ranks (a power of two here)
+            nxt_level = []
+            for a, b in zip(level[0::2], level[1::2]):
+                dot = a.dot(b)
+                nxt_level.append((1 - dot / (2 * a.dot(a))) * a + (1 - dot / (2 * b.dot(b))) * b)
+            level = nxt_level
+        want, what = level[0], "the ranks' Adasum tree"
+    off = ((got - want).norm() / want.norm()).item()
+    return [] if off < 1e-5 else [f"Adasum is {off:.2e} from {what}"]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -161,7 +209,16 @@ def main():
         except Exception as e:  # noqa: BLE001 - reported per mode, every mode runs
             print(f"rank {me}: {mode}: {type(e).__name__}: {e}", flush=True)
             failed.append(mode)
-    print(f"rank {me}: {'FAILED: ' + ', '.join(failed) if failed else 'every adapter trained'}", flush=True)
+    for name, check in (("p2p", p2p_check), ("adasum", adasum_check)):
+        try:
+            problems = check(device)
+        except Exception as e:  # noqa: BLE001 - reported per check, every check runs
+            problems = [f"{type(e).__name__}: {e}"]
+        print(f"rank {me}: {name}: {'; '.join(problems) if problems else 'ok'}", flush=True)
+        if problems:
+            failed.append(name)
+    print(f"rank {me}: {'FAILED: ' + ', '.join(failed) if failed else 'every adapter trained, every check passed'}",
+          flush=True)
     sys.exit(1 if failed else 0)
 
 

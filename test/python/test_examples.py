@@ -115,6 +115,7 @@ def test_the_gpu_checks_training_script_trains_through_every_adapter(tmp_path):
     # stays runnable: uncompressed DistributedOptimizer and DDP equal one process on the whole
     # batch, the compressed modes learn, every rank ends with the same parameters.
     out = run([PY, os.path.join(ROOT, "scripts", "device", "torch_training_check.py"), "--device", "cpu"], tmp_path)
-    assert out.count("every adapter trained") == 2, out[-3000:]
+    assert out.count("every adapter trained, every check passed") == 2, out[-3000:]
     for mode in ("hvd_none", "hvd_maxmin4", "ddp_backend", "ddp_hook4"):
         assert out.count(f": {mode}: loss ") == 2, out[-3000:]
+    assert out.count(": p2p: ok") == 2 and out.count(": adasum: ok") == 2, out[-3000:]
