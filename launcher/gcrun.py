@@ -181,7 +181,8 @@ def parse_args(argv):
         elif dest.startswith("GRADCOMP_"):
             opts["settings"][dest] = ("1" if converted is True else str(converted))
         elif dest == "network_interface" and opts.get(dest):
-            opts[dest] += "," + converted  # given again (horovodrun's --network-interface eth0 --network-interface eth1)
+            # given again (horovodrun's --network-interface eth0 --network-interface eth1)
+            opts[dest] += "," + converted
         else:
             opts[dest] = converted
         i += 1

@@ -143,7 +143,8 @@ void SumOverShards(const Layout& l, std::vector<double>& values) {
 void PartDots(const Layout& l, Range part, const char* a, const char* b, const Kernels& k, size_t esize,
               std::vector<double>& sums) {
   std::fill(sums.begin(), sums.end(), 0.0);
-  ForEachPart(l.counts, l.offsets, Range{l.base + part.lo, l.base + part.hi}, [&](size_t t, size_t begin, size_t count) {
+  const Range fused{l.base + part.lo, l.base + part.hi};
+  ForEachPart(l.counts, l.offsets, fused, [&](size_t t, size_t begin, size_t count) {
     const size_t at = (begin - l.base) * esize;
     k.dots(a + at, b + at, count, &sums[3 * t]);
   });
@@ -153,7 +154,8 @@ void PartDots(const Layout& l, Range part, const char* a, const char* b, const K
 // vectors' `sums` (as PartDots orders them: data is a when data_is_a).
 void CombinePart(const Layout& l, Range part, char* data, const char* other, bool data_is_a,
                  const std::vector<double>& sums, const Kernels& k, size_t esize) {
-  ForEachPart(l.counts, l.offsets, Range{l.base + part.lo, l.base + part.hi}, [&](size_t t, size_t begin, size_t count) {
+  const Range fused{l.base + part.lo, l.base + part.hi};
+  ForEachPart(l.counts, l.offsets, fused, [&](size_t t, size_t begin, size_t count) {
     const double dot = sums[3 * t], ca = Coefficient(dot, sums[3 * t + 1]), cb = Coefficient(dot, sums[3 * t + 2]);
     const size_t at = (begin - l.base) * esize;
     k.combine(data + at, other + at, count, data_is_a ? ca : cb, data_is_a ? cb : ca);

@@ -15,13 +15,14 @@ import numpy as np
 
 from gradcomp.basics import (Adasum, Average, GradcompError, Max, Min, ProcessSet, Product, Sum, add_process_set,
                              barrier, check_op, compression_choices, cross_rank, cross_size, global_process_set, init,
-                             is_homogeneous, is_initialized, join, local_rank, local_size, poll, rank, remove_process_set, shutdown,
-                             size, start_timeline, stats, stop_timeline, synchronize)
+                             is_homogeneous, is_initialized, join, local_rank, local_size, poll, rank,
+                             remove_process_set, shutdown, size, start_timeline, stats, stop_timeline, synchronize)
 from gradcomp import _core
 from gradcomp import basics as _b
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
-           "cross_size", "is_homogeneous", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+           "cross_size", "is_homogeneous", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
+           "grouped_allreduce",
            "grouped_allreduce_async", "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
            "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",

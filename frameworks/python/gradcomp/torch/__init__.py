@@ -96,7 +96,8 @@ def ccl_built():
 
 
 __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
-           "cross_size", "is_homogeneous", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+           "cross_size", "is_homogeneous", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
+           "grouped_allreduce",
            "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
            "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
            "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
