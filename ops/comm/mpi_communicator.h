@@ -8,7 +8,6 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "ops/comm/communicator.h"
 #include "ops/common/enforce.h"
@@ -27,13 +26,6 @@ std::string MpiErrorMessage(int code, const char* operation, int rank);
       throw ::gradcomp::Error(::gradcomp::MpiErrorMessage(gc_mpi_rc, #call, rank_)); \
     }                                                                             \
   } while (0)
-
-/// Initializes MPI if needed and throws unless it provides MPI_THREAD_MULTIPLE.
-void RequireThreadMultiple();
-
-/// Collective over the sorted world `ranks` only, which pass the same `tag`: their communicator
-/// (MPI_Comm_create_group), for the caller to free. Throws for a rank not among them.
-MPI_Comm CreateMpiGroupComm(const std::vector<int>& ranks, int tag);
 
 /// MPI datatype carrying one element of `dtype` (16-bit floats travel as a 2-byte type).
 MPI_Datatype MpiDataType(DataType dtype);

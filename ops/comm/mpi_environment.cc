@@ -74,7 +74,7 @@ void RequireThreadMultiple() {
   }
 }
 
-MPI_Comm CreateMpiGroupComm(const std::vector<int>& ranks, int tag) {
+std::unique_ptr<Communicator> CreateMpiGroupWorld(const std::vector<int>& ranks, int tag) {
   RequireThreadMultiple();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -87,11 +87,6 @@ MPI_Comm CreateMpiGroupComm(const std::vector<int>& ranks, int tag) {
   MPI_Group_free(&world);
   if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Comm_create_group (a group of some ranks)", rank));
   if (sub == MPI_COMM_NULL) GC_THROW("rank ", rank, " is not among the ranks of the group it creates");
-  return sub;
-}
-
-std::unique_ptr<Communicator> CreateMpiGroupWorld(const std::vector<int>& ranks, int tag) {
-  MPI_Comm sub = CreateMpiGroupComm(ranks, tag);
   auto result = std::make_unique<MpiCommunicator>(sub);
   MPI_Comm_free(&sub);
   return result;

@@ -20,6 +20,10 @@ void AbandonMpiAtExit();
 /// True after AbandonMpiAtExit: collective frees (MPI_Win_free) are skipped too.
 bool MpiAbandoned();
 
+/// Initializes MPI if needed and throws unless it provides MPI_THREAD_MULTIPLE (process sets and
+/// point-to-point messages call MPI from threads of their own).
+void RequireThreadMultiple();
+
 /// A communicator over a duplicate of MPI_COMM_WORLD (calls EnsureMpiInitialized).
 std::unique_ptr<Communicator> CreateMpiWorld();
 

@@ -111,55 +111,46 @@ class MpiRequest final : public PointToPointRequest {
 }  // namespace
 
 struct PointToPoint::Impl {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0, size = 0, max_tag = 32767;
+  // The group's own duplicate (MpiCommunicator: MPI_ERRORS_RETURN, freed unless MPI finalized);
+  // the messages use its MPI handle directly (any source, cancellation, the received size).
+  std::unique_ptr<Communicator> comm;
+  MPI_Comm handle = MPI_COMM_NULL;
+  int max_tag = 32767;
 };
 
 PointToPoint::PointToPoint(const std::vector<int>& ranks, int tag) : impl_(std::make_unique<Impl>()) {
   RequireThreadMultiple();
-  int rank_ = -1;  // for GC_MPI_CHECK's message
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  if (ranks.empty()) {
-    GC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->comm));
-  } else {
-    impl_->comm = CreateMpiGroupComm(ranks, tag);
-  }
-  GC_MPI_CHECK(MPI_Comm_set_errhandler(impl_->comm, MPI_ERRORS_RETURN));
-  GC_MPI_CHECK(MPI_Comm_rank(impl_->comm, &impl_->rank));
-  GC_MPI_CHECK(MPI_Comm_size(impl_->comm, &impl_->size));
+  impl_->comm = ranks.empty() ? CreateMpiWorld() : CreateMpiGroupWorld(ranks, tag);
+  impl_->handle = static_cast<MpiCommunicator&>(*impl_->comm).handle();
   void* bound = nullptr;
   int found = 0;
-  MPI_Comm_get_attr(impl_->comm, MPI_TAG_UB, &bound, &found);
+  MPI_Comm_get_attr(impl_->handle, MPI_TAG_UB, &bound, &found);
   if (found && bound != nullptr) impl_->max_tag = *static_cast<int*>(bound);
 }
 
-PointToPoint::~PointToPoint() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && impl_->comm != MPI_COMM_NULL) MPI_Comm_free(&impl_->comm);
-}
+PointToPoint::~PointToPoint() = default;
 
-int PointToPoint::rank() const { return impl_->rank; }
-int PointToPoint::size() const { return impl_->size; }
+int PointToPoint::rank() const { return impl_->comm->rank(); }
+int PointToPoint::size() const { return impl_->comm->size(); }
 int PointToPoint::max_tag() const { return impl_->max_tag; }
 
 std::unique_ptr<PointToPointRequest> PointToPoint::Send(const void* data, size_t bytes, int peer, int tag) {
-  const int rank_ = impl_->rank;
+  const int rank_ = rank(), size = this->size();
   const int count = CountOf(bytes, "send", peer, tag);
-  GC_ENFORCE(peer >= 0 && peer < impl_->size && tag >= 0 && tag <= impl_->max_tag, "send to rank ", peer,
-             " with tag ", tag, " in a group of ", impl_->size);
+  GC_ENFORCE(peer >= 0 && peer < size && tag >= 0 && tag <= impl_->max_tag, "send to rank ", peer, " with tag ", tag,
+             " in a group of ", size);
   auto request = std::make_unique<MpiRequest>(true, bytes, peer, tag, rank_);
-  GC_MPI_CHECK(MPI_Isend(data, count, MPI_BYTE, peer, tag, impl_->comm, request->handle()));
+  GC_MPI_CHECK(MPI_Isend(data, count, MPI_BYTE, peer, tag, impl_->handle, request->handle()));
   return request;
 }
 
 std::unique_ptr<PointToPointRequest> PointToPoint::Receive(void* data, size_t bytes, int peer, int tag) {
-  const int rank_ = impl_->rank;
+  const int rank_ = rank(), size = this->size();
   const int count = CountOf(bytes, "recv", peer, tag);
-  GC_ENFORCE(peer >= -1 && peer < impl_->size && tag >= 0 && tag <= impl_->max_tag, "recv from rank ", peer,
-             " with tag ", tag, " in a group of ", impl_->size);
+  GC_ENFORCE(peer >= -1 && peer < size && tag >= 0 && tag <= impl_->max_tag, "recv from rank ", peer, " with tag ",
+             tag, " in a group of ", size);
   auto request = std::make_unique<MpiRequest>(false, bytes, peer, tag, rank_);
-  GC_MPI_CHECK(MPI_Irecv(data, count, MPI_BYTE, peer < 0 ? MPI_ANY_SOURCE : peer, tag, impl_->comm, request->handle()));
+  GC_MPI_CHECK(MPI_Irecv(data, count, MPI_BYTE, peer < 0 ? MPI_ANY_SOURCE : peer, tag, impl_->handle, request->handle()));
   return request;
 }
 
