@@ -6,6 +6,7 @@ DistributedOptimizer, the optimizer without named_parameters, broadcast_optimize
 gradients, Average as a true division, and unnamed calls whose numbering drifted apart.
 Every rank runs the same tests in the same order (they are collective)."""
 import copy
+import inspect
 import time
 
 import pytest
@@ -188,6 +189,83 @@ def test_grouped_calls_need_a_tensor():
             call([])
     with pytest.raises(ValueError, match=r"grouped reducescatter 'g\.rs' needs at least one tensor"):
         hvd.grouped_reducescatter_async([], name="g.rs")
+
+
+# Horovod 0.28.1's positional parameters (horovod/torch/mpi_ops.py), which a call written for
+# Horovod passes in this order; gradcomp's own parameters may only follow them.
+HOROVOD_POSITIONAL = {
+    "allreduce": "tensor average name compression op prescale_factor postscale_factor process_set",
+    "allreduce_async": "tensor average name op prescale_factor postscale_factor process_set",
+    "allreduce_": "tensor average name op prescale_factor postscale_factor process_set",
+    "allreduce_async_": "tensor average name op prescale_factor postscale_factor process_set",
+    "grouped_allreduce": "tensors average name compression op prescale_factor postscale_factor process_set",
+    "grouped_allreduce_async": "tensors average name op prescale_factor postscale_factor process_set",
+    "grouped_allreduce_": "tensors average name op prescale_factor postscale_factor process_set",
+    "grouped_allreduce_async_": "tensors average name op prescale_factor postscale_factor process_set",
+    "allgather": "tensor name process_set",
+    "allgather_async": "tensor name process_set",
+    "grouped_allgather": "tensors name process_set",
+    "grouped_allgather_async": "tensors name process_set",
+    "broadcast": "tensor root_rank name process_set",
+    "broadcast_async": "tensor root_rank name process_set",
+    "broadcast_": "tensor root_rank name process_set",
+    "broadcast_async_": "tensor root_rank name process_set",
+    "alltoall": "tensor splits name process_set",
+    "alltoall_async": "tensor splits name process_set",
+    "reducescatter": "tensor name compression op process_set prescale_factor postscale_factor",
+    "reducescatter_async": "tensor name op process_set prescale_factor postscale_factor",
+    "grouped_reducescatter": "tensors name compression op process_set prescale_factor postscale_factor",
+    "grouped_reducescatter_async": "tensors name op process_set prescale_factor postscale_factor",
+    "sparse_allreduce_async": "tensor name op process_set",
+    "join": "device",
+    "barrier": "process_set",
+}
+
+
+@pytest.mark.parametrize("function", sorted(HOROVOD_POSITIONAL))
+def test_collectives_take_horovods_arguments_in_horovods_order(function):
+    params = list(inspect.signature(getattr(hvd, function)).parameters)
+    expected = HOROVOD_POSITIONAL[function].split()
+    assert params[:len(expected)] == expected
+
+
+def test_positional_calls_written_for_horovod_mean_the_same():
+    me, n = hvd.rank(), hvd.size()
+    x = torch.arange(2 * n, dtype=torch.float32) * (me + 1)
+    total = torch.arange(2 * n, dtype=torch.float32) * sum(range(1, n + 1))
+    # (tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    got = hvd.synchronize(hvd.allreduce_async(x, None, "pos.ar", hvd.Sum, 0.5, 4.0, hvd.global_process_set))
+    torch.testing.assert_close(got, total * 2)
+    y = x.clone()
+    hvd.allreduce_(y, None, "pos.ar_", hvd.Sum, 1.0, 1.0, hvd.global_process_set)
+    torch.testing.assert_close(y, total)
+    a, b = hvd.grouped_allreduce_([x.clone(), x.clone() * 2], None, "pos.gar_", hvd.Sum, 1.0, 0.5,
+                                  hvd.global_process_set)
+    torch.testing.assert_close(a, total / 2)
+    torch.testing.assert_close(b, total)
+    # (tensor, name, compression, op, process_set, prescale_factor, postscale_factor)
+    rows = hvd.reducescatter(x, "pos.rs", hvd.Compression.fp16, hvd.Sum, hvd.global_process_set, 2.0, 1.0)
+    assert rows.dtype == torch.float32
+    torch.testing.assert_close(rows, (total * 2)[2 * me:2 * me + 2])
+    rows = hvd.synchronize(hvd.reducescatter_async(x, "pos.rs.async", hvd.Sum, hvd.global_process_set, 1.0, 3.0))
+    torch.testing.assert_close(rows, (total * 3)[2 * me:2 * me + 2])
+    (r,) = hvd.grouped_reducescatter([x], "pos.grs", hvd.Compression.bf16, hvd.Average)
+    torch.testing.assert_close(r, (total / n)[2 * me:2 * me + 2], rtol=1e-2, atol=0)
+
+
+def test_reducescatter_casts_as_horovods_compression_and_refuses_the_runtimes_codecs():
+    n = hvd.size()
+    x = torch.full((n, 3), 1.0 + 2 ** -20, dtype=torch.float32, requires_grad=True)  # rounds to 1.0 in fp16
+    out = hvd.reducescatter(x, name="rs.fp16", compression=hvd.Compression.fp16, op=hvd.Sum)
+    assert out.dtype == torch.float32 and torch.equal(out.detach(), torch.full((1, 3), float(n)))
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.full((n, 3), float(n)))
+    for codec in (hvd.Compression.maxmin(4), hvd.Compression.topk(0.1), hvd.Compression.powersgd(1)):
+        with pytest.raises(ValueError, match=r"reducescatter of 'rs\.codec': compression .* compresses allreduces "
+                                             r"only; a reducescatter takes Compression\.none, fp16 or bf16"):
+            hvd.reducescatter(x, name="rs.codec", compression=codec)
+    with pytest.raises(ValueError, match=r"grouped reducescatter 'grs\.codec': compression Compression\.maxmin"):
+        hvd.grouped_reducescatter([x], name="grs.codec", compression=hvd.Compression.maxmin)
 
 
 def test_distributed_optimizer_takes_horovods_arguments_in_horovods_order():

@@ -12,13 +12,17 @@ bool tensors are reduced exactly.
 
 ``process_set=`` (every collective, as in Horovod): the ranks of a registered ProcessSet run
 it among themselves, on that set's runtime; ``root_rank`` stays a global rank.
+
+Positional arguments come in Horovod 0.28's order, so a call written for Horovod means the same
+here; what gradcomp adds (``compression`` on the asynchronous and in-place allreduces,
+``priority``) comes after ``process_set``.
 """
 import torch
 
 from gradcomp import _core
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
-from gradcomp.torch.compression import runtime_spec
+from gradcomp.torch.compression import Compression, Compressor, PowerSGD, runtime_spec
 
 # torch dtype -> the core's DataType code (ops/common/dtype.h).
 _DTYPES = {getattr(torch, name): code for name, code in _core.dtypes.items()}
@@ -172,7 +176,7 @@ def _staged_for_allreduce(tensor, name, compression, op):
 
 @_b.submits
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=None, priority=0, process_set=None):
+                     process_set=None, compression=None, priority=0):
     """Reduces `tensor` across ranks in place; returns a handle for poll()/synchronize().
 
     `compression` is None (the settings' policy and layer filter) or a Compression object
@@ -205,7 +209,7 @@ def host_allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, s
 
 @_b.submits
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    compression=None, process_set=None):
+                    process_set=None, compression=None):
     """Reduces a copy of `tensor` across ranks; synchronize(handle) returns the new tensor."""
     op = check_op(op, average)
     name = _b.auto_name("allreduce", name, process_set)
@@ -221,8 +225,8 @@ class _AllreduceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, compression, process_set):
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
-        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, compression,
-                                           process_set))
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
+                                           compression))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -240,15 +244,15 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               compression=None, process_set=None):
+               process_set=None, compression=None):
     """In-place allreduce; returns `tensor`."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, compression,
-                                        process_set=process_set))
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+                                        compression))
 
 
 @_b.submits
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                             compression=None, priority=0, process_set=None):
+                             process_set=None, compression=None, priority=0):
     """Reduces every tensor in place, negotiated and fused as one group; returns a handle
     whose result is the list. `priority` as for allreduce_async_. Tensors of several dtypes
     are allowed, as in Horovod: each dtype's tensors form a group of their own."""
@@ -283,10 +287,10 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=None, process_set=None):
+                            process_set=None, compression=None):
     copies = [t.detach().clone() for t in tensors]
-    return grouped_allreduce_async_(copies, average, name, op, prescale_factor, postscale_factor, compression,
-                                    process_set=process_set)
+    return grouped_allreduce_async_(copies, average, name, op, prescale_factor, postscale_factor, process_set,
+                                    compression)
 
 
 class _GroupedAllreduceFunction(torch.autograd.Function):
@@ -294,7 +298,7 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
     def forward(ctx, op, name, prescale_factor, postscale_factor, compression, process_set, *tensors):
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
         return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale_factor,
-                                                         postscale_factor, compression, process_set)))
+                                                         postscale_factor, process_set, compression)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -316,9 +320,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       compression=None, process_set=None):
+                       process_set=None, compression=None):
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                compression, process_set=process_set))
+                                                process_set, compression))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -490,7 +494,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 
 @_b.submits
-def reducescatter_async(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` (default Average) and gives each rank a slice of the first dimension
     (ranks below first_dim % size get one row more)."""
     op = check_op(op)
@@ -519,7 +523,7 @@ class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
-        return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor, process_set))
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -527,22 +531,46 @@ class _ReducescatterFunction(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def _cast_for_reducescatter(compression, what):
+    """The Compressor whose compress()/decompress() wrap a reducescatter, as Horovod's does:
+    none, fp16, bf16 or a Horovod-style compressor of the caller's own. The runtime's codecs
+    (maxmin, topk, auto) and PowerSGD compress allreduces only."""
+    if compression is None:
+        return Compression.none
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        compression = compression()
+    spec = getattr(compression, "spec", None)
+    if isinstance(compression, PowerSGD) or (spec is not None and spec.get("codec") not in ("none", "fp16", "bf16")):
+        raise ValueError(f"{what}: compression {compression!r} compresses allreduces only; a reducescatter takes "
+                         "Compression.none, fp16 or bf16")
+    if not callable(getattr(compression, "compress", None)) or not callable(getattr(compression, "decompress", None)):
+        raise ValueError(f"{what}: compression must be a gradcomp.torch.Compression choice or have compress() and "
+                         f"decompress(), got {compression!r}")
+    return compression
+
+
+def reducescatter(tensor, name=None, compression=None, op=None, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0):
     """op (default Average) of `tensor` over all ranks; this rank gets its slice of the first
-    dimension (ranks below first_dim % size get one row more). Differentiable."""
-    return _ReducescatterFunction.apply(tensor, check_op(op), name, prescale_factor, postscale_factor, process_set)
+    dimension (ranks below first_dim % size get one row more). `compression` (Compression.none,
+    fp16 or bf16) casts the tensor before and the slice after, as Horovod's. Differentiable."""
+    compression = _cast_for_reducescatter(compression, f"reducescatter of '{name}'")
+    compressed, ctx = compression.compress(tensor)
+    reduced = _ReducescatterFunction.apply(compressed, check_op(op), name, prescale_factor, postscale_factor,
+                                           process_set)
+    return compression.decompress(reduced, ctx)
 
 
 @_b.submits
-def grouped_reducescatter_async(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                                process_set=None):
+def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
     """reducescatter of each tensor; the handle's result is the list of this rank's slices."""
     base = _b.auto_name("grouped_reducescatter", name, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"grouped reducescatter '{base}' needs at least one tensor")
-    return _b.register_group([reducescatter_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor,
-                                                  process_set)
+    return _b.register_group([reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
+                                                  postscale_factor)
                               for i, t in enumerate(tensors)])
 
 
@@ -550,22 +578,26 @@ class _GroupedReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
-        return tuple(synchronize(grouped_reducescatter_async(list(tensors), op, name, prescale_factor,
-                                                             postscale_factor, process_set)))
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
+                                                             postscale_factor)))
 
     @staticmethod
     def backward(ctx, *grads):
         return (None,) * 5 + tuple(_reducescatter_grads(grads, ctx.op, ctx.pre, ctx.post, ctx.process_set))
 
 
-def grouped_reducescatter(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def grouped_reducescatter(tensors, name=None, compression=None, op=None, process_set=None, prescale_factor=1.0,
+                          postscale_factor=1.0):
     """reducescatter of each tensor (default Average), negotiated together; returns this
-    rank's slices. Differentiable."""
+    rank's slices. `compression` as for reducescatter. Differentiable."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped reducescatter needs at least one tensor")
-    return list(_GroupedReducescatterFunction.apply(check_op(op), name, prescale_factor, postscale_factor,
-                                                    process_set, *tensors))
+    compression = _cast_for_reducescatter(compression, f"grouped reducescatter '{name}'")
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    reduced = _GroupedReducescatterFunction.apply(check_op(op), name, prescale_factor, postscale_factor, process_set,
+                                                  *compressed)
+    return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
 
 
 @_b.submits
