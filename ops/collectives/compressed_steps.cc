@@ -189,8 +189,16 @@ float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& w
   return ws.out.device_as<float>();
 }
 
-double OutputScale(const CompressedAllreduceOptions& o, int ranks) {
-  return o.op == ReduceOp::kAverage ? o.postscale / ranks : o.postscale;
+OutputScaling OutputScale(const CompressedAllreduceOptions& o, int ranks) {
+  return {o.postscale, o.op == ReduceOp::kAverage ? ranks : 1};
+}
+
+void OutputScaling::Apply(Device& d, float* v, size_t n, bool exact, Stream& stream) const {
+  if (exact && divisor != 1) {
+    d.FinishReduction(v, n, DataType::kFloat32, ReduceOp::kAverage, factor, divisor, stream);
+  } else {
+    d.Scale(v, n, DataType::kFloat32, factor / divisor, stream);
+  }
 }
 
 void StoreOutput(const CompressedAllreduceOptions& o, CompressionWorkspace& ws, const float* result) {

@@ -92,8 +92,19 @@ class WorkspaceFor {
 const float* WorkingCopy(const CompressedAllreduceOptions& o, CompressionWorkspace& ws);
 /// Where the float32 result goes (device memory): the output itself when it is float32.
 float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& ws);
-/// The factor applied to the sum: postscale, over `ranks` for Average.
-double OutputScale(const CompressedAllreduceOptions& o, int ranks);
+/// What ends the sum of a dense allreduce: Average's division by the ranks (`divisor`; 1 for
+/// Sum), then the postscale `factor`.
+struct OutputScaling {
+  double factor = 1.0;
+  int divisor = 1;
+  /// Applies it to n float32 sums. `exact` (the none codec): FinishReduction's arithmetic, a true
+  /// division then the factor, so an uncompressed Average over SRA has the bits of the one over
+  /// MPI (the sum over the ranks divided by their number). Otherwise one multiplication by
+  /// factor / divisor: the codecs' sums are quantized anyway.
+  void Apply(Device& d, float* v, size_t n, bool exact, Stream& stream) const;
+};
+/// The scaling of the sum over `ranks` ranks: postscale, after a division by them for Average.
+OutputScaling OutputScale(const CompressedAllreduceOptions& o, int ranks);
 /// Converts the float32 result into the output (nothing when it is the output), and waits
 /// for the workspace's stream: the collective's work is done.
 void StoreOutput(const CompressedAllreduceOptions& o, CompressionWorkspace& ws, const float* result);

@@ -19,7 +19,7 @@ CompressedAllreduceStats HierarchicalCompressedAllreduce(const Topology& topo, c
     }
     if (o.count == 0) return;
     Communicator& local = *topo.local;
-    const double scale = OutputScale(o, topo.size());
+    const OutputScaling scale = OutputScale(o, topo.size());
     WorkspaceFor workspace(o);
     CompressionWorkspace& ws = *workspace;
     Device& d = ws.device;

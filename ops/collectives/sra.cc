@@ -106,8 +106,8 @@ namespace {
 // One SRA on one rank: the plan, the buffers and the three steps each stripe goes through.
 class SraRun {
  public:
-  SraRun(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-         CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings)
+  SraRun(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, const OutputScaling& scale,
+         float* out, CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings)
       : comm_(comm), o_(o), codec_(*o.codec), x_(x), scale_(scale), out_(out), ws_(ws), st_(st),
         plan_(SraPlan::Make(o, static_cast<size_t>(comm.size()), static_cast<size_t>(comm.rank()))),
         p1_(SraScatterParams(o.params, comm.rank())),
@@ -147,7 +147,7 @@ class SraRun {
   const CompressedAllreduceOptions& o_;
   const Codec& codec_;
   const float* x_;
-  const double scale_;
+  const OutputScaling scale_;
   float* out_;
   CompressionWorkspace& ws_;
   CompressedAllreduceStats* st_;
@@ -222,7 +222,7 @@ void SraRun::ReduceOwn(size_t s) {
       d.Decode(codec_, ws_.recv.device() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
                DataType::kFloat32, a, true, stream);
     }
-    d.Scale(a, pc.len, DataType::kFloat32, scale_, stream);
+    scale_.Apply(d, a, pc.len, &codec_ == &NoneCodec(), stream);
     float* r = rr_ ? rr_ + (pc.start - plan_.chunk_offsets[mine]) : nullptr;
     if (r) d.Reduce(a, a, r, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);
     uint8_t* dst = ws_.own.device() + plan_.own_at[s] + wire_at;
@@ -256,7 +256,7 @@ void SraRun::ReduceOwnRaw(size_t s) {
       d.Reduce(result, own, peer, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);
       own = result;
     }
-    d.Scale(result, pc.len, DataType::kFloat32, scale_, stream);
+    scale_.Apply(d, result, pc.len, true, stream);
     wire_at += pc.len * sizeof(float);
   }
   stream.Synchronize();
@@ -406,11 +406,11 @@ void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded,
 
 }  // namespace
 
-void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-         CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings) {
+void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x, const OutputScaling& scale,
+         float* out, CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings) {
   if (comm.size() == 1) {  // nothing crosses a wire: exact
     ws.device.Copy(out, x, o.count * sizeof(float), *ws.stream);
-    ws.device.Scale(out, o.count, DataType::kFloat32, scale, *ws.stream);
+    scale.Apply(ws.device, out, o.count, o.codec == &NoneCodec(), *ws.stream);
     if (o.residual) ws.device.Fill(o.residual, 0, o.count * sizeof(float), *ws.stream);
     return;
   }
@@ -441,7 +441,7 @@ CompressedAllreduceStats RunDenseAllreduce(const char* what, const CompressedAll
 
 CompressedAllreduceStats CompressedAllreduce(Communicator& comm, const CompressedAllreduceOptions& o) {
   return RunDenseAllreduce("compressed allreduce", o, comm.size(),
-                           [&](const float* x, double scale, float* out, CompressionWorkspace& ws,
+                           [&](const float* x, const OutputScaling& scale, float* out, CompressionWorkspace& ws,
                                CompressedAllreduceStats* st) { Sra(comm, o, x, scale, out, ws, st); });
 }
 

@@ -129,12 +129,12 @@ void RowExchange(Communicator& row, int tag, Pipeline& pipe, const uint8_t* in, 
   }
 }
 
-void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-             CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings);
+void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, const OutputScaling& scale,
+             float* out, CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings);
 
 // The column's allreduce of this rank's row sum v (in place), leaving in ws.all the encodings
 // of its result (ResultBytes' layout).
-void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, float* v, double scale,
+void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, float* v, const OutputScaling& scale,
                      CompressionWorkspace& ws, CompressedAllreduceStats* st) {
   if (grid.column_grid) {
     Sra2dOn(*grid.column_grid, mine, v, scale, v, ws, st, true);
@@ -155,8 +155,8 @@ void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, f
 
 // Sra2d; with keep_encodings, ws.all ends holding the encodings of the whole result
 // (ResultBytes' layout), for the row above when this grid runs a column.
-void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-             CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings) {
+void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, const OutputScaling& scale,
+             float* out, CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings) {
   Communicator& row = *grid.row;
   Communicator& column = *grid.column;
   if (row.size() == 1 || column.size() == 1) {
@@ -314,8 +314,8 @@ bool PointToPoint(const Grid& grid) {
 
 }  // namespace
 
-void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, double scale, float* out,
-           CompressionWorkspace& ws, CompressedAllreduceStats* st) {
+void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, const OutputScaling& scale,
+           float* out, CompressionWorkspace& ws, CompressedAllreduceStats* st) {
   if (o.pipeline_stripes > 1 && !PointToPoint(grid)) {
     // Stripes travel point to point; a transport without it (NCCL) takes one exchange of each
     // (chosen here: every level plans the layout of the columns' encodings alike).
@@ -326,7 +326,7 @@ void Sra2d(const Grid& grid, const CompressedAllreduceOptions& o, const float* x
 
 CompressedAllreduceStats CompressedAllreduce2d(const Grid& grid, const CompressedAllreduceOptions& o) {
   return RunDenseAllreduce("2-D compressed allreduce", o, grid.row->size() * grid.column->size(),
-                           [&](const float* x, double scale, float* out, CompressionWorkspace& ws,
+                           [&](const float* x, const OutputScaling& scale, float* out, CompressionWorkspace& ws,
                                CompressedAllreduceStats* st) { Sra2d(grid, o, x, scale, out, ws, st); });
 }
 

@@ -14,6 +14,7 @@
 #include "ops/collectives/compressed_allreduce.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
+#include "ops/reduce/reduce.h"
 #include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
 #include "test/support/harness.h"
@@ -303,7 +304,9 @@ TEST(Sra, StripedOverTcpGivesTheSameBytesAndWaitsOnEvents) {
 // straight into the output (no encode or decode copies). Blocking and striped, in place and
 // not, on the host and through the separate-memory device (OnHostAndDevice), it gives the
 // sums of the encode/decode path (which a residual, zero throughout, selects) bit for bit:
-// the chunk owner's value plus the others' in rank order.
+// the chunk owner's value plus the others' in rank order. An Average (with a postscale) ends as
+// the uncompressed allreduce over MPI ends, FinishReduction's true division of those sums, on
+// both paths.
 TEST(Sra, RawFloat32TravelsFromAndIntoTheBuffersWithTheSameSums) {
   for (int world : {2, 3, 4}) {
     for (size_t count : {size_t{4097}, (size_t{1} << 20) + 4097}) {
@@ -319,12 +322,15 @@ TEST(Sra, RawFloat32TravelsFromAndIntoTheBuffersWithTheSameSums) {
           want[i] = a;
         }
       }
+      std::vector<float> average = want;
+      FinishReduction(average.data(), count, DataType::kFloat32, ReduceOp::kAverage, 0.5, world);
       for (size_t stripes : {size_t{1}, size_t{48}}) {
         for (bool in_place : {false, true}) {
           for (bool feedback : {false, true}) {
+            const ReduceOp op = stripes == 1 && in_place ? ReduceOp::kSum : ReduceOp::kAverage;
             const std::string where = "world " + std::to_string(world) + " count " + std::to_string(count) +
                                       " stripes " + std::to_string(stripes) + (in_place ? " in place" : "") +
-                                      (feedback ? " with a residual" : "");
+                                      (feedback ? " with a residual" : "") + " " + ReduceOpName(op);
             std::vector<std::vector<float>> residuals(static_cast<size_t>(world));
             const auto outs = RunAll(world, count, 1e4, [&](Communicator& comm, const auto& in, auto& out) {
               std::vector<float> buffer = in, residual(count, 0.0f);
@@ -333,7 +339,8 @@ TEST(Sra, RawFloat32TravelsFromAndIntoTheBuffersWithTheSameSums) {
               o.output = in_place ? buffer.data() : out.data();
               o.count = count;
               o.dtype = DataType::kFloat32;
-              o.op = ReduceOp::kSum;
+              o.op = op;
+              if (op == ReduceOp::kAverage) o.postscale = 0.5;
               o.codec = &FindCodec("none");
               o.pipeline_stripes = stripes;
               o.name = "raw";
@@ -343,7 +350,7 @@ TEST(Sra, RawFloat32TravelsFromAndIntoTheBuffersWithTheSameSums) {
               residuals[static_cast<size_t>(comm.rank())] = residual;
             });
             ASSERT_EQ(BitIdentical(outs), "") << where;
-            ASSERT_TRUE(outs[0] == want) << where;
+            ASSERT_TRUE(outs[0] == (op == ReduceOp::kSum ? want : average)) << where;
             for (const auto& r : residuals) ASSERT_TRUE(r == std::vector<float>(count, 0.0f)) << where;
           }
         }
