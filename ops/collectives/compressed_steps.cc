@@ -6,6 +6,7 @@
 
 #include "ops/common/enforce.h"
 #include "ops/common/simulation.h"
+#include "ops/compression/codec.h"
 #include "ops/compression/maxmin_math.h"
 
 namespace gradcomp {
@@ -190,10 +191,10 @@ float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& w
 }
 
 OutputScaling OutputScale(const CompressedAllreduceOptions& o, int ranks) {
-  return {o.postscale, o.op == ReduceOp::kAverage ? ranks : 1};
+  return {o.postscale, o.op == ReduceOp::kAverage ? ranks : 1, o.codec == &NoneCodec()};
 }
 
-void OutputScaling::Apply(Device& d, float* v, size_t n, bool exact, Stream& stream) const {
+void OutputScaling::Apply(Device& d, float* v, size_t n, Stream& stream) const {
   if (exact && divisor != 1) {
     d.FinishReduction(v, n, DataType::kFloat32, ReduceOp::kAverage, factor, divisor, stream);
   } else {

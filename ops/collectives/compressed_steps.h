@@ -97,13 +97,16 @@ float* ResultBuffer(const CompressedAllreduceOptions& o, CompressionWorkspace& w
 struct OutputScaling {
   double factor = 1.0;
   int divisor = 1;
-  /// Applies it to n float32 sums. `exact` (the none codec): FinishReduction's arithmetic, a true
-  /// division then the factor, so an uncompressed Average over SRA has the bits of the one over
-  /// MPI (the sum over the ranks divided by their number). Otherwise one multiplication by
-  /// factor / divisor: the codecs' sums are quantized anyway.
-  void Apply(Device& d, float* v, size_t n, bool exact, Stream& stream) const;
+  /// The none codec's sums: FinishReduction's arithmetic, a true division then the factor, so an
+  /// uncompressed Average over SRA has the bits of the one over MPI (the sum over the ranks
+  /// divided by their number). Otherwise one multiplication by factor / divisor: the codecs'
+  /// sums are quantized anyway.
+  bool exact = false;
+  /// Applies it to n float32 sums.
+  void Apply(Device& d, float* v, size_t n, Stream& stream) const;
 };
-/// The scaling of the sum over `ranks` ranks: postscale, after a division by them for Average.
+/// The scaling of the sum over `ranks` ranks: postscale, after a division by them for Average
+/// (exact for the none codec).
 OutputScaling OutputScale(const CompressedAllreduceOptions& o, int ranks);
 /// Converts the float32 result into the output (nothing when it is the output), and waits
 /// for the workspace's stream: the collective's work is done.

@@ -222,7 +222,7 @@ void SraRun::ReduceOwn(size_t s) {
       d.Decode(codec_, ws_.recv.device() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
                DataType::kFloat32, a, true, stream);
     }
-    scale_.Apply(d, a, pc.len, &codec_ == &NoneCodec(), stream);
+    scale_.Apply(d, a, pc.len, stream);
     float* r = rr_ ? rr_ + (pc.start - plan_.chunk_offsets[mine]) : nullptr;
     if (r) d.Reduce(a, a, r, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);
     uint8_t* dst = ws_.own.device() + plan_.own_at[s] + wire_at;
@@ -256,7 +256,7 @@ void SraRun::ReduceOwnRaw(size_t s) {
       d.Reduce(result, own, peer, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);
       own = result;
     }
-    scale_.Apply(d, result, pc.len, true, stream);
+    scale_.Apply(d, result, pc.len, stream);
     wire_at += pc.len * sizeof(float);
   }
   stream.Synchronize();
@@ -410,7 +410,7 @@ void Sra(Communicator& comm, const CompressedAllreduceOptions& o, const float* x
          float* out, CompressionWorkspace& ws, CompressedAllreduceStats* st, bool keep_encodings) {
   if (comm.size() == 1) {  // nothing crosses a wire: exact
     ws.device.Copy(out, x, o.count * sizeof(float), *ws.stream);
-    scale.Apply(ws.device, out, o.count, o.codec == &NoneCodec(), *ws.stream);
+    scale.Apply(ws.device, out, o.count, *ws.stream);
     if (o.residual) ws.device.Fill(o.residual, 0, o.count * sizeof(float), *ws.stream);
     return;
   }

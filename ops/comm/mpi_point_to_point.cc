@@ -150,7 +150,8 @@ std::unique_ptr<PointToPointRequest> PointToPoint::Receive(void* data, size_t by
   GC_ENFORCE(peer >= -1 && peer < size && tag >= 0 && tag <= impl_->max_tag, "recv from rank ", peer, " with tag ",
              tag, " in a group of ", size);
   auto request = std::make_unique<MpiRequest>(false, bytes, peer, tag, rank_);
-  GC_MPI_CHECK(MPI_Irecv(data, count, MPI_BYTE, peer < 0 ? MPI_ANY_SOURCE : peer, tag, impl_->handle, request->handle()));
+  const int source = peer < 0 ? MPI_ANY_SOURCE : peer;
+  GC_MPI_CHECK(MPI_Irecv(data, count, MPI_BYTE, source, tag, impl_->handle, request->handle()));
   return request;
 }
 

@@ -167,14 +167,21 @@ class Compression:
     auto = Auto
 
 
+def called(compression):
+    """`compression` itself, or an instance of it when a choice's class was given without
+    calling it (``Compression.maxmin``)."""
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        return compression()
+    return compression
+
+
 def runtime_spec(compression):
     """The runtime's spec dict for a compression argument: None keeps the settings' policy."""
     if compression is None:
         return None
     if isinstance(compression, dict):  # a raw spec, as gradcomp.numpy takes
         return dict(compression)
-    if isinstance(compression, type) and issubclass(compression, Compressor):
-        compression = compression()  # Compression.maxmin given without calling it
+    compression = called(compression)
     if not isinstance(compression, Compressor):
         raise ValueError(f"compression must be None or a gradcomp.torch.Compression choice, got {compression!r}")
     if compression.spec is None:

@@ -22,7 +22,7 @@ import torch
 from gradcomp import _core
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
-from gradcomp.torch.compression import Compression, Compressor, PowerSGD, runtime_spec
+from gradcomp.torch.compression import Compression, PowerSGD, called, runtime_spec
 
 # torch dtype -> the core's DataType code (ops/common/dtype.h).
 _DTYPES = {getattr(torch, name): code for name, code in _core.dtypes.items()}
@@ -537,8 +537,7 @@ def _cast_for_reducescatter(compression, what):
     (maxmin, topk, auto) and PowerSGD compress allreduces only."""
     if compression is None:
         return Compression.none
-    if isinstance(compression, type) and issubclass(compression, Compressor):
-        compression = compression()
+    compression = called(compression)
     spec = getattr(compression, "spec", None)
     if isinstance(compression, PowerSGD) or (spec is not None and spec.get("codec") not in ("none", "fp16", "bf16")):
         raise ValueError(f"{what}: compression {compression!r} compresses allreduces only; a reducescatter takes "

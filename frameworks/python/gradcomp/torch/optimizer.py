@@ -61,7 +61,7 @@ import torch
 
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
-from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK, runtime_spec
+from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK, called, runtime_spec
 from gradcomp.torch.mpi_ops import (adasum_form, allreduce_async_, compressed_form, grouped_allreduce_async_,
                                     host_allreduce_async_, sparse_allreduce_async)
 from gradcomp.torch.powersgd import PowerSGDState
@@ -288,8 +288,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _choice_for(self, compression, name, p, min_size):
         if compression is None:
             return None
-        if isinstance(compression, type) and issubclass(compression, Compressor):
-            compression = compression()
+        compression = called(compression)
         if isinstance(compression, Compressor):
             if p.dim() <= 1 or p.numel() < min_size:  # the layer filter
                 return Compression.none
