@@ -266,6 +266,9 @@ def test_reducescatter_casts_as_horovods_compression_and_refuses_the_runtimes_co
             hvd.reducescatter(x, name="rs.codec", compression=codec)
     with pytest.raises(ValueError, match=r"grouped reducescatter 'grs\.codec': compression Compression\.maxmin"):
         hvd.grouped_reducescatter([x], name="grs.codec", compression=hvd.Compression.maxmin)
+    with pytest.raises(ValueError, match=r"reducescatter of 'rs\.bad': compression must be a gradcomp\.torch\."
+                                         r"Compression choice or have compress\(\) and decompress\(\), got 'fp16'"):
+        hvd.reducescatter(x, name="rs.bad", compression="fp16")
 
 
 def test_distributed_optimizer_takes_horovods_arguments_in_horovods_order():
