@@ -209,14 +209,17 @@ void BindSettings(py::module& m) {
 PYBIND11_MODULE(_core, m) {
   using namespace gradcomp;
   m.doc() = "gradcomp native core (codecs, settings; the runtime binds here too)";
-  static py::exception<Error> gradcomp_error(m, "GradcompError", PyExc_RuntimeError);
+  // The module holds the exception type; the translator keeps a borrowed pointer to it (pybind11
+  // 2.12 deprecated calling a static py::exception, which would also outlive the interpreter).
+  static PyObject* const gradcomp_error =
+      py::exception<Error>(m, "GradcompError", PyExc_RuntimeError).ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const InvalidArgument& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const Error& e) {
-      gradcomp_error(e.what());
+      PyErr_SetString(gradcomp_error, e.what());
     }
   });
 

@@ -11,18 +11,18 @@ const std::vector<const Codec*>& AllCodecs() {
   return codecs;
 }
 
-const Codec* LookupCodec(const std::string& name) {
+const Codec* LookupCodec(std::string_view name) {
   for (const Codec* c : AllCodecs()) {
     if (name == c->name()) return c;
   }
   return nullptr;
 }
 
-const Codec& FindCodec(const std::string& name) {
+const Codec& FindCodec(std::string_view name) {
   if (const Codec* c = LookupCodec(name)) return *c;
   std::string known;
   for (const Codec* c : AllCodecs()) known += (known.empty() ? "" : ", ") + std::string(c->name());
-  throw InvalidArgument("unknown codec '" + name + "' (known: " + known + ")");
+  throw InvalidArgument("unknown codec '" + std::string(name) + "' (known: " + known + ")");
 }
 
 bool IsCodecDataType(DataType dtype) {

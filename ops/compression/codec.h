@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ops/common/cpu.h"
@@ -72,9 +73,10 @@ class Codec {
 };
 
 /// The codec registered as `name`, or null.
-const Codec* LookupCodec(const std::string& name);
-/// The codec registered as `name`; throws InvalidArgument listing the known names.
-const Codec& FindCodec(const std::string& name);
+const Codec* LookupCodec(std::string_view name);
+/// The codec registered as `name`; throws InvalidArgument listing the known names. (A view, not a
+/// string reference: the codecs live for the program, whatever the argument's lifetime.)
+const Codec& FindCodec(std::string_view name);
 /// Every codec, in registry order.
 const std::vector<const Codec*>& AllCodecs();
 

@@ -43,8 +43,9 @@ class DeviceCopy {
 };
 
 std::vector<char> HostBytes(const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  return p == nullptr ? std::vector<char>() : std::vector<char>(c, c + n);
+  std::vector<char> out(p == nullptr ? 0 : n);
+  if (!out.empty()) std::memcpy(out.data(), p, out.size());
+  return out;
 }
 
 }  // namespace
