@@ -41,6 +41,12 @@ void EnsureMpiInitialized() {
     // of 0.28 s. Stripes go eagerly unless the user chose otherwise (mpirun --mca
     // btl_tcp_eager_limit, or this variable).
     setenv("OMPI_MCA_btl_tcp_eager_limit", "2097152", 0);
+    // Open MPI 5's TCP transport pairs every interface address of two ranks, IPv6 link-local ones
+    // included, and prints "Unable to find reachable pairing between local and remote interfaces"
+    // (btl_tcp_proc.c) for the IPv6 pairs it cannot make on dual-stack hosts, though IPv4 carries
+    // the job (open-mpi/ompi#14079). gradcomp's own connections are IPv4: so is MPI's transport,
+    // unless the user chose otherwise (btl_tcp_disable_family 0 keeps both families).
+    setenv("OMPI_MCA_btl_tcp_disable_family", "6", 0);
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Init_thread", -1));
     std::atexit(FinalizeAtExit);
