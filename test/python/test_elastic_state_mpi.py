@@ -1,10 +1,13 @@
 """gradcomp.torch.elastic's state in one job (mpirun -np 2 and 3): commit/restore, sync from rank
 0, a change of hosts heard by one rank interrupting every rank at the same commit, run()
 going on from the commit without gcrun, Horovod's ObjectState signature, the commit written
-to GRADCOMP_ELASTIC_DIR and brought back by a fresh state (what a relaunch does), and
-ElasticSampler splitting what is left of an epoch over the ranks. test_elastic.py runs whole
+to GRADCOMP_ELASTIC_DIR and brought back by a fresh state (what a relaunch does),
+ElasticSampler splitting what is left of an epoch over the ranks, LR schedulers committed as
+their state_dict, and commits on disk holding plain values only (an object refused when
+committing, a file whose loading would run code refused when read). test_elastic.py runs whole
 jobs under gcrun --elastic."""
 import os
+import pickle
 import random
 import shutil
 
@@ -130,3 +133,76 @@ def test_a_commit_on_disk_comes_back_in_a_fresh_state(commit_dir):
     random.Random(3 + sampler2.epoch).shuffle(order)  # the sampler's seed plus its epoch (0)
     assert left == sorted(order[done:])
     assert all(len(part) == len(mine) for part in everyone)
+
+
+def test_an_lr_scheduler_is_committed_as_its_state_dict(commit_dir):
+    # torch 2's schedulers derive from LRScheduler (no longer from _LRScheduler): still a handler's.
+    model, opt = model_and_optimizer(seed=12)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    state = hvd.elastic.TorchState(model, opt, scheduler=sched, epoch=0)
+    state.sync()
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    state.commit()
+    common.wait_for_writes()
+    hvd.barrier()
+    model2, opt2 = model_and_optimizer(seed=13)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
+    fresh = hvd.elastic.TorchState(model2, opt2, scheduler=sched2, epoch=0)
+    fresh.sync()
+    assert fresh.scheduler is sched2 and sched2.last_epoch == 3
+    assert sched2.get_last_lr() == pytest.approx([1e-3 * 0.5 ** 3])
+
+
+class Opaque:
+    """An object that is neither a tensor nor a plain value."""
+
+
+def test_a_commit_holding_an_object_is_refused_on_every_rank(commit_dir):
+    model, opt = model_and_optimizer(seed=14)
+    state = hvd.elastic.TorchState(model, opt, epoch=0, extra=[1, Opaque()])
+    state.sync()
+    with pytest.raises(ValueError, match=r"an elastic commit: the state\['objects'\]\['extra'\]\[1\] is a "
+                                         r"test_elastic_state_mpi.Opaque; an elastic commit holds only tensors and "
+                                         r"None, bools, numbers, strings, bytes, and lists, tuples and dicts of them, "
+                                         r"so that loading it runs no code"):
+        state.commit()
+    hvd.barrier()
+    assert not os.path.exists(common.commit_path(commit_dir))
+
+
+def leave_a_mark(path):
+    with open(path, "w"):
+        pass
+
+
+class _RunsCode:
+    """Unpickling it calls leave_a_mark."""
+
+    def __reduce__(self):
+        return (leave_a_mark, (os.environ["GRADCOMP_ELASTIC_DIR"] + "/code-ran",))
+
+
+def test_a_commit_file_whose_loading_would_run_code_is_not_loaded(commit_dir):
+    # Whoever can write the commit directory must not run code in the job: such a file is refused
+    # when read, and the job starts from rank 0's state as if there were no commit.
+    if hvd.local_rank() == 0:
+        os.makedirs(commit_dir, exist_ok=True)
+        torch.save({"commit": 99, "world": hvd.size(), "state": _RunsCode()}, common.commit_path(commit_dir))
+    hvd.barrier()
+    model, opt = model_and_optimizer(seed=200 + hvd.rank())
+    state = hvd.elastic.TorchState(model, opt, epoch=hvd.rank())
+    state.sync()
+    assert not os.path.exists(os.path.join(commit_dir, "code-ran"))
+    assert state.commits == 0 and state.epoch == 0
+    everyone = hvd.allgather_object(flat(model))
+    assert all(torch.equal(w, everyone[0]) for w in everyone)
+    # The framework-neutral state reads its commits the same way: plain values only.
+    mine = os.path.join(commit_dir, f"plain-{hvd.rank()}.pkl")
+    with open(mine, "wb") as f:
+        pickle.dump({"commit": 1, "state": _RunsCode()}, f)
+    with open(mine, "rb") as f, \
+            pytest.raises(pickle.UnpicklingError, match=r"refusing to load test_elastic_state_mpi.leave_a_mark"):
+        common.ObjectState(hvd.broadcast_object, hvd.rank, step=0).load(f)
+    assert not os.path.exists(os.path.join(commit_dir, "code-ran"))

@@ -259,6 +259,31 @@ def test_objects():
     everyone = hvd.allgather_object(obj)
     assert [o["rank"] for o in everyone] == list(range(hvd.size()))
     assert everyone[-1]["data"] == list(range(hvd.size()))
+    # Arbitrary objects, as under Horovod (cloudpickle): a function made on the root.
+    offset = 10 * me
+    shifted = hvd.broadcast_object(lambda x: x + offset, root_rank=0)
+    assert shifted(1) == 1
+    assert [f(0) for f in hvd.allgather_object(lambda x: x + offset)] == [10 * r for r in range(hvd.size())]
+
+
+def test_optimizer_state_travels_as_plain_values_and_anything_else_is_refused_on_every_rank():
+    me = hvd.rank()
+    model = make_model(seed=me)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (me + 1), betas=(0.8, 0.9))
+    opt.param_groups[0]["note"] = ("warm", [me, {"k": None}])  # plain values of the user's: they travel
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["note"] == ("warm", [0, {"k": None}])
+    assert opt.param_groups[0]["betas"] == (0.8, 0.9) and opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    # An object would be unpickled by every other rank, running whatever the bytes say: refused
+    # on the root, and every rank raises the root's reason.
+    opt.param_groups[0]["note"] = torch.optim.lr_scheduler  # a module
+    with pytest.raises(ValueError, match=r"broadcast_optimizer_state: the optimizer's state_dict\(\)\['param_groups'\]"
+                                         r"\[0\]\['note'\] is a builtins.module; broadcast_optimizer_state holds only "
+                                         r"None, bools, numbers, strings, bytes, and lists, tuples and dicts of them, so "
+                                         r"that loading it runs no code \(on the root, rank 0\)"):
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    del opt.param_groups[0]["note"]
+    hvd.broadcast_optimizer_state(opt, root_rank=0)  # the numbering of the ranks' broadcasts is still in step
 
 
 # -- autograd -------------------------------------------------------------------------------------

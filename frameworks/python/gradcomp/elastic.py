@@ -31,13 +31,13 @@ state comes back from the last commit. The script is a Horovod elastic script:
 import copy
 import functools
 import os
-import pickle
 import signal
 import socket
 import sys
 import threading
 
 from gradcomp import basics as _b
+from gradcomp import plain
 from gradcomp._core import GradcompError
 
 RESTART_EXIT = 75  # launcher/elastic.py: the ranks stopped at a commit for a change of hosts
@@ -90,6 +90,10 @@ class State:
     """The state that survives a change of hosts. Subclasses keep the committed copy
     (save/restore), broadcast it (sync_from_root) and turn it into something picklable
     (snapshot/load_snapshot)."""
+
+    # What a commit on disk may hold besides plain values (a framework's state: its tensors).
+    commit_leaf = None
+    commit_holds = plain.PLAIN_VALUES
 
     def __init__(self, bcast_object, get_rank, allgather_object=None):
         self._bcast_object = bcast_object
@@ -148,10 +152,11 @@ class State:
         raise NotImplementedError
 
     def dump(self, obj, f):
-        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(plain.dumps(obj))
 
     def load(self, f):
-        return pickle.load(f)
+        """A commit from disk: plain values only (whoever could write the file must not run code here)."""
+        return plain.load(f)
 
     # -- persistence -----------------------------------------------------------------------------
     def _persist(self):
@@ -159,9 +164,13 @@ class State:
         serialized (save() made new copies, which no later save() changes). One write at a time;
         the next commit, a relaunch's exit and the interpreter's exit wait for it."""
         directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
-        if not directory or _b.local_rank() != 0:
+        if not directory:
             return
         blob = {"commit": self._commits, "world": _b.size(), "state": self.snapshot()}
+        # Checked on every rank (they hold the same state), so every rank stops with the same error.
+        plain.refuse_unplain(blob["state"], "an elastic commit", "the state", self.commit_leaf, self.commit_holds)
+        if _b.local_rank() != 0:
+            return
 
         def write():
             path = commit_path(directory)

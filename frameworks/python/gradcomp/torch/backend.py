@@ -22,7 +22,6 @@ waited for on the caller's thread up to the group's timeout.
 import atexit
 import collections
 import contextlib
-import inspect
 import queue
 import threading
 import time
@@ -36,7 +35,7 @@ from torch.futures import Future
 from gradcomp import _core
 from gradcomp import basics as _b
 from gradcomp.basics import Average, Max, Min, Product, Sum
-from gradcomp.torch import mpi_ops
+from gradcomp.torch import compat, mpi_ops
 from gradcomp.torch.futures import failing_in_cpp
 
 _live_groups = weakref.WeakSet()
@@ -674,14 +673,5 @@ def _create(store, rank, size, timeout):
 def register():
     """Registers backend "gradcomp" with torch.distributed (done on importing gradcomp.torch)."""
     if "GRADCOMP" not in getattr(dist.Backend, "_plugins", {}) and not hasattr(dist.Backend, "GRADCOMP"):
-        # torch 2 asks which devices a backend serves (warning on import when not told): host
-        # tensors and CUDA tensors both, in every collective.
-        kwargs = {"devices": ["cpu", "cuda"]} if "devices" in _parameters(dist.Backend.register_backend) else {}
-        dist.Backend.register_backend("gradcomp", _create, **kwargs)
-
-
-def _parameters(function):
-    try:
-        return inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a builtin without a signature
-        return {}
+        # Host tensors and CUDA tensors both, in every collective.
+        compat.register_backend("gradcomp", _create, devices=["cpu", "cuda"])

@@ -12,6 +12,7 @@ import torch
 from gradcomp import basics as _b
 from gradcomp.elastic import (RESTART_EXIT, HostsUpdatedInterrupt, ObjectState, State, notify_hosts_updated,
                               run_fn)
+from gradcomp.torch import compat, skeleton
 from gradcomp.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                       broadcast_parameters)
 
@@ -101,7 +102,7 @@ class _OptimizerHandler(_Handler):
 _HANDLERS = [
     (torch.nn.Module, _ModelHandler),
     (torch.optim.Optimizer, _OptimizerHandler),
-    (torch.optim.lr_scheduler._LRScheduler, _Handler),
+    (compat.LRScheduler, _Handler),
     (ElasticSampler, _Handler),
 ]
 
@@ -166,11 +167,14 @@ class TorchState(ObjectState):
                 self._handlers[k].saved = saved
         # The sampler's split depends on the world: load_state_dict recomputes it.
 
+    commit_leaf = staticmethod(skeleton.is_tensor)
+    commit_holds = skeleton.HOLDS
+
     def dump(self, obj, f):
-        torch.save(obj, f)
+        skeleton.save(obj, f)
 
     def load(self, f):
-        return torch.load(f)
+        return skeleton.load(f)
 
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "RESTART_EXIT", "State", "TorchState",

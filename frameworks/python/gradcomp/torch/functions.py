@@ -1,14 +1,20 @@
 """Model and object helpers with Horovod's names: broadcast_parameters,
 broadcast_optimizer_state, broadcast_object, allgather_object."""
 import collections
-import io
 import pickle
 
 import torch
 
 from gradcomp import basics as _b
+from gradcomp import plain
 from gradcomp.basics import synchronize
+from gradcomp.torch import skeleton as state_skeleton
 from gradcomp.torch.mpi_ops import allgather_async, broadcast_async_
+
+try:
+    import cloudpickle as _pickler
+except ImportError:
+    _pickler = pickle
 
 
 def _named_tensors(params, what):
@@ -54,74 +60,68 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
             p.data.copy_(data)
             if grad is not None:
                 p.grad = grad
-    state = optimizer.state_dict()
-    # Tensors travel in place, one broadcast each; everything else in one pickled object.
-    tensors = []
-
-    def strip(obj, path):
-        if isinstance(obj, torch.Tensor):
-            tensors.append((path, obj))
-            return ("__gradcomp_tensor__", len(tensors) - 1)
-        if isinstance(obj, dict):
-            return {k: strip(v, f"{path}.{k}") for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(strip(v, f"{path}.{i}") for i, v in enumerate(obj))
-        return obj
-
-    skeleton = strip(state, "state")
-    root_skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton",
-                                     process_set=process_set)
+    # Tensors travel in place, one broadcast each; everything else as one skeleton of plain
+    # values, loaded as such (it runs no code): one that is not is refused on the root, and the
+    # refusal reaches every rank instead of the skeleton.
+    skeleton, tensors = state_skeleton.split(optimizer.state_dict())
+    if _b.rank() == root_rank:
+        try:
+            plain.refuse_unplain(skeleton, "broadcast_optimizer_state", "the optimizer's state_dict()")
+            sent = {"skeleton": skeleton}
+        except ValueError as e:
+            sent = {"error": f"{e} (on the root, rank {root_rank})"}
+    root_sent = plain.loads(_broadcast_bytes(plain.dumps(sent) if _b.rank() == root_rank else None, root_rank,
+                                             "broadcast_optimizer_state.skeleton", process_set))
+    if "error" in root_sent:
+        raise ValueError(root_sent["error"])
     handles = [broadcast_async_(t, root_rank, f"broadcast_optimizer_state.{path}", process_set)
                for path, t in tensors]
     for h in handles:
         synchronize(h)
-
-    def fill(obj):
-        if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == "__gradcomp_tensor__":
-            return tensors[obj[1]][1]
-        if isinstance(obj, dict):
-            return {k: fill(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(fill(v) for v in obj)
-        return obj
-
     # The root's hyper-parameters (learning rate, momentum, step counts) win as well.
-    optimizer.load_state_dict(fill(root_skeleton))
+    optimizer.load_state_dict(state_skeleton.fill(root_sent["skeleton"], [t for _, t in tensors]))
 
 
-def _to_bytes(obj):
-    buf = io.BytesIO()
-    torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+def _pickled(obj):
+    """obj pickled as Horovod does (cloudpickle where installed: lambdas and local classes too)."""
+    return _pickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _from_bytes(t):
-    return torch.load(io.BytesIO(t.numpy().tobytes()))
+def _as_tensor(data):
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-@_b.submits
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """root_rank's `obj` (anything picklable) on every rank (of `process_set`)."""
-    name = _b.auto_name("broadcast_object", name, process_set)
-    payload = _to_bytes(obj) if _b.rank() == root_rank else torch.zeros(0, dtype=torch.uint8)
+def _broadcast_bytes(data, root_rank, name, process_set):
+    """root_rank's bytes (`data` there, ignored elsewhere) on every rank, as bytes."""
+    payload = _as_tensor(data) if _b.rank() == root_rank else torch.zeros(0, dtype=torch.uint8)
     size = torch.tensor([payload.numel()], dtype=torch.int64)
     synchronize(broadcast_async_(size, root_rank, f"{name}.size", process_set))
     if _b.rank() != root_rank:
         payload = torch.zeros(int(size[0]), dtype=torch.uint8)
     synchronize(broadcast_async_(payload, root_rank, f"{name}.data", process_set))
-    return obj if _b.rank() == root_rank else _from_bytes(payload)
+    return payload.numpy().tobytes()
+
+
+@_b.submits
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """root_rank's `obj` (anything picklable) on every rank (of `process_set`). The other ranks
+    unpickle what the root pickled, as in Horovod: like any pickle, it can run the root's code."""
+    name = _b.auto_name("broadcast_object", name, process_set)
+    data = _broadcast_bytes(_pickled(obj) if _b.rank() == root_rank else None, root_rank, name, process_set)
+    return obj if _b.rank() == root_rank else pickle.loads(data)
 
 
 @_b.submits
 def allgather_object(obj, name=None, process_set=None):
-    """Every rank's `obj` (anything picklable), as a list in rank order (of `process_set`)."""
+    """Every rank's `obj` (anything picklable), as a list in rank order (of `process_set`). Each
+    rank unpickles the others' pickles, as in Horovod: like any pickle, they can run their code."""
     name = _b.auto_name("allgather_object", name, process_set)
-    payload = _to_bytes(obj)
+    payload = _as_tensor(_pickled(obj))
     sizes = synchronize(allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.sizes",
                                         process_set))
     gathered = synchronize(allgather_async(payload, f"{name}.data", process_set))
     out, at = [], 0
     for n in sizes.tolist():
-        out.append(_from_bytes(gathered[at:at + n]))
+        out.append(pickle.loads(gathered[at:at + n].numpy().tobytes()))
         at += n
     return out

@@ -61,6 +61,7 @@ import torch
 
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
+from gradcomp.torch import compat
 from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK, called, runtime_spec
 from gradcomp.torch.mpi_ops import (adasum_form, allreduce_async_, compressed_form, grouped_allreduce_async_,
                                     host_allreduce_async_, sparse_allreduce_async)
@@ -372,10 +373,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
-                    p_tmp = p.expand_as(p)
-                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
-                    self._hook_handles.append(grad_acc.register_hook(self._make_hook(p)))
-                    self._grad_accs.append(grad_acc)
+                    handle, keep = compat.on_gradient_accumulated(p, self._make_hook(p))
+                    self._hook_handles.append(handle)
+                    if keep is not None:
+                        self._grad_accs.append(keep)
                     _add_owner(p, self)
 
     def _setup_overlap(self, module):
@@ -481,8 +482,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         me = weakref.ref(self)
 
-        def hook(*ignore):
-            del ignore
+        def hook():
             opt = me()
             if opt is not None:
                 opt._gradient_ready(p)

@@ -1,0 +1,32 @@
+"""What differs between the torch versions gradcomp runs on (1.13 through 2.x), in one place:
+the rest of the adapter calls these and never looks at torch's version itself."""
+import inspect
+
+import torch
+import torch.distributed as dist
+
+# torch 2.0 made LRScheduler the base of the schedulers; _LRScheduler stayed as a subclass of it
+# that the built-in schedulers no longer derive from.
+LRScheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
+
+
+def on_gradient_accumulated(p, hook):
+    """Calls hook() each time backward has accumulated a gradient into p.grad. Returns the hook's
+    handle and what must be kept alive for it to fire (or None). torch 2.1's
+    register_post_accumulate_grad_hook where it exists; before it, a hook on the parameter's
+    gradient accumulator node, as Horovod does."""
+    if hasattr(p, "register_post_accumulate_grad_hook"):
+        return p.register_post_accumulate_grad_hook(lambda param: hook()), None
+    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+    return accumulator.register_hook(lambda *ignored: hook()), accumulator
+
+
+def register_backend(name, creator, devices):
+    """dist.Backend.register_backend, telling torch 2 which devices the backend serves (it warns
+    on registration when not told; torch 1.13 has no such argument)."""
+    try:
+        parameters = inspect.signature(dist.Backend.register_backend).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        parameters = {}
+    kwargs = {"devices": devices} if "devices" in parameters else {}
+    dist.Backend.register_backend(name, creator, **kwargs)
