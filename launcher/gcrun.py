@@ -112,7 +112,7 @@ _REFUSED = {"--jsrun": "gcrun starts the ranks with mpirun; jsrun is not support
             "--config-file": "horovodrun's YAML configuration files are not read; pass the settings as flags",
             "--blacklist-cooldown-range": "use --failure-cooldown SECONDS (with --elastic)",
             "--slots-per-host": "give the slots in the host discovery script's lines (host:slots)"}
-FORWARDED_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+FORWARDED_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "USE_LIBUV")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -255,6 +255,30 @@ def find_mpirun(explicit=None):
     return path
 
 
+def worker_defaults(env, np_, hosts):
+    """What torchrun sets for its workers unless the user did, which a torchrun user expects
+    under gcrun too: {variable: value}, each absent from `env`.
+    - OMP_NUM_THREADS=1 where a host runs several ranks (torch would give each rank a thread per
+      core, and the ranks together oversubscribe the cores: 9x slower on the digits job).
+    - USE_LIBUV=0: torch 2.4+'s env:// store defaults to its libuv server, which some torch
+      builds lack (Debian's: "use_libuv was requested but PyTorch was build without libuv
+      support"); the classic server is in every torch and serves a job's ranks as well."""
+    defaults = {}
+    if "OMP_NUM_THREADS" not in env and np_ > (len(hosts) if hosts else 1):
+        defaults["OMP_NUM_THREADS"] = "1"
+    if "USE_LIBUV" not in env:
+        defaults["USE_LIBUV"] = "0"
+    return defaults
+
+
+def announce(assigned):
+    """The one line torchrun prints when it chooses the ranks' threads."""
+    if assigned.get("OMP_NUM_THREADS") == "1":
+        print("gcrun: setting OMP_NUM_THREADS=1 for every rank (as torchrun does) so that the ranks' intra-op "
+              "threads do not oversubscribe the cores; set OMP_NUM_THREADS to tune it for your job",
+              file=sys.stderr, flush=True)
+
+
 # Sets what torch.distributed's env:// reads from Open MPI's per-rank variables, then runs the command.
 _RANK_SHIM = ('export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
               'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; exec "$@"')
@@ -328,6 +352,7 @@ def build_command(opts, command, env=None, is_root=None, cpu_count=None, port=No
     master = "127.0.0.1"
     if hosts and not all(_is_local(h) for h, _ in hosts):
         master = hosts[0][0]
+    env.update(worker_defaults(env, np_, hosts))
     env.setdefault("MASTER_ADDR", master)
     env.setdefault("MASTER_PORT", str(port if port is not None else free_port()))
 
@@ -347,16 +372,24 @@ def run(argv):
         return 0
     for note in opts.get("notes", []):
         print(f"gcrun: note: {note}", file=sys.stderr, flush=True)
+    announced = []
+
+    def build_and_announce(opts, command):
+        args, env, assigned = build_command(opts, command)
+        if not announced and not opts.get("dry_run"):  # a dry run shows the variables in its line
+            announced.append(announce(assigned))
+        return args, env, assigned
+
     if opts.get("elastic"):
         if opts.get("dry_run"):
             raise LaunchError("--dry-run does not apply to --elastic (every launch is printed as it happens)")
         import elastic  # the sibling module: launcher/elastic.py
-        return elastic.Elastic(opts, command, build_command, LaunchError).run()
+        return elastic.Elastic(opts, command, build_and_announce, LaunchError).run()
     for flag in ("min_np", "max_np", "host_discovery_script", "reset_limit", "elastic_timeout", "blacklist_after",
                  "failure_cooldown", "elastic_dir"):
         if opts.get(flag) is not None:
             raise LaunchError(f"--{flag.replace('_', '-')} needs --elastic")
-    args, env, assigned = build_command(opts, command)
+    args, env, assigned = build_and_announce(opts, command)
     if opts.get("dry_run") or opts.get("verbose"):
         # A shell line that runs the same job: the variables gcrun sets, then mpirun.
         shown = " ".join([f"{k}={shlex.quote(v)}" for k, v in sorted(assigned.items())] +
