@@ -273,7 +273,9 @@ void BindRuntime(py::module& m) {
         "Collective over MPI's world (over `ranks` only with members_only, whose members pass the same `tag`): a "
         "runtime over `ranks` (sorted, the same on every rank) for its members, None for the other ranks");
   m.def("cuda_data_path", [] {
-    return GRADCOMP_HAVE_CUDA_KERNELS == 1 && Settings::FromMap(EnvironmentWith({})).cuda_data_path;
+    // Every setting is parsed (a bad value named) in CPU-only builds as well.
+    const bool wanted = Settings::FromMap(EnvironmentWith({})).cuda_data_path;
+    return GRADCOMP_HAVE_CUDA_KERNELS == 1 && wanted;
   }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
   py::class_<PointToPointRequest>(m, "PointToPointRequest", "A posted send or receive (keep its buffer alive)")
       .def("test", &PointToPointRequest::Test, "True once complete; raises its error")
