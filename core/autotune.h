@@ -70,7 +70,6 @@ class Autotuner {
   bool settling_ = true;
   size_t next_ = 0;   // index in the grid of the phase of the next setting to try
   Clock::time_point window_start_{};
-  double busy_seconds_ = 0;
   int64_t bytes_ = 0;
   std::ofstream csv_;
   std::atomic<double> fusion_mb_, cycle_ms_;

@@ -450,7 +450,9 @@ TEST_P(NodeGridSweep, WithinTheBoundAndBitIdenticalOnEveryRank) {
   // Rows are the nodes; the columns across nodes run flat SRA or a grid of their own (three
   // levels), whose columns may run a grid of their own again (four, five), every level's bound
   // composed (NestedSraBound).
-  const auto& [world, local, cross] = GetParam();
+  // Plain names, not a structured binding: C++17 lambdas cannot capture one.
+  const int world = GetParam().world, local = GetParam().local;
+  const std::vector<int>& cross = GetParam().cross;
   std::vector<int> columns = {local};
   columns.insert(columns.end(), cross.begin(), cross.end());
   for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4097}, size_t{50001}}) {
@@ -906,7 +908,8 @@ struct Shape2 {
 class HierarchicalCompressed : public ::testing::TestWithParam<Shape2> {};
 
 TEST_P(HierarchicalCompressed, WithinTheCrossNodeBoundAndBitIdentical) {
-  const auto [world, local, leader_only, grid] = GetParam();
+  const int world = GetParam().world, local = GetParam().local;  // not bound: lambdas capture them
+  const bool leader_only = GetParam().leader_only, grid = GetParam().grid;
   const size_t count = 50001;
   const int nodes = world / local;
   const auto parts = Inputs(world, count, 1e4);

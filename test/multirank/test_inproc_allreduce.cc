@@ -46,7 +46,8 @@ struct HierarchyShape {
 class HierarchicalAllreduceTest : public ::testing::TestWithParam<HierarchyShape> {};
 
 TEST_P(HierarchicalAllreduceTest, EqualsTheReference) {
-  const auto [world, local] = GetParam();
+  // Plain names, not a structured binding: C++17 lambdas cannot capture one.
+  const int world = GetParam().world, local = GetParam().local;
   for (const ReduceCase& c : AllReduceCases({0, 1, 7, 4097, 65537})) {
     const std::vector<double> expected = ExpectedReduction(c, world, 0, c.count);
     const auto results = RunTopology(world, local, [&](Topology& topo) {

@@ -44,7 +44,8 @@ TEST(Half, KnownValues) {
 }
 
 __attribute__((target("f16c"))) uint16_t HardwareHalf(float f) {
-  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+  // _mm_cvtps_ph, not _cvtss_sh: clang's _cvtss_sh is a macro built on a C99 compound literal.
+  return static_cast<uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
 }
 
 TEST(Half, MatchesF16cOnRandomFloats) {

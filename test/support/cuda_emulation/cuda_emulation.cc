@@ -375,7 +375,6 @@ cudaError_t Fail(cudaError_t e) {
 // ---- fibers -----------------------------------------------------------------------------------
 
 constexpr size_t kFiberStack = size_t{256} << 10;
-constexpr unsigned kFullMask = 0xffffffffu;
 
 struct Fiber {
   enum State { kReady, kAtBarrier, kAtShuffle, kDone };

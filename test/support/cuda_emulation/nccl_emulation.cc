@@ -313,7 +313,8 @@ thread_local std::vector<std::pair<cudaStream_t, Posted>> pending;
 ncclResult_t Launch() {
   std::vector<std::pair<cudaStream_t, std::vector<Posted>>> by_stream;
   for (auto& [stream, posted] : pending) {
-    auto it = std::find_if(by_stream.begin(), by_stream.end(), [&](const auto& e) { return e.first == stream; });
+    const cudaStream_t s = stream;  // a structured binding cannot be captured in C++17
+    auto it = std::find_if(by_stream.begin(), by_stream.end(), [s](const auto& e) { return e.first == s; });
     if (it == by_stream.end()) it = by_stream.insert(by_stream.end(), {stream, {}});
     it->second.push_back(std::move(posted));
   }
