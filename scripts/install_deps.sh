@@ -12,7 +12,9 @@ PACKAGES=(
   python3 python3-dev pybind11-dev python3-pybind11
   python3-numpy python3-pytest
   python3-torch libtorch-dev
-  python3-sklearn python3-matplotlib
+  python3-sklearn python3-matplotlib python3-cloudpickle
+  python3-venv python3-pip python3-setuptools python3-wheel
+  python3-mock python3-packaging python3-psutil
   iproute2 iputils-ping procps
   libsimgrid-dev
 )

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The second tested platform: a Debian 13 (trixie) root made by debootstrap, with torch 2.6,
+# Open MPI 5, GCC 14 and Python 3.13, in which gradcomp is built and tested as on Debian 12.
+#
+#   bash scripts/debian13.sh make          # make the root (or reuse it): minutes, the first time
+#   bash scripts/debian13.sh run CMD ...   # run CMD in the project's clone inside the root
+#   bash scripts/debian13.sh test          # what CI runs there (see test_in_root below)
+#
+# The root lives outside the clone, in $GRADCOMP_DEBIAN13_ROOT (default
+# /var/cache/gradcomp/debian13), and is made again when it is missing or when the package list
+# (scripts/install_deps.sh, which runs inside it) has changed since it was made. `run` binds this
+# clone onto /gradcomp in the root, ../shared (when there is one) onto /shared, and the root's own
+# build folder (build-debian13/ here) onto /gradcomp/build, so both platforms build from the same
+# working tree without sharing build outputs. Everything is mounted inside a mount namespace of
+# its own (unshare), so nothing stays mounted when the command ends, however it ends. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CLONE=$(pwd)
+ROOTFS=${GRADCOMP_DEBIAN13_ROOT:-/var/cache/gradcomp/debian13}
+MIRROR=${GRADCOMP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+stamp_file="$ROOTFS/.gradcomp-packages"
+# The root is what debootstrap and install_deps.sh make of it: both scripts' texts are its key.
+wanted_stamp=$( (sed -n '/^make_root()/,/^}/p' "$0"; cat scripts/install_deps.sh) | sha256sum | cut -d' ' -f1)
+
+die() { echo "debian13: $*" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot and mounts)"
+
+# Runs the command "$@" in /gradcomp inside the root, with the project bound in: this script again,
+# as `__mounted`, in a mount namespace of its own.
+in_root() {
+  mkdir -p "$CLONE/build-debian13"
+  unshare --mount --propagation private -- bash "$CLONE/scripts/debian13.sh" __mounted "$@"
+}
+
+# The part of in_root that runs inside the new mount namespace.
+mounted() {
+  local shared=""
+  [ -d "$CLONE/../shared" ] && shared=$(cd "$CLONE/../shared" && pwd -P)
+  # ip netns exec (the emulated-cluster tests) needs / to be a mount point inside the root.
+  mount --bind "$ROOTFS" "$ROOTFS"
+  mount --rbind /proc "$ROOTFS/proc"
+  mount --rbind /sys "$ROOTFS/sys"
+  mount --rbind /dev "$ROOTFS/dev"
+  mkdir -p "$ROOTFS/gradcomp" "$ROOTFS/shared"
+  mount --bind "$CLONE" "$ROOTFS/gradcomp"
+  mkdir -p "$ROOTFS/gradcomp/build"
+  mount --bind "$CLONE/build-debian13" "$ROOTFS/gradcomp/build"
+  [ -z "$shared" ] || mount --bind "$shared" "$ROOTFS/shared"
+  cp -L /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
+  exec chroot "$ROOTFS" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    DEBIAN_FRONTEND=noninteractive \
+    bash -c 'cd /gradcomp && exec "$@"' bash "$@"
+}
+
+make_root() {
+  local tmp="$ROOTFS.new"
+  rm -rf "$tmp"
+  mkdir -p "$(dirname "$ROOTFS")"
+  command -v debootstrap >/dev/null || {
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap
+  }
+  debootstrap --variant=minbase trixie "$tmp" "$MIRROR"
+  # apt's sandbox user cannot always read the bind-mounted clone; the root is a build root.
+  echo 'APT::Sandbox::User "root";' > "$tmp/etc/apt/apt.conf.d/01gradcomp-sandbox"
+  rm -rf "$ROOTFS"
+  mv "$tmp" "$ROOTFS"
+  in_root bash scripts/install_deps.sh
+  in_root apt-get clean
+}
+
+# CI's Debian 13 stage: the warnings-as-errors build (GCC 14) and the NumPy, torch, launcher and
+# example suites against torch 2.6 and Open MPI 5 (scripts/test.sh; the C++ suites run on Debian 12,
+# where they run under the sanitizers too), Horovod's own suite, and `pip install .` into a venv.
+test_in_root() {
+  [ -f "$CLONE/../shared/horovod-conformance/run.sh" ] || die "Horovod's suite is not in ../shared/horovod-conformance"
+  # Each Python suite once (-np 2, and the forced two nodes at -np 4): what differs here is torch,
+  # Open MPI and Python, not the world sizes, which Debian 12 sweeps. Left out: the SimGrid
+  # simulation (SimGrid 4.0's fat-tree platforms crash in its XML parser) and the fault matrix
+  # (written against Open MPI 4.1's messages and failure modes).
+  in_root bash scripts/test.sh -R "^pytest_" -E "^pytest_(simulation|faults)$|_np3$"
+  local log="$CLONE/build-debian13/horovod-conformance.log" status=0
+  in_root bash /shared/horovod-conformance/run.sh > "$log" 2>&1 || status=$?
+  tail -n 3 "$log"
+  [ "$status" = 0 ] && grep -q "^82 passed, 9 skipped" "$log" ||
+    die "Horovod's suite did not pass 82 tests (exit $status; $log)"
+  in_root bash scripts/check_pip_install.sh /tmp/gradcomp-venv/venv
+}
+
+case "${1:-}" in
+  test)
+    bash "$0" make
+    test_in_root
+    ;;
+  make)
+    if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$wanted_stamp" ]; then
+      echo "debian13: root $ROOTFS is up to date"
+    else
+      echo "debian13: making the Debian 13 root in $ROOTFS"
+      make_root
+      echo "$wanted_stamp" > "$stamp_file"
+      echo "debian13: root ready ($(du -sh "$ROOTFS" | cut -f1))"
+    fi
+    ;;
+  run)
+    shift
+    [ $# -gt 0 ] || die "run needs a command"
+    [ -f "$stamp_file" ] || die "no root in $ROOTFS: run 'bash scripts/debian13.sh make' first"
+    in_root "$@"
+    ;;
+  __mounted) shift; mounted "$@" ;;
+  *) die "usage: bash scripts/debian13.sh make | run CMD ... | test" ;;
+esac
