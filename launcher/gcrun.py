@@ -5,9 +5,10 @@
     gcrun -np 2 --dry-run python3 train.py          # prints the mpirun command only
 
 Every gradcomp flag becomes the GRADCOMP_* variable of the same meaning; GRADCOMP_*/CGX_*/HOROVOD_*
-variables already set, PATH, LD_LIBRARY_PATH and PYTHONPATH reach every rank. Each rank also
-gets what torch.distributed's env:// needs (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE), so an existing DDP script runs unchanged. gcrun exits with the
+variables already set, PATH, LD_LIBRARY_PATH, PYTHONPATH, OMP_NUM_THREADS and USE_LIBUV reach every
+rank. Each rank also gets what torch.distributed's env:// needs (MASTER_ADDR, MASTER_PORT, RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), so an existing DDP script runs unchanged, and what
+torchrun gives its workers unless set (worker_defaults: OMP_NUM_THREADS=1, USE_LIBUV=0). gcrun exits with the
 exit code of the first rank that failed; Ctrl-C stops every rank.
 """
 import os
@@ -377,7 +378,8 @@ def run(argv):
     def build_and_announce(opts, command):
         args, env, assigned = build_command(opts, command)
         if not announced and not opts.get("dry_run"):  # a dry run shows the variables in its line
-            announced.append(announce(assigned))
+            announce(assigned)
+            announced.append(True)
         return args, env, assigned
 
     if opts.get("elastic"):
