@@ -1,5 +1,12 @@
 """What differs between the torch versions gradcomp runs on (1.13 through 2.x), in one place:
-the rest of the adapter calls these and never looks at torch's version itself."""
+the rest of the adapter calls these and never looks at torch's version itself.
+
+Checked against torch 2.0-2.6 and found to work unchanged on both, so not here: the backend's
+creator returning a ProcessGroup subclass (torch 2 keeps the group the creator returns as it is,
+without the ProcessGroup/Backend split of its own backends), Work subclasses and futures, the
+coalescing calls (_start_coalescing/_end_coalescing), DDP's comm-hook bucket API. torch.load of
+anything but tensors (torch 2.6's weights_only default) is avoided altogether (skeleton.py);
+gradcomp uses neither torch.cuda.amp nor TypedStorage."""
 import inspect
 
 import torch
