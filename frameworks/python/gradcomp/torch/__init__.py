@@ -16,6 +16,8 @@ the GRADCOMP_* settings and the layer filter, so ``gcrun --compression maxmin --
 compression on for an unchanged Horovod script; pass ``Compression.none`` to force exact
 communication.
 """
+import sys
+
 from gradcomp._core import GradcompError
 from gradcomp.basics import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_process_set, compression_choices,
                              cross_rank, cross_size, global_process_set, init, is_homogeneous, is_initialized,
@@ -34,6 +36,7 @@ from gradcomp.torch.optimizer import DistributedOptimizer
 from gradcomp.torch.sync_batch_norm import SyncBatchNorm
 from gradcomp.torch.ddp_hook import DDPHookState, ddp_hook
 from gradcomp.torch import backend as _backend
+from gradcomp.torch import compat
 from gradcomp.torch import elastic  # hvd.elastic.TorchState, hvd.elastic.run
 from gradcomp.elastic import HostsUpdatedInterrupt
 
@@ -42,6 +45,15 @@ from gradcomp.elastic import HostsUpdatedInterrupt
 HorovodInternalError = GradcompError
 
 _backend.register()
+
+# torch.compile'd code that calls gradcomp calls it as an opaque library (compat.run_untraced).
+compat.run_untraced(sys.modules[__name__], [
+    "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
+    "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
+    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall",
+    "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "sparse_allreduce_async", "join", "barrier", "poll", "synchronize", "broadcast_parameters",
+    "broadcast_optimizer_state", "broadcast_object", "allgather_object"])
 
 
 def mpi_built():

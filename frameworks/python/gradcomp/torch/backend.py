@@ -657,6 +657,13 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         return self._work([], None, [])
 
 
+# DDP calls these from its forward, which torch.compile traces: they run as gloo's C++ would.
+compat.run_untraced(ProcessGroupGradcomp, [
+    "allreduce", "allreduce_coalesced", "broadcast", "allgather", "allgather_coalesced", "_allgather_base",
+    "reduce_scatter", "_reduce_scatter_base", "alltoall_base", "alltoall", "reduce", "gather", "scatter", "send",
+    "recv", "recv_anysource", "barrier", "_start_coalescing", "_end_coalescing"])
+
+
 def _create(store, rank, size, timeout):
     if dist.is_initialized() and _b.is_initialized() and size != _b.size():
         # dist.new_group of some of the ranks (the default group is made before is_initialized):

@@ -37,3 +37,27 @@ def register_backend(name, creator, devices):
         parameters = {}
     kwargs = {"devices": devices} if "devices" in parameters else {}
     dist.Backend.register_backend(name, creator, **kwargs)
+
+
+def _compiler_disable():
+    """torch.compiler.disable (2.1+), torch._dynamo.disable (2.0), or None (1.13: no compiler)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "disable"):
+        return compiler.disable
+    try:
+        import torch._dynamo as dynamo
+        return dynamo.disable
+    except ImportError:
+        return None
+
+
+def run_untraced(owner, names):
+    """Makes torch.compile call each of `owner`'s functions `names` (a module's or a class's) as it
+    calls a C++ library's: one graph break at the call, instead of tracing into gradcomp's Python
+    (locks, handles, pointer checks), which broke every compiled graph several times over and
+    recompiled at each call. The functions keep their names, signatures and documentation."""
+    disable = _compiler_disable()
+    if disable is None:
+        return
+    for name in names:
+        setattr(owner, name, disable(getattr(owner, name)))
