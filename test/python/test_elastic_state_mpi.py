@@ -6,6 +6,7 @@ ElasticSampler splitting what is left of an epoch over the ranks, LR schedulers 
 their state_dict, and commits on disk holding plain values only (an object refused when
 committing, a file whose loading would run code refused when read). test_elastic.py runs whole
 jobs under gcrun --elastic."""
+import hashlib
 import os
 import pickle
 import random
@@ -17,6 +18,7 @@ import torch.nn as nn
 
 import gradcomp.torch as hvd
 from gradcomp import elastic as common
+from mpi_fixtures import job_id
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,8 +30,7 @@ def runtime():
 
 @pytest.fixture
 def commit_dir():
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
-    path = f"/tmp/gradcomp-elastic-test-{job}"
+    path = f"/tmp/gradcomp-elastic-test-{hashlib.sha1(job_id().encode()).hexdigest()[:12]}"
     os.environ["GRADCOMP_ELASTIC_DIR"] = path
     yield path
     hvd.barrier()

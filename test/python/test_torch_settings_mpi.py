@@ -11,15 +11,14 @@ import torch
 import torch.distributed as dist
 
 import gradcomp.torch as hvd
+from mpi_fixtures import use_job_port
 
 
 @pytest.fixture(scope="module", autouse=True)
 def runtime():
     assert os.environ.get("GRADCOMP_COMPRESSION") == "maxmin" and os.environ.get("GRADCOMP_BITS") == "4"
     hvd.init()
-    job = os.environ.get("OMPI_MCA_ess_base_jobid", "0")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1(job.encode()).hexdigest(), 16) % 20000)
+    use_job_port()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dist.init_process_group("gradcomp", rank=hvd.rank(), world_size=hvd.size())
