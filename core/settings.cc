@@ -423,7 +423,9 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
     s.min_size = 16;
   }
 
-  std::set<std::string> known;
+  // Besides the settings: what gradcomp's own launcher sets for its adapters (gcrun --elastic:
+  // launcher/elastic.py, read by gradcomp/elastic.py), which the runtime does not read.
+  std::set<std::string> known = {"GRADCOMP_ELASTIC", "GRADCOMP_ELASTIC_DIR", "GRADCOMP_ELASTIC_RESETS"};
   for (const Entry& e : Registry()) known.insert(e.name);
   for (const std::string& name : all_names) {
     if (name.rfind("GRADCOMP_", 0) == 0 && !known.count(name)) {
