@@ -67,7 +67,9 @@ class Job:
 
 
 def start(tmp_path, worker_args, prefix=MPIRUN, mpi_args=(), env=()):
-    cmd = list(prefix) + list(mpi_args) + ["-np", "3", "-x", f"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS={TIMEOUT}"]
+    # USE_LIBUV=0 as gcrun sets it: the DDP worker's env:// store on torch builds without libuv.
+    cmd = list(prefix) + list(mpi_args) + ["-np", "3", "-x", f"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS={TIMEOUT}",
+                                           "-x", "USE_LIBUV=0"]
     for kv in env:
         cmd += ["-x", kv]
     cmd += ["sh", "-c", WRAPPER, str(tmp_path), PY, WORKER] + list(worker_args)
