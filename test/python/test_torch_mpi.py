@@ -9,6 +9,7 @@ import copy
 import datetime
 import hashlib
 import os
+import threading
 import time
 import warnings
 
@@ -264,6 +265,13 @@ def test_objects():
     shifted = hvd.broadcast_object(lambda x: x + offset, root_rank=0)
     assert shifted(1) == 1
     assert [f(0) for f in hvd.allgather_object(lambda x: x + offset)] == [10 * r for r in range(hvd.size())]
+    # An object that cannot be pickled fails every rank, naming the rank, instead of a wait.
+    with pytest.raises(ValueError, match=r"broadcast_object: cannot pickle the lock of rank 0: "):
+        hvd.broadcast_object(threading.Lock() if me == 0 else None, root_rank=0)
+    last = hvd.size() - 1
+    with pytest.raises(ValueError, match=rf"allgather_object: cannot pickle the lock of rank {last}: "):
+        hvd.allgather_object(threading.Lock() if me == last else me)
+    assert hvd.broadcast_object(me, root_rank=0) == 0  # and the calls' numbering stays in step
 
 
 def test_optimizer_state_travels_as_plain_values_and_anything_else_is_refused_on_every_rank():

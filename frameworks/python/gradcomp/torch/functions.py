@@ -82,9 +82,19 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     optimizer.load_state_dict(state_skeleton.fill(root_sent["skeleton"], [t for _, t in tensors]))
 
 
-def _pickled(obj):
-    """obj pickled as Horovod does (cloudpickle where installed: lambdas and local classes too)."""
-    return _pickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+def _pickled(obj, what):
+    """obj pickled as Horovod does (cloudpickle where installed: lambdas and local classes too),
+    or, for an object that cannot be pickled, why: what every rank raises instead of waiting."""
+    try:
+        return b"P" + _pickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # pickling runs the object's own code: any error
+        return b"E" + f"{what}: cannot pickle the {type(obj).__name__} of rank {_b.rank()}: {e}".encode()
+
+
+def _unpickled(data):
+    if data[:1] == b"E":
+        raise ValueError(data[1:].decode())
+    return pickle.loads(data[1:])
 
 
 def _as_tensor(data):
@@ -107,8 +117,10 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """root_rank's `obj` (anything picklable) on every rank (of `process_set`). The other ranks
     unpickle what the root pickled, as in Horovod: like any pickle, it can run the root's code."""
     name = _b.auto_name("broadcast_object", name, process_set)
-    data = _broadcast_bytes(_pickled(obj) if _b.rank() == root_rank else None, root_rank, name, process_set)
-    return obj if _b.rank() == root_rank else pickle.loads(data)
+    mine = _pickled(obj, "broadcast_object") if _b.rank() == root_rank else None
+    data = _broadcast_bytes(mine, root_rank, name, process_set)
+    got = _unpickled(data)  # the root too: its error, if any, is every rank's
+    return obj if _b.rank() == root_rank else got
 
 
 @_b.submits
@@ -116,12 +128,15 @@ def allgather_object(obj, name=None, process_set=None):
     """Every rank's `obj` (anything picklable), as a list in rank order (of `process_set`). Each
     rank unpickles the others' pickles, as in Horovod: like any pickle, they can run their code."""
     name = _b.auto_name("allgather_object", name, process_set)
-    payload = _as_tensor(_pickled(obj))
+    payload = _as_tensor(_pickled(obj, "allgather_object"))
     sizes = synchronize(allgather_async(torch.tensor([payload.numel()], dtype=torch.int64), f"{name}.sizes",
                                         process_set))
     gathered = synchronize(allgather_async(payload, f"{name}.data", process_set))
-    out, at = [], 0
+    parts, at = [], 0
     for n in sizes.tolist():
-        out.append(pickle.loads(gathered[at:at + n].numpy().tobytes()))
+        parts.append(gathered[at:at + n].numpy().tobytes())
         at += n
-    return out
+    for part in parts:  # a rank's object that could not be pickled fails every rank, naming it
+        if part[:1] == b"E":
+            _unpickled(part)
+    return [_unpickled(part) for part in parts]
