@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "gradcomp/config.h"
 #include "ops/comm/mpi_environment.h"
+#include "ops/comm/mpi_exit.h"
 #include "ops/comm/tcp_communicator.h"
 #include "ops/common/cpu.h"
 #include "ops/compression/codec.h"
@@ -43,6 +44,11 @@ void AddHandles(const EntryList& entries, std::vector<std::shared_ptr<Handle>>& 
 // What every caller hears when the background thread fails.
 std::string BackgroundFailure(const std::exception& e) {
   return std::string("gradcomp's background thread failed: ") + e.what();
+}
+
+// `text` followed by the sentence `more`.
+std::string AddSentence(const std::string& text, const std::string& more) {
+  return text + (!text.empty() && text.back() == '.' ? " " : ". ") + more;
 }
 
 // "the allreduce of 'a' and 3 more tensors": what the watchdog reports.
@@ -477,7 +483,7 @@ double Runtime::BackgroundCpuSeconds() const {
 }
 
 void Runtime::OnCollectiveTimeout(Watchdog::Expired expired) {
-  AbandonWorld();
+  if (mpi_world_) AbandonMpiAtExit();  // MPI_Finalize would wait for the lost peer
   const std::string message =
       "rank " + (started_.load() ? std::to_string(RankName(rank_names_, topo_.rank())) : std::string("?")) + ": " +
       expired.what +
@@ -508,8 +514,20 @@ void Runtime::OnCollectiveTimeout(Watchdog::Expired expired) {
   ExitProcess("still running " + std::to_string(static_cast<int>(grace)) + " s after: " + message);
 }
 
-void Runtime::AbandonWorld() {
-  if (mpi_world_) AbandonMpiAtExit();
+std::string Runtime::AgreedStop(const std::string& fatal) {
+  std::string reason = fatal;
+  if (mpi_world_) {
+    const double bound = watchdog_.timeout_seconds();
+    BoundMpiTeardown(bound, RankName(rank_names_, topo_.rank()), fatal);
+    reason = AddSentence(reason, "Every rank stopped gradcomp: the job ends with the scripts' own exit codes once "
+                                 "every rank's script has ended");
+    if (bound > 0) {
+      reason += " (a rank whose script is still running " + std::to_string(static_cast<int>(bound)) +
+                " s after this one's ended, GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS, makes the job fail)";
+    }
+  }
+  log_->error("{}", reason);
+  return reason;
 }
 
 void Runtime::ExitProcess(const std::string& why) {
@@ -564,11 +582,8 @@ void Runtime::BackgroundLoop() {
         stats_.negotiating_tensors = controller_.open_tensors();
       }
       if (out.shutdown) {
-        reason = out.fatal.empty() ? "gradcomp was shut down (shutdown() was called on a rank)" : out.fatal;
-        if (!out.fatal.empty()) {
-          log_->error("{}", out.fatal);
-          AbandonWorld();  // a stalled rank would never reach MPI_Finalize
-        }
+        reason = out.fatal.empty() ? "gradcomp was shut down (shutdown() was called on a rank)"
+                                   : AgreedStop(out.fatal);
         break;
       }
       // Ready tensors waiting for a larger batch are not urgent: cycle less often, and only
@@ -602,10 +617,16 @@ void Runtime::BackgroundLoop() {
     }
   } catch (const std::exception& e) {
     reason = BackgroundFailure(e);
-    log_->error("{}", reason);
     // Over TCP the other ranks hear why at once (over MPI they wait for the watchdog).
     if (tcp_) AbortTcpWorld(*tcp_, e.what());
-    AbandonWorld();
+    if (mpi_world_) {
+      // A peer may be gone, or a collective left half done: MPI cannot be finalized.
+      AbandonMpiAtExit();
+      reason = AddSentence(reason, "MPI is left unfinalized at this process's exit (a finalize could wait forever for "
+                                   "a lost rank), so mpirun ends the job with a non-zero exit status whatever this "
+                                   "script returns (unless run with --enable-recovery)");
+    }
+    log_->error("{}", reason);
   }
   {
     std::lock_guard<std::mutex> lock(state_mu_);

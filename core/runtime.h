@@ -217,8 +217,10 @@ class Runtime {
   /// The watchdog's verdict: fails every pending operation with what waited, then ends the
   /// process (at once when shutting down or still in init, else after a grace period).
   void OnCollectiveTimeout(Watchdog::Expired expired);
-  /// After a fatal stop: no MPI_Finalize at exit (it would wait for the failed peer).
-  void AbandonWorld();
+  /// After a stop every rank agreed on (`fatal`: the stall inspector's verdict): MPI's teardown
+  /// at exit stays, bounded by the collective timeout (ops/comm/mpi_exit.h). Logs and returns
+  /// the reason pending and later operations fail with, which says how the job will end.
+  std::string AgreedStop(const std::string& fatal);
   [[noreturn]] void ExitProcess(const std::string& why);
   /// Warns once when this rank's CPU affinity is a single core (mpirun's default binding).
   void WarnIfPinnedToOneCore();

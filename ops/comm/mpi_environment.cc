@@ -6,21 +6,21 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 
 #include "ops/comm/mpi_communicator.h"
+#include "ops/comm/mpi_exit.h"
 
 namespace gradcomp {
 
 namespace {
-std::atomic<bool> abandoned{false};
-
 void FinalizeAtExit() {
-  if (abandoned.load()) return;
+  if (MpiAbandoned()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  MpiTeardownStep step("MPI_Finalize");
+  MPI_Finalize();
 }
 }  // namespace
 
@@ -59,10 +59,6 @@ void EnsureMpiInitialized() {
              MPI_THREAD_SERIALIZED, "); initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)");
   }
 }
-
-void AbandonMpiAtExit() { abandoned.store(true); }
-
-bool MpiAbandoned() { return abandoned.load(); }
 
 std::unique_ptr<Communicator> CreateMpiWorld() {
   EnsureMpiInitialized();

@@ -1,4 +1,4 @@
-// MPI start-up for gradcomp processes, without exposing mpi.h.
+// MPI start-up for gradcomp processes, without exposing mpi.h (its teardown: mpi_exit.h).
 #pragma once
 
 #include <memory>
@@ -10,15 +10,10 @@ namespace gradcomp {
 
 /// Initializes MPI with MPI_THREAD_MULTIPLE unless the process already did (mpi4py, a
 /// framework). When gradcomp initialized it, MPI_Finalize runs at process exit, so
-/// gradcomp can be shut down and initialized again in the same process.
+/// gradcomp can be shut down and initialized again in the same process (after a failure,
+/// as ops/comm/mpi_exit.h says).
 /// Throws when MPI was initialized by someone else with less than MPI_THREAD_SERIALIZED.
 void EnsureMpiInitialized();
-
-/// After a peer failed (died, stopped, lost its link) MPI_Finalize would wait for it forever:
-/// gradcomp then leaves MPI unfinalized at exit, and the launcher ends the job.
-void AbandonMpiAtExit();
-/// True after AbandonMpiAtExit: collective frees (MPI_Win_free) are skipped too.
-bool MpiAbandoned();
 
 /// Initializes MPI if needed and throws unless it provides MPI_THREAD_MULTIPLE (process sets and
 /// point-to-point messages call MPI from threads of their own).

@@ -1,6 +1,6 @@
 #include "ops/comm/shm_communicator.h"
 
-#include "ops/comm/mpi_environment.h"
+#include "ops/comm/mpi_exit.h"
 
 #include <algorithm>
 #include <cstring>
@@ -78,6 +78,7 @@ ShmCommunicator::~ShmCommunicator() {
   // MPI_Win_free is collective: after a peer failed it would wait for that peer forever.
   // The process is about to exit; the launcher removes the segment with the job.
   if (MpiAbandoned()) return;
+  MpiTeardownStep step("MPI_Win_free");
   MPI_Win_unlock_all(win_);
   MPI_Win_free(&win_);
 }

@@ -3,6 +3,10 @@
     fault_worker.py --fault kill --at init|negotiation|allreduce|ddp [--victim R]
     fault_worker.py --fault stop [--victim R]     # the victim stops calling gradcomp
     fault_worker.py --fault none                  # allreduces until killed (a link cut from outside)
+    fault_worker.py --fault stall|shape --catch   # the victim submits another name / shape at step 3
+
+--catch: the script catches gradcomp's error, says so and exits 0 (as one that saves a
+checkpoint and ends would); after a shape mismatch it trains on first (the job goes on).
 
 Every rank prints `fault-worker rank R at T: ...` lines (flushed; T is the wall clock) so the
 test sees how far it got and when. The victim SIGKILLs itself at the chosen point, as the OOM
@@ -18,7 +22,9 @@ import time
 import numpy as np
 
 p = argparse.ArgumentParser()
-p.add_argument("--fault", choices=["kill", "stop", "none"], required=True)
+p.add_argument("--fault", choices=["kill", "stop", "stall", "shape", "none"], required=True)
+p.add_argument("--catch", action="store_true")
+p.add_argument("--steps", type=int, default=100000)
 p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp"], default="negotiation")
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--elements", type=int, default=1 << 20)
@@ -86,20 +92,40 @@ import gradcomp.numpy as gc  # noqa: E402
 gc.init()
 say("up")
 x = np.ones((args.elements // 1024, 1024), np.float32)
-for step in range(100000):
+
+
+def step_of_the_victim(step):
+    """The victim's allreduce of `step` (3: where its fault is)."""
+    name = f"w{step}"
+    if args.fault == "stop":
+        say("stops calling gradcomp")
+        time.sleep(3600)
+    if args.fault == "kill" and args.at == "negotiation":
+        # Its tensor is submitted and its background thread in a negotiation round.
+        gc.allreduce_async(x, name=name)
+        die()
+    if args.fault == "kill" and args.at == "allreduce":
+        threading.Timer(args.kill_after, die).start()
+    if args.fault == "stall":
+        name = "other"
+    if args.fault == "shape":
+        return gc.allreduce(x[1:], name=name, op=gc.Sum)
+    return gc.allreduce(x, name=name, op=gc.Sum)
+
+
+for step in range(args.steps):
     if step == 3:
         say("steady")
-    if step == 3 and victim:
-        if args.fault == "stop":
-            say("stops calling gradcomp")
-            time.sleep(3600)
-        if args.fault == "kill" and args.at == "negotiation":
-            # Its tensor is submitted and its background thread in a negotiation round.
-            gc.allreduce_async(x, name=f"w{step}")
-            die()
-        if args.fault == "kill" and args.at == "allreduce":
-            threading.Timer(args.kill_after, die).start()
-    out = gc.allreduce(x, name=f"w{step}", op=gc.Sum)
-    if step == 0:
+    try:
+        out = step_of_the_victim(step) if step == 3 and victim else gc.allreduce(x, name=f"w{step}", op=gc.Sum)
+    except gc.GradcompError as e:
+        if not args.catch:
+            raise
+        say(f"caught: {e}")
+        if args.fault == "shape":
+            continue
+        say("exits 0")
+        sys.exit(0)
+    if step in (0, args.steps - 1):
         assert np.all(out == gc.size()), out
 say("finished")

@@ -207,14 +207,59 @@ def test_stopped_rank_fails_every_rank_after_the_shutdown_time(tmp_path, at):
     for r in (0, 2):
         status = job.exit(r)
         assert status is not None and status[0] == 1, job.describe()
-        assert status[1] - stopped <= shutdown + SLACK, job.describe()
+        # Their scripts end on the error; at exit MPI's teardown waits for the stopped rank,
+        # up to the collective timeout, then gives up.
+        assert status[1] - stopped <= shutdown + TIMEOUT + SLACK, job.describe()
         log = job.logs[r]
         assert f"gradcomp stopped after GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS={shutdown}" in log, job.describe()
         assert "missing ranks [1]" in log, job.describe()
+        assert re.search(rf"at exit, MPI_\w+ has waited {TIMEOUT} s \(GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS\) for ranks "
+                         r"that have not ended", log), job.describe()
         assert "Segmentation" not in log, job.describe()
     # The stopped rank never exits by itself: mpirun ends it once the others failed.
     assert job.rc != 0 and job.exit(1) is None, job.describe()
     assert job.elapsed < 60, job.describe()
+    assert_clean(job, tmp_path)
+
+
+# -- a script that catches gradcomp's error and exits 0 -------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["stall", "shape"])
+def test_a_caught_disagreement_ends_the_job_with_the_scripts_exit_code(tmp_path, fault):
+    # Rank 1 submits another tensor name (every rank stops after the shutdown time) or another
+    # shape (the tensor fails on every rank, training goes on) at step 3; each script catches it.
+    job = run(tmp_path, ["--fault", fault, "--catch", "--steps", "6"],
+              env=["GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS=4", "GRADCOMP_STALL_CHECK_TIME_SECONDS=2"])
+    for r in range(3):
+        log = job.logs.get(r, "")
+        if fault == "stall":
+            assert "caught: gradcomp stopped after GRADCOMP_STALL_SHUTDOWN_TIME_SECONDS=4" in log, job.describe()
+            assert "missing ranks [" in log and "exits 0" in log, job.describe()
+            assert "the job ends with the scripts' own exit codes" in log, job.describe()
+        else:
+            assert "caught: mismatched shape for allreduce of tensor 'w3'" in log, job.describe()
+            assert job.event(r, "finished"), job.describe()
+        assert job.exit(r) is not None and job.exit(r)[0] == 0, job.describe()
+        assert "at exit, MPI_" not in log, job.describe()
+    assert job.rc == 0, job.describe()
+    assert "exited improperly" not in job.output and "without calling" not in job.output, job.describe()
+    assert_clean(job, tmp_path)
+
+
+def test_a_caught_peer_death_says_how_the_job_ends(tmp_path):
+    # Under --enable-recovery (plain mpirun ends the job at the death itself) the survivors hear
+    # of it at once (the TCP controller's sockets), catch the error and exit 0; they cannot
+    # finalize MPI, and the error says what that means for the job.
+    job = run(tmp_path, ["--fault", "kill", "--at", "negotiation", "--catch"], mpi_args=["--enable-recovery"])
+    assert job.event(1, "SIGKILL"), job.describe()
+    for r in (0, 2):
+        log = job.logs.get(r, "")
+        assert "caught: " in log and LOST in log, job.describe()
+        assert ("MPI is left unfinalized at this process's exit (a finalize could wait forever for a lost rank), so "
+                "mpirun ends the job with a non-zero exit status whatever this script returns") in log, job.describe()
+        assert job.exit(r) is not None and job.exit(r)[0] == 0, job.describe()
+        assert "at exit, MPI_" not in log, job.describe()
     assert_clean(job, tmp_path)
 
 
