@@ -110,29 +110,30 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_ERROR_FEEDBACK", nullptr, Kind::kBool, Spec(&CompressionSpec::error_feedback), "0",
        "carry each tensor's compression error into its next step (error feedback)"},
       {"GRADCOMP_AUTO_CANDIDATES", nullptr, Kind::kString, Spec(&CompressionSpec::auto_candidates),
-       "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2",
+       "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2,maxmin1",
        "with GRADCOMP_COMPRESSION=auto, the settings chosen from per tensor: none, fp16, bf16, maxminB (B in 1..8), "
        "topkR (R in (0, 1]), comma-separated"},
       {"GRADCOMP_AUTO_COST_MODEL", nullptr, Kind::kBool, Of(&Settings::auto_cost_model), "1",
        "with GRADCOMP_COMPRESSION=auto, a tensor is compressed only where that is estimated to save time: timed "
        "uncompressed allreduces of one value and of two sizes give the link's latency and cost per byte, the "
        "candidates' encoding and decoding are timed on the gradients"},
-      {"GRADCOMP_AUTO_INTERVAL", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_interval), "100",
+      {"GRADCOMP_AUTO_INTERVAL", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_interval), "25",
        "with GRADCOMP_COMPRESSION=auto, steps between two choices (each choice measures every candidate on the "
        "step before it)",
        1, 1e9},
-      {"GRADCOMP_AUTO_RELAXED_BITS", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_relaxed_bits), "0",
+      {"GRADCOMP_AUTO_RELAXED_BITS", nullptr, Kind::kInt, Spec(&CompressionSpec::auto_relaxed_bits), "2",
        "with GRADCOMP_COMPRESSION=auto, the error budget outside critical regimes: a calm tensor's steps down one bit "
        "a choice, from the reference's to that of maxmin at these bits (fewer than the reference's; 0: the "
-       "reference's budget at every step)",
+       "reference's budget at every step; by default 2, lowered to 1 by DistributedOptimizer under an optimizer that "
+       "normalizes its update per coordinate, Adam and its kin, and never at or above the reference's bits)",
        0, 8},
       {"GRADCOMP_AUTO_CRITICAL_CHANGE", nullptr, Kind::kFloat, Spec(&CompressionSpec::auto_critical_change), "0.5",
        "with GRADCOMP_AUTO_RELAXED_BITS, a tensor is in a critical regime (the reference's budget) while its gradient "
        "summed over an interval moved in norm by at least this fraction since the previous choice (Accordion's eta)",
        1e-6, 1e6},
-      {"GRADCOMP_AUTO_NORMALIZED", nullptr, Kind::kBool, Spec(&CompressionSpec::auto_normalized), "0",
+      {"GRADCOMP_AUTO_NORMALIZED", nullptr, Kind::kBool, Spec(&CompressionSpec::auto_normalized), "1",
        "with GRADCOMP_COMPRESSION=auto, each tensor's error is weighed over its values' mean square (the error of an "
-       "update normalized per coordinate: Adam and its kin) instead of absolute (SGD)"},
+       "update normalized per coordinate, which held SGD's and Adam's accuracy alike) instead of absolute (0)"},
       {"GRADCOMP_HIERARCHICAL", "HOROVOD_HIERARCHICAL_ALLREDUCE", Kind::kBool, Of(&Settings::hierarchical), "0",
        "allreduce inside each node first (shared memory), then across nodes"},
       {"GRADCOMP_LOCAL_SIZE", nullptr, Kind::kInt, Of(&Settings::local_size), "0",
@@ -415,6 +416,10 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
   if (c.codec == "maxmin" && c.bits == 32) {
     c.codec = "none";
     s.notes.push_back("maxmin with 32 bits means no quantization: compression set to none");
+  }
+  // The default relaxed bits (2) under a reference of 2 bits or 1: one fewer than the reference's, or off.
+  if (!explicitly_set.count("GRADCOMP_AUTO_RELAXED_BITS") && c.auto_relaxed_bits >= c.bits) {
+    c.auto_relaxed_bits = std::max(0, c.bits - 1);
   }
   if (c.is_auto()) ValidateSpec(c, "GRADCOMP_COMPRESSION=auto (GRADCOMP_AUTO_CANDIDATES, GRADCOMP_BITS, ...)");
   // CGX documents that its minimal size is never below 16.

@@ -294,6 +294,8 @@ def report(args, rank, log, top1, top5, seconds, steps, hook_state):
                                                           if args.compression == "fp16" else "exact float32 values"))
     else:
         lines.append("no gradient was compressed (pass gcrun --compression maxmin --bits 4, or --compression)")
+    if hook_state is None and hvd.auto_summary():
+        lines.append(hvd.auto_summary())
     for line in lines:
         log.info(line)
         if rank == 0:

@@ -42,6 +42,8 @@ import torch.nn as nn
 import gradcomp.torch as hvd
 
 BITS = ["fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2"]
+# The reference's budget at every choice, absolute errors: what "auto" meant before regimes.
+FIXED = {"relaxed": None, "normalized": False}
 
 
 def configs(interval, critical_change=0.5):
@@ -52,23 +54,26 @@ def configs(interval, critical_change=0.5):
         "maxmin3": lambda: hvd.Compression.maxmin(3),
         "maxmin2": lambda: hvd.Compression.maxmin(2),
         "maxmin2_ef": lambda: hvd.Compression.maxmin(2, error_feedback=True),
-        "auto": lambda: hvd.Compression.auto(BITS, interval=interval),
+        "auto": lambda: hvd.Compression.auto(BITS, interval=interval, **FIXED),
         "auto_ref3": lambda: hvd.Compression.auto(BITS, interval=interval,
-                                                  reference=hvd.Compression.maxmin(3)),
+                                                  reference=hvd.Compression.maxmin(3), **FIXED),
         "auto_regimes": lambda: hvd.Compression.auto(BITS + ["maxmin1"], interval=interval,
                                                      relaxed=hvd.Compression.maxmin(1),
-                                                     critical_change=critical_change),
+                                                     critical_change=critical_change, normalized=False),
         "auto_regimes41": lambda: hvd.Compression.auto(["maxmin4", "maxmin1"], interval=interval,
                                                        relaxed=hvd.Compression.maxmin(1),
-                                                       critical_change=critical_change),
-        "auto_n": lambda: hvd.Compression.auto(BITS, interval=interval, normalized=True),
+                                                       critical_change=critical_change, normalized=False),
+        "auto_n": lambda: hvd.Compression.auto(BITS, interval=interval, relaxed=None, normalized=True),
         "auto_regimes_n": lambda: hvd.Compression.auto(BITS + ["maxmin1"], interval=interval,
                                                        relaxed=hvd.Compression.maxmin(1),
                                                        critical_change=critical_change, normalized=True),
         "auto_regimes2": lambda: hvd.Compression.auto(BITS, interval=interval, relaxed=hvd.Compression.maxmin(2),
-                                                      critical_change=critical_change),
+                                                      critical_change=critical_change, normalized=False),
         "auto_ef": lambda: hvd.Compression.auto(BITS, interval=interval,
-                                                reference=hvd.Compression.maxmin(4, error_feedback=True)),
+                                                reference=hvd.Compression.maxmin(4, error_feedback=True), **FIXED),
+        # Compression.auto() as it comes (its own interval, not --interval); run with
+        # GRADCOMP_AUTO_COST_MODEL=0, as on one machine the cost model keeps every layer raw.
+        "auto_defaults": lambda: hvd.Compression.auto(),
     }
 
 

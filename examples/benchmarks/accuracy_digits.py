@@ -11,6 +11,7 @@ of no compression, DGC 0.1% and PowerSGD rank 2 within 1 point. The auto row cho
 layer's bit width from measured errors (issue 20).
 """
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -35,7 +36,13 @@ CONFIGS = {
     # Each layer's bit width chosen every 20 steps at no more total error than 4 bits (none left
     # out of the candidates: on one machine the cost model would keep every layer raw).
     "auto (reference 4 bits)": lambda: hvd.Compression.auto(
-        ["fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2"], interval=20),
+        ["fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2"], interval=20, relaxed=None,
+        normalized=False),
+    # Compression.auto() as it comes: run with GRADCOMP_AUTO_COST_MODEL=0 (the cost model on one
+    # machine keeps every layer raw; with it off every candidate counts, as across a slow link).
+    "auto (defaults)": lambda: hvd.Compression.auto(),
+    "auto (relaxed 1 bit)": lambda: hvd.Compression.auto(relaxed=1),
+    "auto (relaxed 2 bits)": lambda: hvd.Compression.auto(relaxed=2),
 }
 
 
@@ -69,8 +76,12 @@ def run(config, seed, args, tensors):
     xtr, ytr, xte, yte = tensors
     model = model_for(seed)
     compression = CONFIGS[config]()
+    # Names of their own for each run: what the runtime keeps per tensor (auto's choices, error
+    # feedback) starts afresh.
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", config)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-                                   named_parameters=model.named_parameters(), compression=compression)
+                                   named_parameters=[(f"{tag}.{seed}.{n}", p) for n, p in model.named_parameters()],
+                                   compression=compression)
     before = hvd.stats()
     me, n = hvd.rank(), hvd.size()
     for epoch in range(args.epochs):
@@ -116,7 +127,8 @@ def main():
         t0 = time.time()
         results = [run(config, seed, args, tensors) for seed in range(args.seeds)]
         accs = [a for a, _ in results]
-        rows.append((config, statistics.mean(accs), min(accs), max(accs), results[0][1], time.time() - t0))
+        rows.append((config, statistics.mean(accs), min(accs), max(accs), statistics.mean(r for _, r in results),
+                     time.time() - t0))
         if hvd.rank() == 0:
             print(f"  {config}: {statistics.mean(accs):.2f}% ({time.time() - t0:.1f} s)", file=sys.stderr, flush=True)
     if hvd.rank() == 0:

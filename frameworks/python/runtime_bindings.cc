@@ -432,7 +432,11 @@ void BindRuntime(py::module& m) {
           out[py::str(name)] = d;
         }
         return out;
-      });
+      })
+      .def("auto_link", [](const Runtime& rt) {
+        const LinkCost link = rt.AutoLink();
+        return py::make_tuple(link.latency, link.per_byte);
+      }, "auto compression's cost model: the link as last probed, (latency seconds, seconds per byte); 0s before");
 }
 
 }  // namespace gradcomp

@@ -46,17 +46,17 @@ struct CompressionOptions {
   double topk_momentum = 0.0;            ///< topk: DGC momentum correction when > 0
   bool topk_nesterov = false;            ///< topk: Nesterov variant of the momentum correction
   /// auto: the settings it chooses from per tensor, comma-separated (ops/compression/auto_select.h).
-  std::string auto_candidates = "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2";
-  int64_t auto_interval = 100;  ///< auto: steps between two choices (error measured on the last)
+  std::string auto_candidates = "none,fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2,maxmin1";
+  int64_t auto_interval = 25;  ///< auto: steps between two choices (error measured on the last)
   /// auto: outside critical regimes the error budget is that of maxmin at these bits (0: the
   /// reference's budget always; core/auto_compression.h).
-  int32_t auto_relaxed_bits = 0;
+  int32_t auto_relaxed_bits = 2;
   /// auto: a tensor is in a critical regime while its gradient norm changed by at least this
   /// fraction between two choices (Accordion's eta).
   double auto_critical_change = 0.5;
   /// auto: errors weighed per value, each tensor's over its mean square (the error of an update
   /// normalized per coordinate, as Adam's), instead of absolute (L-GreCo's, SGD's).
-  bool auto_normalized = false;
+  bool auto_normalized = true;
 
   /// Calls f(SpecField, member of each of `self`...) for every field, in wire order:
   /// ForEach(f, a) visits one options, ForEach(f, a, b) two side by side.

@@ -134,7 +134,10 @@ TEST(RuntimeAuto, FewerBytesThanTheReferenceAtNoMoreErrorTheSameOnEveryRank) {
                        {{"GRADCOMP_COMPRESSION", "auto"},
                         {"GRADCOMP_BITS", "4"},
                         {"GRADCOMP_AUTO_CANDIDATES", "fp16,maxmin8,maxmin6,maxmin5,maxmin4,maxmin3,maxmin2"},
-                        {"GRADCOMP_AUTO_INTERVAL", std::to_string(interval)}},
+                        {"GRADCOMP_AUTO_INTERVAL", std::to_string(interval)},
+                        // The reference's budget at every choice, absolute errors (L-GreCo's program).
+                        {"GRADCOMP_AUTO_RELAXED_BITS", "0"},
+                        {"GRADCOMP_AUTO_NORMALIZED", "0"}},
                        3);
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(ad.auto_choices[r], 4u) << "rank " << r;
@@ -431,7 +434,7 @@ TEST(RuntimeAuto, TheCostModelLeavesOutWhatIsSlowerThanNone) {
   EXPECT_GT(link.per_byte, 0.0);
   EXPECT_GT(link.latency, 0.0);
   const AutoTensorReport& w = report.at("w");
-  ASSERT_EQ(w.estimated_seconds.size(), 9u) << "8 candidates and the reference";
+  ASSERT_EQ(w.estimated_seconds.size(), 11u) << "9 candidates, the relaxed setting and the reference";
   const double none = w.estimated_seconds.at("none");
   EXPECT_DOUBLE_EQ(none, link.Seconds(512 * 256 * 4, 0));
   std::string token = w.setting.substr(0, w.setting.find('('));

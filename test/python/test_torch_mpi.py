@@ -930,10 +930,19 @@ def test_auto_compression_relaxed_is_a_maxmin_of_fewer_bits_and_normalized_a_fla
     assert auto.spec["relaxed_bits"] == 2 and auto.spec["critical_change"] == 0.3
     assert "relaxed=Compression.maxmin(bits=2" in repr(auto) and "critical_change=0.3" in repr(auto)
     assert hvd.Compression.auto(relaxed=1).spec["relaxed_bits"] == 1
-    assert hvd.Compression.auto().spec["relaxed_bits"] == 0
-    normalized = hvd.Compression.auto(relaxed=1, normalized=True)
-    assert normalized.spec["normalized"] is True and "normalized=True" in repr(normalized)
-    assert hvd.Compression.auto().spec["normalized"] is False and "normalized" not in repr(hvd.Compression.auto())
+    assert hvd.Compression.auto(relaxed=None).spec["relaxed_bits"] == 0
+    # The default leaves the relaxed bits to the optimizer: 2 (SGD, or none seen), 1 (Adam and
+    # kin); never at the reference's bits or above, off under a 1-bit reference.
+    default = hvd.Compression.auto()
+    assert default.spec["relaxed_bits"] == 2 and "relaxed='optimizer'" in repr(default)
+    assert default.for_optimizer(adaptive=False)["relaxed_bits"] == 2
+    assert default.for_optimizer(adaptive=True)["relaxed_bits"] == 1
+    assert hvd.Compression.auto(relaxed=3).for_optimizer(adaptive=True)["relaxed_bits"] == 3
+    assert hvd.Compression.auto(reference=hvd.Compression.maxmin(2)).for_optimizer(adaptive=False)["relaxed_bits"] == 1
+    assert hvd.Compression.auto(reference=hvd.Compression.maxmin(1)).spec["relaxed_bits"] == 0
+    assert default.spec["normalized"] is True and "normalized=True" in repr(default)
+    absolute = hvd.Compression.auto(relaxed=1, normalized=False)
+    assert absolute.spec["normalized"] is False and "normalized" not in repr(absolute)
     with pytest.raises(ValueError, match="normalized must be True or False, got 1"):
         hvd.Compression.auto(normalized=1)
     with pytest.raises(ValueError, match="relaxed must be a Compression.maxmin"):

@@ -53,7 +53,7 @@ TEST(AutoSelect, CandidatesInheritTheAutoSpecsOptions) {
   EXPECT_EQ(ref.bits, 4);
   EXPECT_EQ(ref.bucket_size, 128);
   EXPECT_EQ(a.Describe(), "auto(bits=4, bucket=128, stochastic, candidates= none, fp16 ,maxmin2,MAXMIN8,topk0.001,"
-                          "maxmin2, interval=100)+ef");
+                          "maxmin2, interval=25, relaxed_bits=2, critical_change=0.5, normalized)+ef");
 }
 
 TEST(AutoSelect, BadCandidatesAreNamed) {

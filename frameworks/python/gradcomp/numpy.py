@@ -14,9 +14,10 @@ themselves; ``root_rank`` stays a global rank.
 import numpy as np
 
 from gradcomp.basics import (Adasum, Average, GradcompError, Max, Min, ProcessSet, Product, Sum, add_process_set,
-                             barrier, check_op, compression_choices, cross_rank, cross_size, global_process_set, init,
-                             is_homogeneous, is_initialized, join, local_rank, local_size, poll, rank,
-                             remove_process_set, shutdown, size, start_timeline, stats, stop_timeline, synchronize)
+                             auto_summary, barrier, check_op, compression_choices, cross_rank, cross_size,
+                             global_process_set, init, is_homogeneous, is_initialized, join, local_rank, local_size,
+                             poll, rank, remove_process_set, shutdown, size, start_timeline, stats, stop_timeline,
+                             synchronize)
 from gradcomp import _core
 from gradcomp import basics as _b
 
@@ -27,7 +28,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
            "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
-           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "Compression", "ProcessSet",
+           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "auto_summary", "Compression", "ProcessSet",
            "global_process_set", "add_process_set", "remove_process_set"]
 
 
@@ -35,7 +36,8 @@ class Compression:
     """Compression specs for `compression=` (a codec name or a dict works too)."""
 
     @staticmethod
-    def auto(candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5, normalized=False):
+    def auto(candidates=None, reference=None, interval=25, relaxed=_b.BY_OPTIMIZER, critical_change=0.5,
+             normalized=True):
         """Adaptive compression (gradcomp.basics.auto_spec): `reference` is a maxmin spec dict
         such as {"codec": "maxmin", "bits": 4, "error_feedback": True}; `relaxed` a maxmin spec
         dict of fewer bits (or the bits), where the budget of a calm tensor steps down to, one bit

@@ -102,29 +102,40 @@ class Auto(Compressor):
     stays at most the uniform `reference`'s (a ``Compression.maxmin(...)``; its bucket size,
     rounding and error feedback apply to every candidate). Until the first choice every tensor
     runs the reference. With `relaxed` (a ``Compression.maxmin(...)`` of fewer bits, or the
-    bits), only tensors in a critical regime keep the reference's budget (Accordion: their
-    gradient summed between two choices moved in norm by `critical_change` or more since the
-    previous choice, or it is their first); a calm tensor's budget steps down one bit a choice
-    (the error of maxmin at one bit fewer) to the relaxed setting's. `normalized=True` weighs
-    each tensor's error over its values' mean square, for optimizers that normalize the update
-    per coordinate (Adam and its kin; the absolute error, the default, suits SGD). See
-    ``gradcomp.torch.compression_choices()``."""
+    bits; None: the reference's budget throughout), only tensors in a critical regime keep the
+    reference's budget (Accordion: their gradient summed between two choices moved in norm by
+    `critical_change` or more since the previous choice, or it is their first); a calm tensor's
+    budget steps down one bit a choice (the error of maxmin at one bit fewer) to the relaxed
+    setting's. The default, ``'optimizer'``, relaxes to 1 bit under DistributedOptimizer with an
+    optimizer that normalizes its update per coordinate (Adam and its kin) and to 2 bits
+    otherwise (SGD: 1 bit can throw its training off). `normalized=True` (the default) weighs
+    each tensor's error over its values' mean square; False weighs absolute errors. See
+    ``gradcomp.torch.compression_choices()`` and ``auto_summary()``."""
 
     name = "auto"
 
-    def __init__(self, candidates=None, reference=None, interval=100, relaxed=None, critical_change=0.5,
-                 normalized=False):
+    def __init__(self, candidates=None, reference=None, interval=25, relaxed=_b.BY_OPTIMIZER, critical_change=0.5,
+                 normalized=True):
         if reference is None:
             reference = MaxMin(4)
         if not isinstance(reference, MaxMin):
             raise ValueError(f"Compression.auto: reference must be a Compression.maxmin(...), got {reference!r}")
-        if relaxed is not None and not isinstance(relaxed, MaxMin) and \
+        if relaxed is not None and relaxed != _b.BY_OPTIMIZER and not isinstance(relaxed, MaxMin) and \
                 (not isinstance(relaxed, int) or isinstance(relaxed, bool)):
-            raise ValueError(f"Compression.auto: relaxed must be a Compression.maxmin(...) or its bits, got {relaxed!r}")
+            raise ValueError(f"Compression.auto: relaxed must be a Compression.maxmin(...), its bits, None or "
+                             f"'{_b.BY_OPTIMIZER}', got {relaxed!r}")
         self.reference = reference
         self.relaxed = relaxed
         self.spec = _b.auto_spec(candidates, reference.spec, interval,
                                  relaxed.spec if isinstance(relaxed, MaxMin) else relaxed, critical_change, normalized)
+
+    def for_optimizer(self, adaptive):
+        """The runtime spec under an optimizer (adaptive: it normalizes its update per
+        coordinate): the default relaxed bits resolved for it."""
+        spec = dict(self.spec)
+        if self.relaxed == _b.BY_OPTIMIZER:
+            spec["relaxed_bits"] = _b.relaxed_bits_by_optimizer(self.reference.spec.get("bits", 4), adaptive)
+        return spec
 
     def __repr__(self):
         relaxed = "" if self.relaxed is None else \

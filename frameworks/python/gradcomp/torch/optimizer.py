@@ -61,7 +61,7 @@ import torch
 
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
-from gradcomp.torch import compat
+from gradcomp.torch import auto_defaults, compat
 from gradcomp.torch.compression import Compression, Compressor, PowerSGD, TopK, called, runtime_spec
 from gradcomp.torch.mpi_ops import (adasum_form, allreduce_async_, compressed_form, grouped_allreduce_async_,
                                     host_allreduce_async_, sparse_allreduce_async)
@@ -306,13 +306,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return choice
 
     def _make_plans(self, compression, all_params):
-        _, min_size = _b.runtime().default_compression()
+        settings_spec, min_size = _b.runtime().default_compression()
         plans = {}
         for i, p in enumerate(all_params):
             name = self._name_of[id(p)]
             plans[p] = _Plan(name, i, self._choice_for(compression, name, p, min_size))
         for group in self.param_groups:
             self._take_over_momentum(group, [plans[p] for p in group["params"]])
+        auto_defaults.resolve(self, plans, settings_spec, min_size)
         return plans
 
     def _take_over_momentum(self, group, plans):
