@@ -30,6 +30,8 @@ import tempfile
 import threading
 import time
 
+from gcrun_hosts import parse_hosts, read_hostfile
+
 DISCOVERY_INTERVAL = 1.0  # seconds between two looks at the hosts (as Horovod's driver)
 RESTART_EXIT = 75  # the ranks' status when they stop at a commit for a change of hosts (EX_TEMPFAIL)
 
@@ -137,7 +139,6 @@ class Elastic:
         if script is None:
             if not (opts.get("hosts") or opts.get("hostfile")):
                 raise launch_error("--elastic needs --host-discovery-script or a host list (-H or --hostfile)")
-            from gcrun import parse_hosts, read_hostfile  # noqa: the launcher's own parsers
             pairs = parse_hosts(opts["hosts"]) if opts.get("hosts") else read_hostfile(opts["hostfile"])
             fixed = {}
             for h, n in pairs:
