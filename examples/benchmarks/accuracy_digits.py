@@ -131,6 +131,8 @@ def main():
                      time.time() - t0))
         if hvd.rank() == 0:
             print(f"  {config}: {statistics.mean(accs):.2f}% ({time.time() - t0:.1f} s)", file=sys.stderr, flush=True)
+            if config.startswith("auto"):
+                print(f"    {hvd.auto_summary()}", file=sys.stderr, flush=True)
     if hvd.rank() == 0:
         base = rows[0][1] if rows[0][0] == "none" else None
         print(f"\ndigits, {hvd.size()} ranks, MLP 64-256-128-10, {args.epochs} epochs, batch {args.batch_size}/rank, "
