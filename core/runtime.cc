@@ -530,6 +530,21 @@ std::string Runtime::AgreedStop(const std::string& fatal) {
   return reason;
 }
 
+std::string Runtime::BackgroundFailed(const std::exception& e) {
+  std::string reason = BackgroundFailure(e);
+  // Over TCP the other ranks hear why at once (over MPI they wait for the watchdog).
+  if (tcp_) AbortTcpWorld(*tcp_, e.what());
+  if (mpi_world_) {
+    // A peer may be gone, or a collective left half done: MPI cannot be finalized.
+    AbandonMpiAtExit();
+    reason = AddSentence(reason, "MPI is left unfinalized at this process's exit (a finalize could wait forever for "
+                                 "a lost rank), so mpirun ends the job with a non-zero exit status whatever this "
+                                 "script returns (unless run with --enable-recovery)");
+  }
+  log_->error("{}", reason);
+  return reason;
+}
+
 void Runtime::ExitProcess(const std::string& why) {
   log_->error("exiting with status 1: {}", why);
   log_->flush();
@@ -616,17 +631,7 @@ void Runtime::BackgroundLoop() {
       GatherBurst(cycle);
     }
   } catch (const std::exception& e) {
-    reason = BackgroundFailure(e);
-    // Over TCP the other ranks hear why at once (over MPI they wait for the watchdog).
-    if (tcp_) AbortTcpWorld(*tcp_, e.what());
-    if (mpi_world_) {
-      // A peer may be gone, or a collective left half done: MPI cannot be finalized.
-      AbandonMpiAtExit();
-      reason = AddSentence(reason, "MPI is left unfinalized at this process's exit (a finalize could wait forever for "
-                                   "a lost rank), so mpirun ends the job with a non-zero exit status whatever this "
-                                   "script returns (unless run with --enable-recovery)");
-    }
-    log_->error("{}", reason);
+    reason = BackgroundFailed(e);
   }
   {
     std::lock_guard<std::mutex> lock(state_mu_);

@@ -221,6 +221,9 @@ class Runtime {
   /// at exit stays, bounded by the collective timeout (ops/comm/mpi_exit.h). Logs and returns
   /// the reason pending and later operations fail with, which says how the job will end.
   std::string AgreedStop(const std::string& fatal);
+  /// The background thread's failure `e`: tells the TCP peers, leaves MPI unfinalized, logs and
+  /// returns the reason, which says how the job will end.
+  std::string BackgroundFailed(const std::exception& e);
   [[noreturn]] void ExitProcess(const std::string& why);
   /// Warns once when this rank's CPU affinity is a single core (mpirun's default binding).
   void WarnIfPinnedToOneCore();
