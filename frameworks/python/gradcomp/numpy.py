@@ -28,8 +28,8 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
            "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
-           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "auto_summary", "Compression", "ProcessSet",
-           "global_process_set", "add_process_set", "remove_process_set"]
+           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "auto_summary", "Compression",
+           "ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
 
 class Compression:

@@ -20,9 +20,9 @@ import sys
 
 from gradcomp._core import GradcompError
 from gradcomp.basics import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_process_set, auto_summary,
-                             compression_choices, cross_rank, cross_size, global_process_set, init, is_homogeneous, is_initialized,
-                             local_rank, local_size, poll, rank, remove_process_set, shutdown, size, start_timeline,
-                             stats, stop_timeline, synchronize)
+                             compression_choices, cross_rank, cross_size, global_process_set, init, is_homogeneous,
+                             is_initialized, local_rank, local_size, poll, rank, remove_process_set, shutdown, size,
+                             start_timeline, stats, stop_timeline, synchronize)
 from gradcomp.torch.compression import Compression, Compressor
 from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                                     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
@@ -117,6 +117,7 @@ __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initializ
            "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "Adasum", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
-           "GradcompError", "HorovodInternalError", "stats", "compression_choices", "auto_summary", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "GradcompError", "HorovodInternalError", "stats", "compression_choices", "auto_summary", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported",
            "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built",
            "ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]

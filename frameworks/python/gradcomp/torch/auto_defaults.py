@@ -27,6 +27,7 @@ def resolve(optimizer, plans, settings_spec, min_size):
     GRADCOMP_AUTO_RELAXED_BITS was not given."""
     adaptive = is_adaptive(optimizer)
     by_settings = settings_spec.get("codec") == "auto" and not _b.relaxed_bits_were_set()
+    settings_bits = _b.relaxed_bits_by_optimizer(settings_spec.get("bits", 4), adaptive)
     chosen = set()
     for p, plan in plans.items():
         if plan.spec_override is not None:
@@ -35,10 +36,9 @@ def resolve(optimizer, plans, settings_spec, min_size):
             plan.spec_override = plan.choice.for_optimizer(adaptive)
             chosen.add(plan.spec_override["relaxed_bits"])
         elif plan.choice is None and by_settings and p.dim() > 1 and p.numel() >= min_size:
-            bits = _b.relaxed_bits_by_optimizer(settings_spec.get("bits", 4), adaptive)
-            if bits != settings_spec.get("relaxed_bits"):
-                plan.spec_override = dict(settings_spec, relaxed_bits=bits)
-            chosen.add(bits)
+            if settings_bits != settings_spec.get("relaxed_bits"):
+                plan.spec_override = dict(settings_spec, relaxed_bits=settings_bits)
+            chosen.add(settings_bits)
     if chosen:
         bits = " or ".join(str(b) for b in sorted(chosen))
         why = ("it normalizes its update per coordinate" if adaptive else
