@@ -59,7 +59,8 @@ struct Entry {
   const char* choices = nullptr;  // "a|b|c" for Kind::kChoice
 };
 
-// The registry. Keep it sorted by topic; README's settings table is generated from it.
+// The registry. Keep it sorted by topic; README's settings table is generated from it. One table,
+// an entry a setting, so one piece however long it grows.
 const std::vector<Entry>& Registry() {
   static const std::vector<Entry> entries = {
       {"GRADCOMP_FUSION_THRESHOLD_MB", "CGX_FUSION_BUFFER_SIZE_MB", Kind::kFloat, Of(&Settings::fusion_threshold_mb),

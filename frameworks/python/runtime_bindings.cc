@@ -264,19 +264,8 @@ py::dict StatsDict(const Runtime& rt) {
   return d;
 }
 
-}  // namespace
-
-void BindRuntime(py::module& m) {
-  m.def("process_set_runtime", &MakeProcessSetRuntime, py::arg("ranks"),
-        py::arg("settings") = std::map<std::string, std::string>{}, py::arg("members_only") = false,
-        py::arg("tag") = 0,
-        "Collective over MPI's world (over `ranks` only with members_only, whose members pass the same `tag`): a "
-        "runtime over `ranks` (sorted, the same on every rank) for its members, None for the other ranks");
-  m.def("cuda_data_path", [] {
-    // Every setting is parsed (a bad value named) in CPU-only builds as well.
-    const bool wanted = Settings::FromMap(EnvironmentWith({})).cuda_data_path;
-    return GRADCOMP_HAVE_CUDA_KERNELS == 1 && wanted;
-  }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
+// torch.distributed's send and recv: posted requests and a group's point-to-point messages.
+void BindPointToPoint(py::module& m) {
   py::class_<PointToPointRequest>(m, "PointToPointRequest", "A posted send or receive (keep its buffer alive)")
       .def("test", &PointToPointRequest::Test, "True once complete; raises its error")
       .def("wait",
@@ -311,6 +300,9 @@ void BindRuntime(py::module& m) {
       .def("recv", [](PointToPoint& p, uintptr_t address, size_t bytes, int peer, int tag) {
         return p.Receive(MutablePtr(address), bytes, peer, tag);
       }, "peer -1: from any rank");
+}
+
+void BindHandle(py::module& m) {
   py::class_<PyHandle>(m, "Handle", "An enqueued operation: poll() never blocks, wait() rethrows its error")
       .def("poll", &PyHandle::poll)
       .def("wait", &PyHandle::wait)
@@ -325,23 +317,11 @@ void BindRuntime(py::module& m) {
            "copies the runtime-allocated output to a buffer on `device` (-1: host) and waits")
       .def("output_shape", &PyHandle::output_shape)
       .def("aux", &PyHandle::aux, "alltoall: rows received per rank; join: [last rank to join]");
+}
 
-  py::class_<Runtime>(m, "Runtime", "gradcomp's runtime over MPI's world, or over a process set's ranks")
-      .def(py::init(&MakeRuntime), py::arg("settings") = std::map<std::string, std::string>{},
-           "Collective: starts gradcomp with settings from the environment, overridden by `settings`")
-      .def("shutdown", [](Runtime& rt) {
-        py::gil_scoped_release release;
-        rt.Shutdown();
-      })
-      .def_property_readonly("running", &Runtime::running)
-      .def("rank", &Runtime::rank)
-      .def("size", &Runtime::size)
-      .def("local_rank", &Runtime::local_rank)
-      .def("local_size", &Runtime::local_size)
-      .def("cross_rank", &Runtime::cross_rank)
-      .def("cross_size", &Runtime::cross_size)
-      .def("is_homogeneous", &Runtime::homogeneous)
-      .def("allreduce_async",
+// The runtime's collectives: each enqueues and returns a Handle.
+void BindCollectives(py::class_<Runtime>& cls) {
+  cls.def("allreduce_async",
            &AllreduceAsync,
            py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("compression"), py::arg("keep"), py::arg("device") = -1,
@@ -404,8 +384,12 @@ void BindRuntime(py::module& m) {
           py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"), py::arg("prescale"),
           py::arg("postscale"), py::arg("keep"), py::arg("device") = -1, py::arg("stream") = 0)
       .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
-      .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; })
-      .def_property_readonly(
+      .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; });
+}
+
+// What a caller reads of a running runtime: its settings, counters, timeline and auto's choices.
+void BindInspection(py::class_<Runtime>& cls) {
+  cls.def_property_readonly(
           "scheduling_credit_mb", [](const Runtime& rt) { return rt.settings().scheduling_credit_mb; },
           "GRADCOMP_SCHEDULING_CREDIT_MB: MB of prioritized tensors a cycle runs (0: no limit)")
       .def("default_compression",
@@ -437,6 +421,41 @@ void BindRuntime(py::module& m) {
         const LinkCost link = rt.AutoLink();
         return py::make_tuple(link.latency, link.per_byte);
       }, "auto compression's cost model: the link as last probed, (latency seconds, seconds per byte); 0s before");
+}
+
+}  // namespace
+
+void BindRuntime(py::module& m) {
+  m.def("process_set_runtime", &MakeProcessSetRuntime, py::arg("ranks"),
+        py::arg("settings") = std::map<std::string, std::string>{}, py::arg("members_only") = false,
+        py::arg("tag") = 0,
+        "Collective over MPI's world (over `ranks` only with members_only, whose members pass the same `tag`): a "
+        "runtime over `ranks` (sorted, the same on every rank) for its members, None for the other ranks");
+  m.def("cuda_data_path", [] {
+    // Every setting is parsed (a bad value named) in CPU-only builds as well.
+    const bool wanted = Settings::FromMap(EnvironmentWith({})).cuda_data_path;
+    return GRADCOMP_HAVE_CUDA_KERNELS == 1 && wanted;
+  }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
+  BindPointToPoint(m);
+  BindHandle(m);
+  py::class_<Runtime> cls(m, "Runtime", "gradcomp's runtime over MPI's world, or over a process set's ranks");
+  cls
+      .def(py::init(&MakeRuntime), py::arg("settings") = std::map<std::string, std::string>{},
+           "Collective: starts gradcomp with settings from the environment, overridden by `settings`")
+      .def("shutdown", [](Runtime& rt) {
+        py::gil_scoped_release release;
+        rt.Shutdown();
+      })
+      .def_property_readonly("running", &Runtime::running)
+      .def("rank", &Runtime::rank)
+      .def("size", &Runtime::size)
+      .def("local_rank", &Runtime::local_rank)
+      .def("local_size", &Runtime::local_size)
+      .def("cross_rank", &Runtime::cross_rank)
+      .def("cross_size", &Runtime::cross_size)
+      .def("is_homogeneous", &Runtime::homogeneous);
+  BindCollectives(cls);
+  BindInspection(cls);
 }
 
 }  // namespace gradcomp
