@@ -642,7 +642,7 @@ const Grid* Executor::GridFor(const Topology& topo, Communicator& across) {
   // 0.171 s flat, 0.127 s with node rows; 8 bits 0.342 s, 0.208 s): then the grid's rows are the
   // nodes. Elsewhere flat SRA sends 2 (n - 1) messages a rank of size/n^2 encoded bytes each;
   // past a few dozen ranks their count, not their bytes, sets the time (simulated 25 Gbit/s
-  // clusters, docs/benchmarks.md "Beyond one machine"), and the grid is the most square.
+  // clusters, docs/benchmarks.md "Scale"), and the grid is the most square.
   const bool node_rows = &across == topo.world.get() && topo.homogeneous && topo.local_size() > 1 &&
                          topo.cross_size() > 1 && settings_.compressed_algorithm != "sra";
   if (!node_rows && !WantsGrid(across.size())) return nullptr;

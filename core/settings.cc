@@ -59,7 +59,7 @@ struct Entry {
   const char* choices = nullptr;  // "a|b|c" for Kind::kChoice
 };
 
-// The registry. Keep it sorted by topic; README's settings table is generated from it. One table,
+// The registry. Keep it sorted by topic; docs/settings.md's table is generated from it. One table,
 // an entry a setting, so one piece however long it grows.
 const std::vector<Entry>& Registry() {
   static const std::vector<Entry> entries = {
@@ -435,7 +435,7 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
   for (const Entry& e : Registry()) known.insert(e.name);
   for (const std::string& name : all_names) {
     if (name.rfind("GRADCOMP_", 0) == 0 && !known.count(name)) {
-      s.notes.push_back(name + " is not a gradcomp setting and is ignored (see DescribeSettings / README)");
+      s.notes.push_back(name + " is not a gradcomp setting and is ignored (docs/settings.md lists every setting)");
     }
   }
   return s;

@@ -83,7 +83,7 @@ std::vector<SettingInfo> DescribeSettings();
 /// per-process ones: cycle time, timeline, log level, stall times), in registry order.
 std::string AgreedSettingsText(const Settings& settings);
 
-/// The settings as a Markdown table (README's settings section is generated from it).
+/// The settings as a Markdown table (docs/settings.md is generated from it).
 std::string SettingsMarkdownTable();
 
 }  // namespace gradcomp

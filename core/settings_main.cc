@@ -1,5 +1,5 @@
-// gradcomp-settings: prints every setting of the registry as a Markdown table (the README's
-// settings section is this output, checked by a test).
+// gradcomp-settings: prints every setting of the registry as a Markdown table (docs/settings.md's
+// table is this output, checked by a test).
 #include <cstdio>
 
 #include "core/settings.h"

@@ -7,7 +7,7 @@
 // Why: Open MPI moves bytes only inside its calls, so a thread waiting for a late peer must
 // poll, and gradcomp's polls nap on a timer (PollUntil): a negotiation round whose peer is
 // 3 ms late costs ~15 wake-ups, each of which preempts a training thread on cores that
-// training saturates (docs/benchmarks.md, "Waiting for a late peer without spinning"). Here a
+// training saturates (docs/benchmarks.md, "The exchange's CPU"). Here a
 // waiting thread sleeps in poll() on its sockets and wakes once, when the peer's bytes arrive.
 //
 // Messages are framed ([context, tag, bytes] then the payload) and matched per (peer, context,

@@ -64,7 +64,7 @@ Grid MakeNodeGrid(const Topology& topo, const std::vector<int>& cross_columns = 
 /// each) took 9.65 ms for the row steps, rows of 16 (8 x 15) 7.78 ms under SMPI's TCP model;
 /// under CM02 (no small-message penalty) 6.72 and 7.16 ms. Composed, the grid this gives holds
 /// >= 5.1x float32's link-bound time under both, the most square one 4.2x under SMPI's
-/// (docs/benchmarks.md "At scale").
+/// (docs/benchmarks.md "A fat tree, up to 1024 nodes").
 constexpr int kNodeRowMessages = 128;
 
 /// Row lengths, one per level, of the nested grid (MakeNestedGrid) an SRA over `ranks` ranks

@@ -6,7 +6,7 @@
 //
 // Adding a field: declare it here, add it to ForEach (its key, its label, the CodecField bit
 // codecs declare in fields()), give it a GRADCOMP_* row in core/settings.cc if it has a
-// process-wide default, and document it in README's settings table and docs/design.md.
+// process-wide default, and document it in docs/settings.md (generated) and docs/design.md.
 #pragma once
 
 #include <cstdint>

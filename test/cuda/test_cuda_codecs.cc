@@ -1,7 +1,7 @@
 // GPU codec kernels against the CPU ones: for the same arguments the device must write the
 // same bytes and decode to the same values, bit for bit (docs/design.md's exact arithmetic).
 // Needs a CUDA device: built whenever the kernels are, run by hand or by ctest when
-// configured with -DGRADCOMP_GPU_TESTS=ON (see the README's GPU section).
+// configured with -DGRADCOMP_GPU_TESTS=ON (docs/limitations.md, "GPU").
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

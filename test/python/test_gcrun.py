@@ -387,9 +387,9 @@ def test_timeline_tool_on_a_handmade_trace(tmp_path):
     assert timeline.main([str(tmp_path / "missing.json")]) == 2
 
 
-def test_settings_module_prints_the_registry_as_the_readme_does():
+def test_settings_module_prints_the_registry_as_the_settings_reference_does():
     out = subprocess.run([PY, "-m", "gradcomp.settings"], capture_output=True, text=True, check=True).stdout
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(os.path.join(ROOT, "docs", "settings.md")) as f:
         readme = f.read()
     table = readme[readme.index("<!-- settings:begin -->\n") + 24:readme.index("<!-- settings:end -->")]
     assert out == table

@@ -86,7 +86,7 @@ def test_a_nested_grid_composed_from_its_rows_and_nested_columns_predicts_the_wh
     # Four levels on 64 nodes of one rank (rows of 8 nodes; each 8-node column on a 2 x 4 grid of
     # its own, as the runtime nests 64-node columns at 1024 x 8): composed from two rows and the
     # column's own 2-D SRA on 8 nodes, against the whole run of the same grid. Within 15%: -8%
-    # (7.7 ms against 8.4) until the row steps sent to the next peers first (session 34), which
+    # (7.7 ms against 8.4) until the row steps sent to the next peers first, which
     # speeds the world of two rows (7.43 -> 7.08 ms) more than the whole world's rows (8.4 -> 8.3):
     # -11.5%, optimistic.
     args = ["--nodes", "64", "--topology", "fattree", "--sizes-mb", "64", "--variants", "sra2d:maxmin4",

@@ -332,7 +332,7 @@ AUTO_CANDIDATES = ("none", "fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "
 
 
 # Compression.auto(relaxed=BY_OPTIMIZER), the default: how far a calm tensor's budget relaxes
-# depends on the optimizer. Measured (docs/benchmarks.md "Adaptive compression"): under SGD 1 bit
+# depends on the optimizer. Measured (docs/benchmarks.md "Adaptive compression as it comes"): under SGD 1 bit
 # can throw training off (digits: in one of two runs one seed of three diverged to chance), 2
 # bits held it; under Adam, whose update is normalized per coordinate, 1 bit holds the character
 # LM's loss.

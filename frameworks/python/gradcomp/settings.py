@@ -1,4 +1,4 @@
-"""Every gradcomp setting: ``python3 -m gradcomp.settings`` prints the registry as the README's
+"""Every gradcomp setting: ``python3 -m gradcomp.settings`` prints the registry as docs/settings.md's
 Markdown table (variable, CGX alias, default, allowed values, meaning)."""
 from gradcomp import _core
 

@@ -3,7 +3,7 @@
 How far a calm tensor's error budget relaxes (``Compression.auto(relaxed='optimizer')``, the
 default; GRADCOMP_AUTO_RELAXED_BITS when not set) depends on the update rule: under SGD 1 bit can
 throw training off, 2 bits hold it; an optimizer that normalizes its update per coordinate (Adam
-and its kin) holds its loss at 1 bit (docs/benchmarks.md, "Adaptive compression"). The choice
+and its kin) holds its loss at 1 bit (docs/benchmarks.md, "Adaptive compression as it comes"). The choice
 made is said once in ``auto_summary()``.
 """
 import torch
