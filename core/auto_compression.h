@@ -86,6 +86,28 @@ struct AutoTensorReport {
   std::map<std::string, double> estimated_seconds;
 };
 
+/// The tensors of an auto response as adaptive compression reads them, from whoever holds them
+/// (the executor, which knows each one's device and dtype).
+class AutoTensors {
+ public:
+  virtual ~AutoTensors() = default;
+  /// Whether this rank holds the response's tensor i (a rank that joined contributes zeros).
+  virtual bool Has(size_t i) const = 0;
+  /// Tensor i's values at `ranges` (offset, count), in order, as float32 on the host: in *keep,
+  /// or a view of the tensor where it is that already.
+  virtual const float* Values(size_t i, const std::vector<std::pair<size_t, size_t>>& ranges,
+                              std::vector<float>* keep) = 0;
+  /// Tensor i's error-feedback residual as float32 on the host (empty: none yet).
+  virtual std::vector<float> Residual(size_t i) = 0;
+};
+
+/// Tensors of an auto response that run with one setting (positions in the response).
+struct AutoGroup {
+  CompressionSpec spec;
+  bool flush = false;  ///< they moved to none with a residual: this step sends it exactly, then drops it
+  std::vector<size_t> members;
+};
+
 /// Times an uncompressed allreduce of that many bytes (collective: every rank calls it at the
 /// same point) and returns the seconds it took on this rank.
 using ProbeUncompressed = std::function<double(size_t bytes)>;
@@ -97,33 +119,16 @@ class AutoCompression {
   /// Where the choices are logged (rank 0); none by default.
   void SetLogger(spdlog::logger* log) { log_ = log; }
 
-  /// Before an auto response runs (background thread): counts the step of its tensors and,
-  /// when a choice is due, makes it. Collective over `world` when it chooses (every rank
-  /// reaches the same response).
-  void BeforeResponse(const Response& r, Communicator& world);
-  /// Whether this step of `name` measures its candidates (after BeforeResponse).
-  bool Measuring(const std::string& name) const;
-  /// With relaxed bits, every step of every auto tensor: adds this step's gradient at
-  /// TrendRanges(n) (`sample`, their m values in order, float32) to what the tensor
-  /// accumulated since its last choice.
-  void Accumulate(const std::string& name, const float* sample, size_t m);
+  /// Auto's whole stage of an auto response, before it runs (background thread): counts the
+  /// step of its tensors, makes the choice when one is due (collective over `world`: every
+  /// rank reaches the same response), sums the regimes' samples, measures the candidates on
+  /// the steps that do, and returns the tensors grouped by the setting each runs with now, in
+  /// order of first appearance (the same on every rank).
+  std::vector<AutoGroup> Resolve(const Response& r, AutoTensors& tensors, Communicator& world);
   /// The ranges of a tensor of n values whose sum over an interval tells its regime: up to
   /// kTrendValues values in evenly spaced blocks of 1024 (the whole tensor when smaller).
   static std::vector<std::pair<size_t, size_t>> TrendRanges(size_t n);
   static constexpr size_t kTrendValues = size_t{1} << 14;
-  /// Stores this rank's measurement of `name` (n values of dtype `dtype` on the wire).
-  void Record(const std::string& name, const CompressionSpec& auto_spec, DataType dtype, size_t n,
-              const CandidateErrors& errors);
-  /// The setting `name` runs with now (the reference until its first choice).
-  CompressionSpec SettingFor(const std::string& name, const CompressionSpec& auto_spec) const;
-  /// True once after `name` moved from a compressed setting with error feedback to none:
-  /// this step must send its residual.
-  bool TakeFlush(const std::string& name);
-  /// The settings measured for an auto spec (parsed once per spec): its candidates, then the
-  /// relaxed ladder (AutoRelaxedLadder: relaxed bits > 0), then the reference.
-  const std::vector<CompressionSpec>& Measured(const CompressionSpec& auto_spec);
-  /// How many of Measured(auto_spec) are candidates (the first ones).
-  size_t Candidates(const CompressionSpec& auto_spec);
 
   /// Thread-safe snapshots. (What is known of a tensor is never dropped: ForgetCompressionState
   /// is local to a rank, and choices must stay the same on every rank.)
@@ -152,8 +157,79 @@ class AutoCompression {
     int budget_bits = 0;  // the last choice's budget (a maxmin width); 0: no choice yet
     bool flush = false;
   };
-  /// The collective choice over every tensor with a measurement waiting.
+  /// Counts the step of r's tensors and, when a choice is due, makes it (collective).
+  void BeforeResponse(const Response& r, Communicator& world);
+  /// With relaxed bits, every step of every auto tensor: adds this step's gradient at
+  /// TrendRanges(n) to what each tensor accumulated since its last choice.
+  void AccumulateTrends(const Response& r, AutoTensors& tensors);
+  /// This rank's measurement of every tensor of r whose step measures its candidates.
+  void MeasureDue(const Response& r, AutoTensors& tensors, int ranks);
+  /// Whether this step of `name` measures its candidates (after BeforeResponse).
+  bool Measuring(const std::string& name) const;
+  /// Stores this rank's measurement of `name` (n values of dtype `dtype` on the wire).
+  void Record(const std::string& name, const CompressionSpec& auto_spec, DataType dtype, size_t n,
+              const CandidateErrors& errors);
+  /// The setting `name` runs with now (the reference until its first choice).
+  CompressionSpec SettingFor(const std::string& name, const CompressionSpec& auto_spec) const;
+  /// True once after `name` moved from a compressed setting with error feedback to none:
+  /// this step must send its residual.
+  bool TakeFlush(const std::string& name);
+  /// The settings measured for an auto spec (parsed once per spec): its candidates, then the
+  /// relaxed ladder (AutoRelaxedLadder: relaxed bits > 0), then the reference.
+  const std::vector<CompressionSpec>& Measured(const CompressionSpec& auto_spec);
+  /// How many of Measured(auto_spec) are candidates (the first ones).
+  size_t Candidates(const CompressionSpec& auto_spec);
+  /// Every rank's waiting measurements summed over ranks, in name order (Choose's first step).
+  struct Gathered {
+    std::vector<std::string> names;
+    std::vector<size_t> offset;  // where each tensor's statistics start in sums
+    // Per tensor: ||x||^2, each measured setting's squared error, their codec seconds, their
+    // errors with error feedback (when on), and the summed gradient's norm^2.
+    std::vector<double> sums;
+    std::vector<double> trend;   // the norm of each tensor's gradient summed since its last choice
+    std::vector<double> change;  // how far it moved since that choice, as a fraction (-1: none)
+    std::map<std::string, std::vector<size_t>> groups;  // auto spec -> positions in names
+  };
+  /// Rank 0's decision, broadcast: per tensor the candidate chosen and the maxmin width whose
+  /// error bounded its program (flags, two each), the cost model's estimates and the log line.
+  struct Decision {
+    std::vector<int32_t> flags;
+    std::vector<std::vector<double>> seconds;
+    std::string summary;
+  };
+  /// One auto spec's tensors as the dynamic program sees them (weighted errors, wire bytes and
+  /// budgets), with how many were critical and how many the cost model left raw.
+  struct Program {
+    std::vector<std::vector<double>> err2, bytes;
+    std::vector<double> budget, ref_err2, ref_bytes;
+    size_t in_critical = 0, raw = 0;
+  };
+  /// The collective choice over every tensor with a measurement waiting: gather, solve each
+  /// spec's programs on rank 0, broadcast, apply.
   void Choose(Communicator& world);
+  Gathered Gather(Communicator& world) const;
+  /// Rank 0: the programs of one auto spec (one per budget), into d.
+  void Solve(const std::string& key, const std::vector<size_t>& members, const Gathered& g, double ranks,
+             const LinkCost& link, Decision& d);
+  /// A spec's tensors' errors, bytes and budgets (their budget widths into d.flags), the cost
+  /// model's estimates into d.seconds.
+  Program BuildProgram(const std::string& key, const std::vector<size_t>& members, const Gathered& g, double ranks,
+                       const LinkCost& link, Decision& d);
+  /// Leaves out (an infinite error) each candidate estimated slower than none; true when none
+  /// alone is left.
+  static bool LeaveOutSlowerThanRaw(const std::vector<CompressionSpec>& list, size_t candidates,
+                                    const std::vector<double>& seconds, std::vector<double>& err2);
+  /// The log line's part on critical regimes and budgets.
+  static std::string DescribeRegimes(const std::vector<size_t>& members, const Gathered& g, size_t in_critical,
+                                     const std::map<std::string, int>& budgets);
+  /// Every rank: the broadcast choices into each tensor's state and report.
+  void Apply(const Gathered& g, const Decision& d);
+  /// A tensor's measured relative errors (and estimates) into its report.
+  static void RecordErrors(const std::vector<CompressionSpec>& list, size_t candidates, const double* stats,
+                           const double* ef, const std::vector<double>& seconds, AutoTensorReport& rep);
+  /// The timeline's AUTO_CHOICE mark of a tensor's new setting.
+  void MarkChoice(const std::string& name, const Tensor& t, const std::string& token, bool with_ef,
+                  AutoTensorReport& rep);
   /// Times uncompressed allreduces of two sizes (collective) and fits link_.
   void ProbeLink();
   /// Probed again every this many choices.

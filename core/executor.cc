@@ -391,84 +391,63 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
   CompleteAll(entries);
 }
 
+// The response's entries as adaptive compression reads them: float32 on the host, copied from
+// their device or cast where they are not that already.
+class Executor::AutoView final : public AutoTensors {
+ public:
+  AutoView(Executor& ex, const Response& r, const EntryList& entries) : ex_(ex), r_(r), entries_(entries) {}
+  bool Has(size_t i) const override { return entries_[i] != nullptr; }
+  const float* Values(size_t i, const std::vector<std::pair<size_t, size_t>>& ranges,
+                      std::vector<float>* keep) override {
+    const auto n = static_cast<size_t>(NumElements(r_.shapes[i]));
+    if (ranges.size() == 1 && ranges[0].first == 0 && ranges[0].second == n) {
+      return ex_.HostFloats(*entries_[i], r_.dtype, n, keep);
+    }
+    return ex_.SampleFloats(*entries_[i], r_.dtype, ranges, keep);
+  }
+  std::vector<float> Residual(size_t i) override {
+    OnDevice& on = ex_.On(EntryDevice(*entries_[i]));
+    return ex_.memory_.OwnResidual(on.device(), on.stream(), r_.names[i]);
+  }
+
+ private:
+  Executor& ex_;
+  const Response& r_;
+  const EntryList& entries_;
+};
+
 void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
-  AutoCompression& policy = *auto_;
-  policy.BeforeResponse(r, *topo_.world);
-  const std::vector<CompressionSpec>& measured = policy.Measured(r.compression);
-  if (r.compression.auto_relaxed_bits > 0) {  // the regimes' sums, every step
-    std::vector<float> keep;
-    for (size_t i = 0; i < r.names.size(); ++i) {
-      if (!entries[i]) continue;
-      const auto n = static_cast<size_t>(NumElements(r.shapes[i]));
-      const float* sample = SampleFloats(*entries[i], r.dtype, AutoCompression::TrendRanges(n), &keep);
-      policy.Accumulate(r.names[i], sample, keep.size());
-    }
+  AutoView view(*this, r, entries);
+  for (const AutoGroup& g : auto_->Resolve(r, view, *topo_.world)) RunAutoGroup(r, entries, g);
+}
+
+void Executor::RunAutoGroup(const Response& r, EntryList& entries, const AutoGroup& g) {
+  Response sub = r;
+  sub.names.clear();
+  sub.shapes.clear();
+  sub.compression = g.spec;
+  EntryList part;
+  size_t total = 0;
+  for (size_t i : g.members) {
+    sub.names.push_back(r.names[i]);
+    sub.shapes.push_back(r.shapes[i]);
+    part.push_back(std::move(entries[i]));
+    total += static_cast<size_t>(NumElements(r.shapes[i]));
   }
-  for (size_t i = 0; i < r.names.size(); ++i) {
-    if (!policy.Measuring(r.names[i])) continue;
-    const auto n = static_cast<size_t>(NumElements(r.shapes[i]));
-    CandidateErrors errors;  // a rank that joined contributes zeros, and so no error
-    errors.err2.assign(measured.size(), 0.0);
-    errors.codec_seconds.assign(measured.size(), 0.0);
-    if (r.compression.error_feedback) errors.err2_ef.assign(measured.size(), 0.0);
-    if (entries[i]) {
-      std::vector<float> keep;
-      const float* x = HostFloats(*entries[i], r.dtype, n, &keep);
-      // With error feedback the step compresses the gradient plus the tensor's residual.
-      std::vector<float> residual;
-      if (r.compression.error_feedback) {
-        OnDevice& on = On(EntryDevice(*entries[i]));
-        residual = memory_.OwnResidual(on.device(), on.stream(), r.names[i]);
-      }
-      errors = MeasureCandidates(x, n, measured, topo_.size(), kAutoSampleValues,
-                                 residual.size() == n ? residual.data() : nullptr);
-      if (r.compression.error_feedback && errors.err2_ef.empty()) errors.err2_ef = errors.err2;  // no residual yet
+  // The entries go back whatever happens: the caller fails their handles on an error.
+  struct Return {
+    EntryList& from;
+    EntryList& to;
+    const std::vector<size_t>& at;
+    ~Return() {
+      for (size_t j = 0; j < at.size(); ++j) to[at[j]] = std::move(from[j]);
     }
-    policy.Record(r.names[i], r.compression, r.dtype, n, errors);
-  }
-  // The tensors grouped by setting, in order of first appearance (the same on every rank); a
-  // tensor that moved to none with a residual sends it this once, exactly, and drops it.
-  struct Group {
-    CompressionSpec spec;
-    bool flush = false;
-    std::vector<size_t> members;
-  };
-  std::vector<Group> groups;
-  for (size_t i = 0; i < r.names.size(); ++i) {
-    Group g{policy.SettingFor(r.names[i], r.compression), policy.TakeFlush(r.names[i]), {}};
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const Group& o) { return o.flush == g.flush && o.spec == g.spec; });
-    if (it == groups.end()) it = groups.insert(groups.end(), std::move(g));
-    it->members.push_back(i);
-  }
-  for (const Group& g : groups) {
-    Response sub = r;
-    sub.names.clear();
-    sub.shapes.clear();
-    sub.compression = g.spec;
-    EntryList part;
-    size_t total = 0;
-    for (size_t i : g.members) {
-      sub.names.push_back(r.names[i]);
-      sub.shapes.push_back(r.shapes[i]);
-      part.push_back(std::move(entries[i]));
-      total += static_cast<size_t>(NumElements(r.shapes[i]));
-    }
-    // The entries go back whatever happens: the caller fails their handles on an error.
-    struct Return {
-      EntryList& from;
-      EntryList& to;
-      const std::vector<size_t>& at;
-      ~Return() {
-        for (size_t j = 0; j < at.size(); ++j) to[at[j]] = std::move(from[j]);
-      }
-    } give_back{part, entries, g.members};
-    if (g.flush) {
-      RunCompressedAllreduce(sub, part, total);
-      for (const std::string& name : sub.names) memory_.Forget(name);
-    } else {
-      RunAllreduce(sub, part);
-    }
+  } give_back{part, entries, g.members};
+  if (g.flush) {  // a tensor that moved to none with a residual sends it this once, exactly
+    RunCompressedAllreduce(sub, part, total);
+    for (const std::string& name : sub.names) memory_.Forget(name);
+  } else {
+    RunAllreduce(sub, part);
   }
 }
 

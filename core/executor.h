@@ -59,9 +59,12 @@ class Executor {
  private:
   void RunAllreduce(const Response& r, EntryList& entries);
   void RunCompressedAllreduce(const Response& r, EntryList& entries, size_t total);
-  /// An allreduce of an auto spec: measures the candidates on the steps that do, then runs one
-  /// allreduce per setting its tensors resolve to (core/auto_compression.h).
+  /// An allreduce of an auto spec: auto's stage (AutoCompression::Resolve: choose, measure)
+  /// gives the settings its tensors run with, then one allreduce per setting.
   void RunAutoAllreduce(const Response& r, EntryList& entries);
+  class AutoView;
+  /// One setting's tensors of an auto response, as a response of their own.
+  void RunAutoGroup(const Response& r, EntryList& entries, const AutoGroup& g);
   /// Collective: the seconds an uncompressed float32 sum of `bytes` on the host takes this rank
   /// (after a barrier), through the path a tensor's would take (auto compression's probe).
   double TimeUncompressed(size_t bytes);
