@@ -142,6 +142,22 @@ class SraRun {
   void RunBlocking(Pipeline& pipe);
   void RunStriped(Pipeline& pipe);
   void ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded, std::vector<size_t>* decoded);
+  // The striped exchange's transfers, per stripe: the scatter's and the gather's, in and out.
+  using Transfers = std::vector<std::unique_ptr<PendingTransfer>>;
+  struct StripeTransfers {
+    std::vector<Transfers> scatter_in, gather_in, scatter_out, gather_out;
+  };
+  static int StripeTag(size_t s, int step) { return kSraTagBase + static_cast<int>(2 * s) + step; }
+  // Stops at the first transfer still in flight: a finished one costs no transport call, and
+  // one call progresses every transfer, so a poll costs a few calls instead of one per peer
+  // (at 64 ranks, hundreds of progress calls a poll made the exchange slower than the link).
+  static bool AllDone(Transfers& ts);
+  /// Posts every receive of the striped exchange (RunStriped says which wait); returns how many
+  /// stripes' gather receives it posted.
+  size_t PostReceives(StripeTransfers& t, bool gather_after_scatter);
+  void PostGather(size_t s, StripeTransfers& t);
+  void SendScatter(size_t s, StripeTransfers& t);
+  void SendGather(size_t s, StripeTransfers& t);
 
   Communicator& comm_;
   const CompressedAllreduceOptions& o_;
@@ -315,85 +331,98 @@ void SraRun::RunStriped(Pipeline& pipe) {
   for (size_t s = 0; s < stripes; ++s) pipe.Wait(decoded[s]);
 }
 
+bool SraRun::AllDone(Transfers& ts) {
+  for (auto& t : ts) {
+    if (!t->Test()) return false;
+  }
+  return true;
+}
+
+void SraRun::PostGather(size_t s, StripeTransfers& t) {
+  const std::vector<size_t> aoff = Offsets(plan_.bytes[s]);
+  for (size_t p = 0; p < plan_.ranks; ++p) {
+    if (p == plan_.mine) continue;
+    t.gather_in[s].push_back(
+        comm_.Irecv(GatherInto(s, p, aoff[p]), plan_.bytes[s][p], static_cast<int>(p), StripeTag(s, 1)));
+  }
+}
+
+// Every receive is posted up front, stripe by stripe (posting every scatter's first made the
+// uncompressed 64 MB exchange 1.8x slower in 3 of 3 runs on the emulated cluster), except the
+// gather's where they land on values this rank still sends (raw and in place: peer p's reduced
+// stripe s overwrites the x values of it that the scatter sends to p): then once that stripe's
+// scatter has left.
+size_t SraRun::PostReceives(StripeTransfers& t, bool gather_after_scatter) {
+  size_t gather_posted = 0;
+  for (size_t s = 0; s < plan_.stripes; ++s) {
+    const std::vector<size_t> roff = Offsets(plan_.ScatterBytes(s, false));
+    for (size_t p = 0; p < plan_.ranks; ++p) {
+      if (p == plan_.mine) continue;
+      t.scatter_in[s].push_back(comm_.Irecv(ws_.recv.wire() + plan_.recv_at[s] + roff[p], plan_.bytes[s][plan_.mine],
+                                            static_cast<int>(p), StripeTag(s, 0)));
+    }
+    if (!gather_after_scatter) PostGather(gather_posted++, t);
+  }
+  return gather_posted;
+}
+
+void SraRun::SendScatter(size_t s, StripeTransfers& t) {
+  const std::vector<size_t> soff = Offsets(plan_.ScatterBytes(s, true));
+  for (size_t p = 0; p < plan_.ranks; ++p) {
+    if (p == plan_.mine) continue;
+    t.scatter_out[s].push_back(
+        comm_.Isend(ScatterFrom(s, p, soff[p]), plan_.bytes[s][p], static_cast<int>(p), StripeTag(s, 0)));
+  }
+}
+
+void SraRun::SendGather(size_t s, StripeTransfers& t) {
+  for (size_t p = 0; p < plan_.ranks; ++p) {
+    if (p == plan_.mine) continue;
+    t.gather_out[s].push_back(
+        comm_.Isend(GatherFrom(s), plan_.bytes[s][plan_.mine], static_cast<int>(p), StripeTag(s, 1)));
+  }
+}
+
 // The striped driver's network side: posts every receive, then polls, sending each stripe
 // once it is ready and handing what arrives to the pipeline (reduce, then decode).
 void SraRun::ExchangeStripes(Pipeline& pipe, const std::vector<size_t>& encoded, std::vector<size_t>* decoded) {
-  const size_t stripes = plan_.stripes, ranks = plan_.ranks, mine = plan_.mine;
-  using Transfers = std::vector<std::unique_ptr<PendingTransfer>>;
-  std::vector<Transfers> scatter_in(stripes), gather_in(stripes), scatter_out(stripes), gather_out(stripes);
-  const auto tag = [](size_t s, int step) { return kSraTagBase + static_cast<int>(2 * s) + step; };
-  // Every receive is posted up front, stripe by stripe (posting every scatter's first made the
-  // uncompressed 64 MB exchange 1.8x slower in 3 of 3 runs on the emulated cluster), except the
-  // gather's where they land on values this rank still sends (raw and in place: peer p's reduced
-  // stripe s overwrites the x values of it that the scatter sends to p): then once that
-  // stripe's scatter has left.
-  const auto post_gather = [&](size_t s) {
-    const std::vector<size_t> aoff = Offsets(plan_.bytes[s]);
-    for (size_t p = 0; p < ranks; ++p) {
-      if (p == mine) continue;
-      gather_in[s].push_back(comm_.Irecv(GatherInto(s, p, aoff[p]), plan_.bytes[s][p], static_cast<int>(p), tag(s, 1)));
-    }
-  };
+  const size_t stripes = plan_.stripes;
+  StripeTransfers t;
+  t.scatter_in.resize(stripes);
+  t.gather_in.resize(stripes);
+  t.scatter_out.resize(stripes);
+  t.gather_out.resize(stripes);
   const std::less<const float*> before_ptr;
   const bool gather_after_scatter =
       raw_ && before_ptr(out_, x_ + o_.count) && before_ptr(x_, out_ + o_.count);  // out overlaps x
-  size_t gather_posted = 0;
-  for (size_t s = 0; s < stripes; ++s) {
-    const std::vector<size_t> roff = Offsets(plan_.ScatterBytes(s, false));
-    for (size_t p = 0; p < ranks; ++p) {
-      if (p == mine) continue;
-      scatter_in[s].push_back(comm_.Irecv(ws_.recv.wire() + plan_.recv_at[s] + roff[p], plan_.bytes[s][mine],
-                                          static_cast<int>(p), tag(s, 0)));
-    }
-    if (!gather_after_scatter) post_gather(gather_posted++);
-  }
-  // Stops at the first transfer still in flight: a finished one costs no transport call, and
-  // one call progresses every transfer, so a poll costs a few calls instead of one per peer
-  // (at 64 ranks, hundreds of progress calls a poll made the exchange slower than the link).
-  const auto all_done = [](Transfers& ts) {
-    for (auto& t : ts) {
-      if (!t->Test()) return false;
-    }
-    return true;
-  };
+  size_t gather_posted = PostReceives(t, gather_after_scatter);
   // Every stripe went out (peers may finish decoding ours later than we finish decoding theirs).
   const auto all_sent = [&] {
     for (size_t s = 0; s < stripes; ++s) {
-      if (!all_done(scatter_out[s]) || !all_done(gather_out[s])) return false;
+      if (!AllDone(t.scatter_out[s]) || !AllDone(t.gather_out[s])) return false;
     }
     return true;
   };
   const auto window_free = [&](std::vector<Transfers>& sends, size_t s) {
-    return s < kStripesInFlight || all_done(sends[s - kStripesInFlight]);
+    return s < kStripesInFlight || AllDone(sends[s - kStripesInFlight]);
   };
   std::vector<size_t> reduced(stripes);
   size_t scattered = 0, reducing = 0, gathered = 0, decoding = 0;
   Poller poller(&comm_, pipe.wake_fd());
   while (true) {
     const size_t before = scattered + reducing + gathered + decoding + gather_posted;
-    if (scattered < stripes && window_free(scatter_out, scattered) && pipe.Done(encoded[scattered])) {
-      const std::vector<size_t> soff = Offsets(plan_.ScatterBytes(scattered, true));
-      for (size_t p = 0; p < ranks; ++p) {
-        if (p == mine) continue;
-        scatter_out[scattered].push_back(comm_.Isend(ScatterFrom(scattered, p, soff[p]), plan_.bytes[scattered][p],
-                                                     static_cast<int>(p), tag(scattered, 0)));
-      }
-      ++scattered;
+    if (scattered < stripes && window_free(t.scatter_out, scattered) && pipe.Done(encoded[scattered])) {
+      SendScatter(scattered++, t);
     }
-    while (gather_posted < scattered && all_done(scatter_out[gather_posted])) post_gather(gather_posted++);
-    if (reducing < stripes && all_done(scatter_in[reducing])) {
+    while (gather_posted < scattered && AllDone(t.scatter_out[gather_posted])) PostGather(gather_posted++, t);
+    if (reducing < stripes && AllDone(t.scatter_in[reducing])) {
       reduced[reducing] = pipe.Submit([this, s = reducing] { ReduceOwn(s); });
       ++reducing;
     }
-    if (gathered < reducing && window_free(gather_out, gathered) && pipe.Done(reduced[gathered])) {
-      for (size_t p = 0; p < ranks; ++p) {
-        if (p == mine) continue;
-        gather_out[gathered].push_back(
-            comm_.Isend(GatherFrom(gathered), plan_.bytes[gathered][mine], static_cast<int>(p), tag(gathered, 1)));
-      }
-      ++gathered;
+    if (gathered < reducing && window_free(t.gather_out, gathered) && pipe.Done(reduced[gathered])) {
+      SendGather(gathered++, t);
     }
-    if (decoding < gather_posted && all_done(gather_in[decoding])) {
+    if (decoding < gather_posted && AllDone(t.gather_in[decoding])) {
       (*decoded)[decoding] = pipe.Submit([this, s = decoding] { DecodeAll(s); });
       ++decoding;
     }

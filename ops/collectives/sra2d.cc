@@ -153,6 +153,188 @@ void ColumnAllreduce(const Grid& grid, const CompressedAllreduceOptions& mine, f
   stream.Synchronize();
 }
 
+// One rank's 2-D SRA on a grid of two dimensions, step by step; the steps share the row's plan
+// and, for large buffers over point-to-point rows, overlap the codec with the row steps
+// (RowExchange). Otherwise encoding and decoding run on this thread, through an inline
+// pipeline so that a simulation (ops/common/simulation.h) counts them as codec work.
+class Sra2dSteps {
+ public:
+  Sra2dSteps(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, float* out,
+             CompressionWorkspace& ws, CompressedAllreduceStats* st)
+      : grid_(grid),
+        row_(*grid.row),
+        o_(o),
+        codec_(*o.codec),
+        x_(x),
+        out_(out),
+        ws_(ws),
+        st_(st),
+        d_(ws.device),
+        stream_(*ws.stream),
+        b_(static_cast<size_t>(row_.size())),
+        j_(static_cast<size_t>(row_.rank())),
+        rp_(RowPlan(o, b_, j_)),
+        p1_(SraScatterParams(o.params, grid.rank)),
+        wire_on_device_(WireOnDevice(row_, ws)),
+        overlap_(o.pipeline_stripes > 1 && o.count >= kPipelineMinValues && row_.nonblocking()) {}
+
+  /// 1. The row's scatter: every other chunk of the row, encoded for its owner.
+  void Scatter();
+  /// 2. The row sum of chunk j in float32, where chunk j's result goes (x may be out): this
+  /// rank's values, then the peers' in row order. Returns where it is.
+  float* SumOwnChunk();
+  /// 3. (ColumnAllreduce of that sum, with these options.)
+  CompressedAllreduceOptions ColumnOptionsOfOwnChunk() const { return ColumnOptions(o_, rp_, j_); }
+  /// 4. The row's allgather of the column's encodings; every other chunk decoded from them.
+  /// With keep_encodings ws.all ends holding the encodings of the whole result.
+  void Allgather(bool keep_encodings);
+
+ private:
+  // Peer p's chunk, encoded into its place in ws.send (staged for the network by the caller),
+  // and its compression error into the residual.
+  void EncodeFor(size_t p);
+
+  const Grid& grid_;
+  Communicator& row_;
+  const CompressedAllreduceOptions& o_;
+  const Codec& codec_;
+  const float* x_;
+  float* out_;
+  CompressionWorkspace& ws_;
+  CompressedAllreduceStats* st_;
+  Device& d_;
+  Stream& stream_;
+  const size_t b_, j_;  // the row's size, this rank's place in it
+  const SraPlan rp_;
+  const CodecParams p1_;
+  const bool wire_on_device_, overlap_;
+  Pipeline codec_work_{true};
+  std::vector<size_t> send_bytes_, send_at_, recv_at_;
+};
+
+void Sra2dSteps::EncodeFor(size_t p) {
+  uint8_t* dst = ws_.send.device() + send_at_[p];
+  EncodePieces(ws_, codec_, p1_, x_, 0, rp_.pieces[0][p], dst);
+  if (o_.residual) {
+    const size_t begin = rp_.StripeBegin(p, 0), len = rp_.StripeLength(p, 0);
+    float* r = o_.residual + begin;
+    DecodePieces(ws_, codec_, p1_, dst, rp_.pieces[0][p], begin, DataType::kFloat32, r);
+    d_.Subtract(r, x_ + begin, r, len, stream_);
+  }
+}
+
+void Sra2dSteps::Scatter() {
+  ws_.send.Reserve(d_, rp_.send_total, wire_on_device_);
+  ws_.recv.Reserve(d_, rp_.recv_total, wire_on_device_);
+  send_bytes_ = rp_.ScatterBytes(0, true);
+  const std::vector<size_t> recv_bytes = rp_.ScatterBytes(0, false);
+  send_at_ = Offsets(send_bytes_);
+  recv_at_ = Offsets(recv_bytes);
+  if (overlap_) {
+    Pipeline helper(false);
+    std::vector<size_t> encoded(b_);
+    for (size_t k = 1; k < b_; ++k) {  // the next peers first: not every row's rank to peer 0 at once
+      const size_t p = (j_ + k) % b_;
+      encoded[p] = helper.Submit([&, p] {
+        Phase phase(o_, "COMPRESS", &st_->compress_seconds);
+        EncodeFor(p);
+        ws_.send.ToWire(send_at_[p], send_bytes_[p], stream_);
+        stream_.Synchronize();
+      });
+    }
+    Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
+    RowExchange(row_, kRowScatterTag, helper, ws_.send.wire(), send_bytes_, false, ws_.recv.wire(), recv_bytes,
+                [&](size_t p) { return helper.Done(encoded[p]); }, nullptr);
+  } else {
+    codec_work_.Submit([&] {
+      Phase phase(o_, "COMPRESS", &st_->compress_seconds);
+      for (size_t p = 0; p < b_; ++p) {
+        if (p != j_) EncodeFor(p);
+      }
+      ws_.send.ToWire(0, rp_.send_total, stream_);
+      stream_.Synchronize();
+    });
+    Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
+    AlltoallAtOnce(row_, kRowScatterTag, ws_.send.wire(), send_bytes_, ws_.recv.wire(), recv_bytes);
+  }
+  st_->bytes_sent += rp_.send_total;
+}
+
+float* Sra2dSteps::SumOwnChunk() {
+  codec_work_.Submit([&] {
+    Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
+    ws_.recv.FromWire(0, rp_.recv_total, stream_);
+    size_t wire_at = 0;  // of this block in every peer's message
+    for (const Piece& pc : rp_.pieces[0][j_]) {
+      float* a = out_ + pc.start;
+      if (a != x_ + pc.start) d_.Copy(a, x_ + pc.start, pc.len * sizeof(float), stream_);
+      const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
+      for (size_t p = 0; p < b_; ++p) {
+        if (p == j_) continue;
+        d_.Decode(codec_, ws_.recv.device() + recv_at_[p] + wire_at, block_bytes, pc.len, p1_, DataType::kFloat32,
+                  a, true, stream_);
+      }
+      wire_at += block_bytes;
+    }
+    stream_.Synchronize();
+  });
+  return out_ + rp_.chunk_offsets[j_];
+}
+
+void Sra2dSteps::Allgather(bool keep_encodings) {
+  const size_t column_ranks = static_cast<size_t>(grid_.column->size());
+  std::vector<CompressedAllreduceOptions> chunk_options;
+  std::vector<size_t> blob_bytes(b_);
+  for (size_t k = 0; k < b_; ++k) {
+    chunk_options.push_back(ColumnOptions(o_, rp_, k));
+    blob_bytes[k] = ResultBytes(column_ranks, grid_.column_grid.get(), chunk_options[k]);
+  }
+  const std::vector<size_t> blob_at = Offsets(blob_bytes);
+  ws_.recv.Reserve(d_, blob_at.back() + blob_bytes.back(), wire_on_device_);
+  const auto decode_chunk = [&](size_t k) {
+    ws_.recv.FromWire(blob_at[k], blob_bytes[k], stream_);
+    DecodeResult(column_ranks, grid_.column_grid.get(), chunk_options[k], ws_.recv.device() + blob_at[k],
+                 out_ + rp_.chunk_offsets[k], ws_);
+  };
+  if (overlap_) {
+    Pipeline helper(false);
+    std::vector<size_t> decoded;
+    {
+      Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
+      const std::vector<size_t> sent(b_, blob_bytes[j_]);
+      RowExchange(row_, kRowGatherTag, helper, ws_.all.wire(), sent, true, ws_.recv.wire(), blob_bytes, nullptr,
+                  [&](size_t k) {
+                    decoded.push_back(helper.Submit([&, k] {
+                      Phase decompress(o_, "DECOMPRESS", &st_->decompress_seconds);
+                      decode_chunk(k);
+                      stream_.Synchronize();
+                    }));
+                  });
+    }
+    for (size_t t : decoded) helper.Wait(t);
+  } else {
+    {
+      Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
+      AllgatherAtOnce(row_, kRowGatherTag, ws_.all.wire(), ws_.recv.wire(), blob_bytes);
+    }
+    codec_work_.Submit([&] {
+      Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
+      for (size_t k = 0; k < b_; ++k) {
+        if (k != j_) decode_chunk(k);
+      }
+      stream_.Synchronize();
+    });
+  }
+  st_->bytes_sent += (b_ - 1) * blob_bytes[j_];
+  if (keep_encodings) {
+    // This rank's encodings into their place among the peers' (ws.recv), and the buffers swapped.
+    d_.Copy(ws_.recv.device() + blob_at[j_], ws_.all.device(), blob_bytes[j_], stream_);
+    ws_.recv.ToWire(blob_at[j_], blob_bytes[j_], stream_);
+    stream_.Synchronize();
+    ws_.all.Swap(ws_.recv);
+  }
+}
+
 // Sra2d; with keep_encodings, ws.all ends holding the encodings of the whole result
 // (ResultBytes' layout), for the row above when this grid runs a column.
 void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float* x, const OutputScaling& scale,
@@ -169,142 +351,13 @@ void Sra2dOn(const Grid& grid, const CompressedAllreduceOptions& o, const float*
     }
     return;
   }
-  const Codec& codec = *o.codec;
-  Device& d = ws.device;
-  Stream& stream = *ws.stream;
-  const size_t b = static_cast<size_t>(row.size()), j = static_cast<size_t>(row.rank());
-  const SraPlan rp = RowPlan(o, b, j);
-  const CodecParams p1 = SraScatterParams(o.params, grid.rank);
-  const bool wire_on_device = WireOnDevice(row, ws);
-  // Large buffers over point-to-point rows overlap the codec with the row steps (RowExchange);
-  // otherwise encoding and decoding run on this thread, through an inline pipeline so that a
-  // simulation (ops/common/simulation.h) counts them as codec work.
-  const bool overlap = o.pipeline_stripes > 1 && o.count >= kPipelineMinValues && row.nonblocking();
-  Pipeline codec_work(true);
-
-  // 1. The row's scatter: every other chunk of the row, encoded for its owner.
-  ws.send.Reserve(d, rp.send_total, wire_on_device);
-  ws.recv.Reserve(d, rp.recv_total, wire_on_device);
-  const std::vector<size_t> send_bytes = rp.ScatterBytes(0, true), recv_bytes = rp.ScatterBytes(0, false);
-  const std::vector<size_t> send_at = Offsets(send_bytes), recv_at = Offsets(recv_bytes);
-  const auto encode_for = [&](size_t p) {  // peer p's chunk (staged for the network by the caller)
-    uint8_t* dst = ws.send.device() + send_at[p];
-    EncodePieces(ws, codec, p1, x, 0, rp.pieces[0][p], dst);
-    if (o.residual) {
-      const size_t begin = rp.StripeBegin(p, 0), len = rp.StripeLength(p, 0);
-      float* r = o.residual + begin;
-      DecodePieces(ws, codec, p1, dst, rp.pieces[0][p], begin, DataType::kFloat32, r);
-      d.Subtract(r, x + begin, r, len, stream);
-    }
-  };
-  if (overlap) {
-    Pipeline helper(false);
-    std::vector<size_t> encoded(b);
-    for (size_t k = 1; k < b; ++k) {  // the next peers first: not every row's rank to peer 0 at once
-      const size_t p = (j + k) % b;
-      encoded[p] = helper.Submit([&, p] {
-        Phase phase(o, "COMPRESS", &st->compress_seconds);
-        encode_for(p);
-        ws.send.ToWire(send_at[p], send_bytes[p], stream);
-        stream.Synchronize();
-      });
-    }
-    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    RowExchange(row, kRowScatterTag, helper, ws.send.wire(), send_bytes, false, ws.recv.wire(), recv_bytes,
-                [&](size_t p) { return helper.Done(encoded[p]); }, nullptr);
-  } else {
-    codec_work.Submit([&] {
-      Phase phase(o, "COMPRESS", &st->compress_seconds);
-      for (size_t p = 0; p < b; ++p) {
-        if (p != j) encode_for(p);
-      }
-      ws.send.ToWire(0, rp.send_total, stream);
-      stream.Synchronize();
-    });
-    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    AlltoallAtOnce(row, kRowScatterTag, ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
-  }
-  st->bytes_sent += rp.send_total;
-
-  // 2. The row sum of chunk j in float32, where chunk j's result goes (x may be out): this
-  // rank's values, then the peers' in row order.
-  const size_t c0 = rp.chunk_offsets[j];
-  float* sum = out + c0;
-  codec_work.Submit([&] {
-    Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-    ws.recv.FromWire(0, rp.recv_total, stream);
-    size_t wire_at = 0;  // of this block in every peer's message
-    for (const Piece& pc : rp.pieces[0][j]) {
-      float* a = out + pc.start;
-      if (a != x + pc.start) d.Copy(a, x + pc.start, pc.len * sizeof(float), stream);
-      const size_t block_bytes = codec.MaxWireSize(pc.len, p1);
-      for (size_t p = 0; p < b; ++p) {
-        if (p == j) continue;
-        d.Decode(codec, ws.recv.device() + recv_at[p] + wire_at, block_bytes, pc.len, p1, DataType::kFloat32, a,
-                 true, stream);
-      }
-      wire_at += block_bytes;
-    }
-    stream.Synchronize();
-  });
-
+  Sra2dSteps steps(grid, o, x, out, ws, st);
+  steps.Scatter();
+  float* sum = steps.SumOwnChunk();
   // 3. The column's allreduce of the row sums: chunk j reduced over the world, in place, and the
   // encodings every rank decodes chunk j from in ws.all.
-  const size_t column_ranks = static_cast<size_t>(column.size());
-  const CompressedAllreduceOptions mine = ColumnOptions(o, rp, j);
-  ColumnAllreduce(grid, mine, sum, scale, ws, st);
-
-  // 4. The row's allgather of those encodings; every other chunk decoded from them.
-  std::vector<CompressedAllreduceOptions> chunk_options;
-  std::vector<size_t> blob_bytes(b);
-  for (size_t k = 0; k < b; ++k) {
-    chunk_options.push_back(ColumnOptions(o, rp, k));
-    blob_bytes[k] = ResultBytes(column_ranks, grid.column_grid.get(), chunk_options[k]);
-  }
-  const std::vector<size_t> blob_at = Offsets(blob_bytes);
-  ws.recv.Reserve(d, blob_at.back() + blob_bytes.back(), wire_on_device);
-  const auto decode_chunk = [&](size_t k) {
-    ws.recv.FromWire(blob_at[k], blob_bytes[k], stream);
-    DecodeResult(column_ranks, grid.column_grid.get(), chunk_options[k], ws.recv.device() + blob_at[k],
-                 out + rp.chunk_offsets[k], ws);
-  };
-  if (overlap) {
-    Pipeline helper(false);
-    std::vector<size_t> decoded;
-    {
-      Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-      const std::vector<size_t> sent(b, blob_bytes[j]);
-      RowExchange(row, kRowGatherTag, helper, ws.all.wire(), sent, true, ws.recv.wire(), blob_bytes, nullptr,
-                  [&](size_t k) {
-                    decoded.push_back(helper.Submit([&, k] {
-                      Phase decompress(o, "DECOMPRESS", &st->decompress_seconds);
-                      decode_chunk(k);
-                      stream.Synchronize();
-                    }));
-                  });
-    }
-    for (size_t t : decoded) helper.Wait(t);
-  } else {
-    {
-      Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-      AllgatherAtOnce(row, kRowGatherTag, ws.all.wire(), ws.recv.wire(), blob_bytes);
-    }
-    codec_work.Submit([&] {
-      Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-      for (size_t k = 0; k < b; ++k) {
-        if (k != j) decode_chunk(k);
-      }
-      stream.Synchronize();
-    });
-  }
-  st->bytes_sent += (b - 1) * blob_bytes[j];
-  if (keep_encodings) {
-    // This rank's encodings into their place among the peers' (ws.recv), and the buffers swapped.
-    d.Copy(ws.recv.device() + blob_at[j], ws.all.device(), blob_bytes[j], stream);
-    ws.recv.ToWire(blob_at[j], blob_bytes[j], stream);
-    stream.Synchronize();
-    ws.all.Swap(ws.recv);
-  }
+  ColumnAllreduce(grid, steps.ColumnOptionsOfOwnChunk(), sum, scale, ws, st);
+  steps.Allgather(keep_encodings);
 }
 
 // Whether every communicator of the grid (nested ones too) has point-to-point transfers.
