@@ -101,8 +101,11 @@ def step_of_the_victim(step):
         say("stops calling gradcomp")
         time.sleep(3600)
     if args.fault == "kill" and args.at == "negotiation":
-        # Its tensor is submitted and its background thread in a negotiation round.
-        gc.allreduce_async(x, name=name)
+        # Its background thread in negotiation rounds with the others: a tensor of its own is
+        # submitted, and the others' w3 never, so no round can agree on either (submitting w3
+        # itself could let the round agree, on an error or the tensor, before the kill lands).
+        gc.allreduce_async(x, name=name + "-victim", op=gc.Sum)
+        time.sleep(0.2)
         die()
     if args.fault == "kill" and args.at == "allreduce":
         threading.Timer(args.kill_after, die).start()
