@@ -224,6 +224,8 @@ class Runtime {
   /// The background thread's failure `e`: tells the TCP peers, leaves MPI unfinalized, logs and
   /// returns the reason, which says how the job will end.
   std::string BackgroundFailed(const std::exception& e);
+  /// What every caller hears when the background thread fails.
+  static std::string BackgroundFailure(const std::exception& e);
   [[noreturn]] void ExitProcess(const std::string& why);
   /// Warns once when this rank's CPU affinity is a single core (mpirun's default binding).
   void WarnIfPinnedToOneCore();

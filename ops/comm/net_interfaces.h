@@ -20,7 +20,7 @@
 //   reached directly, before any routed address), then the others, and last every address that
 //   is also one of its own (a shared bridge address reaches this host, not the peer; kept for a
 //   peer that shares this host's network under another host name). A peer on the same host is
-//   tried on 127.0.0.1 first. (tcp_communicator.cc then starts the next address beside one that
+//   tried on 127.0.0.1 first. (tcp_connect.cc then starts the next address beside one that
 //   has not connected within 250 ms: happy eyeballs.)
 // GRADCOMP_CONTROLLER_IFACE (gcrun --network-interface) still names the interfaces outright.
 #pragma once

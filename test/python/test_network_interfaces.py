@@ -11,7 +11,7 @@ Every node gets, listed by the system before its eth0 (the network the nodes sha
 Trying a peer's addresses one by one in the order its system lists them would dial this node's
 own docker0, then wait seconds on eth1's and eth2's addresses for each peer before reaching eth0;
 gradcomp skips its own addresses, tries addresses on its own networks first and starts the next
-address beside a silent one after 250 ms (ops/comm/net_interfaces.h, tcp_communicator.cc), so
+address beside a silent one after 250 ms (ops/comm/net_interfaces.h, tcp_connect.cc), so
 it reaches eth0 at once and says which address it gave up on.
 """
 import os

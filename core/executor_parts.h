@@ -1,0 +1,50 @@
+// What the executor's files (core/executor*.cc) share: small helpers on responses and entries.
+#pragma once
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/executor.h"
+#include "ops/common/shape.h"
+
+namespace gradcomp {
+
+inline int64_t RowElements(const std::vector<int64_t>& shape) {
+  return shape.empty() ? 1 : NumElements(std::vector<int64_t>(shape.begin() + 1, shape.end()));
+}
+
+// Args of a tensor's end event: dtype, shape, bytes in, bytes on the wire, ratio.
+inline std::string EndArgs(DataType dtype, const std::vector<int64_t>& shape, int64_t wire_bytes) {
+  const int64_t bytes = NumElements(shape) * static_cast<int64_t>(DataTypeSize(dtype));
+  std::ostringstream os;
+  os << "\"dtype\": \"" << DataTypeName(dtype) << "\", \"shape\": " << ShapeString(shape) << ", \"bytes\": " << bytes
+     << ", \"wire_bytes\": " << wire_bytes << ", \"ratio\": " << (wire_bytes > 0 ? double(bytes) / wire_bytes : 1.0);
+  return os.str();
+}
+
+// "w3", or "fusion of 12 tensors starting with 'w3'" (error messages, logs).
+inline std::string FusedName(const Response& r) {
+  const size_t n = r.names.size();
+  return n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
+}
+
+inline Device& EntryDevice(const TensorEntry& e) { return e.device != nullptr ? *e.device : HostDevice(); }
+
+// The host output of a collective whose output the runtime allocates: the handle's, `bytes`
+// long, or `local` on a rank that joined (it has no handle).
+inline char* HostOutput(EntryList& entries, size_t bytes, std::vector<char>& local) {
+  std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
+  out.resize(bytes);
+  return out.data();
+}
+
+inline void CompleteAll(EntryList& entries) {
+  std::vector<Handle*> handles;
+  for (auto& e : entries) {
+    if (e) handles.push_back(e->handle.get());
+  }
+  Handle::CompleteAll(handles);
+}
+
+}  // namespace gradcomp
