@@ -1,20 +1,12 @@
 #include "core/executor.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <sstream>
 
-#include "ops/collectives/allgather.h"
+#include "core/executor_parts.h"
 #include "ops/collectives/allreduce.h"
-#include "ops/collectives/alltoall.h"
-#include "ops/collectives/broadcast.h"
-#include "ops/collectives/compressed_allreduce.h"
-#include "ops/collectives/reducescatter.h"
 #include "ops/common/enforce.h"
 #include "ops/common/shape.h"
 #include "ops/reduce/reduce.h"
-#include "core/executor_parts.h"
 
 namespace gradcomp {
 

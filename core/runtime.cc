@@ -5,17 +5,14 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 
 #include <unistd.h>
 
 #include "core/logging.h"
 #include "gradcomp/config.h"
 #include "ops/comm/mpi_environment.h"
-#include "ops/comm/mpi_exit.h"
 #include "ops/comm/tcp_communicator.h"
 #include "ops/common/cpu.h"
-#include "ops/compression/codec.h"
 #include "ops/common/enforce.h"
 #if GRADCOMP_HAVE_NCCL_COMMUNICATOR
 #include "ops/comm/nccl_communicator.h"
