@@ -58,6 +58,37 @@ size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<P
   return total;
 }
 
+ShardPieces::ShardPieces(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts)
+    : offsets(Offsets(counts)) {
+  const std::vector<size_t> bounds = SegmentBounds(o);
+  const size_t bucket = static_cast<size_t>(std::max<int64_t>(1, o.params.bucket_size));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    pieces.push_back(CutIntoBlocks(PiecesIn(offsets[r], counts[r], bounds), bucket));
+    bytes.push_back(EncodedSize(*o.codec, o.params, pieces.back()));
+  }
+}
+
+void CheckShardCounts(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks,
+                      const char* whole) {
+  if (counts.size() != static_cast<size_t>(ranks)) {
+    throw InvalidArgument("needs one shard count per rank: got " + std::to_string(counts.size()) + " for " +
+                          std::to_string(ranks) + " ranks");
+  }
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (total != o.count) {
+    throw InvalidArgument("the shards hold " + std::to_string(total) + " values, the " + whole + " " +
+                          std::to_string(o.count));
+  }
+}
+
+void CheckNodeShards(const Topology& topo, const CompressedAllreduceOptions& o) {
+  if (!topo.homogeneous) GC_THROW("needs the same number of ranks on every node");
+  if (DeviceOf(o).space() == MemorySpace::kDevice) {
+    GC_THROW("works on host memory (a device's buffers take the flat form)");
+  }
+}
+
 size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const float* x, size_t base,
                     const std::vector<Piece>& pieces, uint8_t* out) {
   size_t used = 0;

@@ -46,6 +46,23 @@ std::vector<Piece> PiecesIn(size_t begin, size_t len, const std::vector<size_t>&
 constexpr size_t kBlockValues = size_t{1} << 14;
 std::vector<Piece> CutIntoBlocks(const std::vector<Piece>& pieces, size_t bucket_size);
 
+/// The shards of a sharded collective (compressed_shards.h): shard r is counts[r] values at
+/// offsets[r] of the buffer, cut into pieces as SRA cuts its chunks (at the tensors' bounds,
+/// then into blocks), bytes[r] their encoded size.
+struct ShardPieces {
+  ShardPieces(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts);
+  std::vector<size_t> offsets;
+  std::vector<std::vector<Piece>> pieces;
+  std::vector<size_t> bytes;
+};
+
+/// Throws unless `counts` holds one shard count per rank of `ranks` and they sum to o.count
+/// (`whole` names the buffer that holds them all: "buffer", "output").
+void CheckShardCounts(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks,
+                      const char* whole);
+/// Throws unless the hierarchical sharded forms can run: homogeneous nodes, host memory.
+void CheckNodeShards(const Topology& topo, const CompressedAllreduceOptions& o);
+
 /// Encoded bytes of `pieces` (each a segment of its own).
 size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<Piece>& pieces);
 /// Encodes the float32 values of `pieces` piece after piece on the workspace's device; x[0] is

@@ -47,6 +47,23 @@ Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_siz
   return topo;
 }
 
+std::vector<std::vector<int>> NodeColumns(const Topology& topo) {
+  GC_ENFORCE(topo.homogeneous, "NodeColumns needs the same number of ranks on every node");
+  const int n = topo.size();
+  const int mine[2] = {topo.local_rank(), topo.cross_rank()};
+  std::vector<int> all(2 * static_cast<size_t>(n));
+  topo.world->Allgatherv(mine, all.data(), std::vector<size_t>(static_cast<size_t>(n), sizeof(mine)));
+  std::vector<std::vector<int>> columns(static_cast<size_t>(topo.local_size()),
+                                        std::vector<int>(static_cast<size_t>(topo.cross_size()), -1));
+  for (int r = 0; r < n; ++r) {
+    const size_t l = static_cast<size_t>(all[2 * r]), c = static_cast<size_t>(all[2 * r + 1]);
+    GC_ENFORCE(l < columns.size() && c < columns[l].size() && columns[l][c] < 0, "rank ", r, " has local rank ", l,
+               " and cross rank ", c, ", which another rank has too or which is out of range");
+    columns[l][c] = r;
+  }
+  return columns;
+}
+
 namespace {
 
 // The row length of the most square grid of n ranks with rows at least as long as columns.

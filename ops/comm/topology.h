@@ -76,6 +76,10 @@ constexpr int kNodeRowMessages = 128;
 /// 1024 x 8: {16, 8} (rows of 16 nodes, 64-node columns on an 8 x 8 grid).
 std::vector<int> GridShape(int ranks, int ranks_per_node, int nest_min_ranks, int node_messages = kNodeRowMessages);
 
+/// Collective over topo.world: [l][c] is the world rank of local rank l on the node whose ranks
+/// have cross rank c (homogeneous nodes), whatever order the launcher gave the world's ranks.
+std::vector<std::vector<int>> NodeColumns(const Topology& topo);
+
 /// Collective over `world`: builds the node and cross communicators. forced_local_size > 0
 /// forces nodes of that many consecutive ranks (GRADCOMP_LOCAL_SIZE; it must divide the
 /// world size); 0 detects shared-memory domains. `shm_staging_bytes` sizes the node's

@@ -111,9 +111,14 @@ Outcome DeviceRun(const CompressedAllreduceOptions& o, const std::vector<char>& 
 
 void OnHostAndDevice(const CompressedAllreduceOptions& o,
                      const std::function<void(const CompressedAllreduceOptions&, bool device_comm)>& run) {
-  const size_t bytes = o.count * DataTypeSize(o.dtype), floats = o.count * sizeof(float);
+  OnHostAndDevice(o, o.count, o.count, run);
+}
+
+void OnHostAndDevice(const CompressedAllreduceOptions& o, size_t in_count, size_t out_count,
+                     const std::function<void(const CompressedAllreduceOptions&, bool device_comm)>& run) {
+  const size_t bytes = out_count * DataTypeSize(o.dtype), floats = o.count * sizeof(float);
   const bool in_place = o.input == o.output;
-  const std::vector<char> input = HostBytes(o.input, bytes), output = HostBytes(o.output, bytes);
+  const std::vector<char> input = HostBytes(o.input, in_count * DataTypeSize(o.dtype)), output = HostBytes(o.output, bytes);
   const std::vector<char> residual = HostBytes(o.residual, floats), reduced = HostBytes(o.reduced_residual, floats);
 
   // The host run, on copies.

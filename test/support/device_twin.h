@@ -23,5 +23,9 @@ Device& TestDevice();
 /// own buffers end as the runs left them.
 void OnHostAndDevice(const CompressedAllreduceOptions& o,
                      const std::function<void(const CompressedAllreduceOptions&, bool device_comm)>& run);
+/// The same for a collective whose input holds `in_count` values and output `out_count` (the
+/// sharded ones: compressed_shards.h); residuals hold o.count floats.
+void OnHostAndDevice(const CompressedAllreduceOptions& o, size_t in_count, size_t out_count,
+                     const std::function<void(const CompressedAllreduceOptions&, bool device_comm)>& run);
 
 }  // namespace gradcomp::testing

@@ -1,0 +1,195 @@
+// Compressed reduce-scatter (compressed_shards.h): SRA's scatter and the owner's float32 sum,
+// over one communicator, or summed inside each node first and compressed across nodes.
+#include <string>
+
+#include "ops/collectives/compressed_shards.h"
+#include "ops/collectives/compressed_steps.h"
+#include "ops/collectives/context.h"
+#include "ops/common/enforce.h"
+
+namespace gradcomp {
+
+namespace {
+
+constexpr int kReducescatterTag = 0x5400;
+
+void CheckShards(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks, int me) {
+  // The output is this rank's shard alone, which may be empty (a rank with no rows): checked below.
+  CompressedAllreduceOptions whole = o;
+  whole.output = o.output != nullptr ? o.output : const_cast<void*>(o.input);
+  ValidateCompressed(whole, false);
+  CheckShardCounts(o, counts, ranks, "buffer");
+  if (counts[static_cast<size_t>(me)] > 0 && o.output == nullptr) throw InvalidArgument("got a null output");
+}
+
+// The options of this rank's shard of `o` alone (its output's size and dtype).
+CompressedAllreduceOptions ShardOf(const CompressedAllreduceOptions& o, size_t count) {
+  CompressedAllreduceOptions shard = o;
+  shard.count = count;
+  shard.segments.clear();
+  shard.residual = nullptr;
+  return shard;
+}
+
+// Over `comm`: every peer's shard of x (o.count float32 values, prescaled and compensated)
+// encoded and exchanged, this rank's shard summed in float32 (its own values first, then the
+// peers' in rank order) and scaled into `out`. o.residual (o.count floats, or null) receives
+// what each peer's encoding lost.
+void ScatterReduce(Communicator& comm, const CompressedAllreduceOptions& o, const std::vector<size_t>& counts,
+                   const float* x, const OutputScaling& scale, float* out, CompressionWorkspace& ws,
+                   CompressedAllreduceStats* st) {
+  Device& d = ws.device;
+  Stream& stream = *ws.stream;
+  const size_t n = counts.size(), me = static_cast<size_t>(comm.rank());
+  const ShardPieces shards(o, counts);
+  const CodecParams p = SraScatterParams(o.params, comm.rank());
+  std::vector<size_t> send_bytes(n, 0), recv_bytes(n, 0);
+  for (size_t q = 0; q < n; ++q) {
+    if (q == me) continue;
+    send_bytes[q] = shards.bytes[q];
+    recv_bytes[q] = shards.bytes[me];
+  }
+  const std::vector<size_t> send_at = Offsets(send_bytes), recv_at = Offsets(recv_bytes);
+  const size_t send_total = send_at.back() + send_bytes.back(), recv_total = recv_at.back() + recv_bytes.back();
+  const bool wire_on_device = WireOnDevice(comm, ws);
+  ws.send.Reserve(d, send_total, wire_on_device);
+  ws.recv.Reserve(d, recv_total, wire_on_device);
+  {
+    Phase phase(o, "COMPRESS", &st->compress_seconds);
+    for (size_t q = 0; q < n; ++q) {
+      if (q == me) continue;
+      uint8_t* dst = ws.send.device() + send_at[q];
+      EncodePieces(ws, *o.codec, p, x, 0, shards.pieces[q], dst);
+      if (o.residual == nullptr) continue;
+      float* r = o.residual + shards.offsets[q];
+      DecodePieces(ws, *o.codec, p, dst, shards.pieces[q], shards.offsets[q], DataType::kFloat32, r);
+      d.Subtract(r, x + shards.offsets[q], r, counts[q], stream);
+    }
+    ws.send.ToWire(0, send_total, stream);
+    stream.Synchronize();
+  }
+  {
+    Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
+    AlltoallAtOnce(comm, kReducescatterTag, ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
+  }
+  Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
+  ws.recv.FromWire(0, recv_total, stream);
+  const size_t base = shards.offsets[me];
+  d.Copy(out, x + base, counts[me] * sizeof(float), stream);
+  size_t wire_at = 0;  // of this block in every peer's message
+  for (const Piece& pc : shards.pieces[me]) {
+    const size_t block = o.codec->MaxWireSize(pc.len, p);
+    for (size_t q = 0; q < n; ++q) {
+      if (q == me) continue;
+      d.Decode(*o.codec, ws.recv.device() + recv_at[q] + wire_at, block, pc.len, p, DataType::kFloat32,
+               out + (pc.start - base), true, stream);
+    }
+    wire_at += block;
+  }
+  scale.Apply(d, out, counts[me], stream);
+  stream.Synchronize();
+  st->bytes_sent += send_total;
+}
+
+// The node-local rank k's region of a node's buffer: the shards of the ranks of cross
+// communicator k (columns[k]), one after the other in cross-rank order.
+std::vector<size_t> RegionCounts(const std::vector<std::vector<int>>& columns, const std::vector<size_t>& counts) {
+  std::vector<size_t> regions;
+  for (const std::vector<int>& column : columns) {
+    size_t total = 0;
+    for (int r : column) total += counts[static_cast<size_t>(r)];
+    regions.push_back(total);
+  }
+  return regions;
+}
+
+// Copies the shards of `column` from the buffer layout (shards at `offsets`) into one region
+// (the shards one after the other), or with `unpack` from a region back into the buffer layout.
+void CopyColumn(Device& d, Stream& stream, const std::vector<int>& column, const std::vector<size_t>& counts,
+                const std::vector<size_t>& offsets, const float* from, float* to, bool unpack) {
+  size_t at = 0;
+  for (int r : column) {
+    const size_t q = static_cast<size_t>(r), bytes = counts[q] * sizeof(float);
+    if (unpack) {
+      d.Copy(to + offsets[q], from + at, bytes, stream);
+    } else {
+      d.Copy(to + at, from + offsets[q], bytes, stream);
+    }
+    at += counts[q];
+  }
+}
+
+}  // namespace
+
+CompressedAllreduceStats CompressedReducescatter(Communicator& comm, const CompressedAllreduceOptions& o,
+                                                 const std::vector<size_t>& counts) {
+  CompressedAllreduceStats st;
+  WithTensorContext("compressed reducescatter", o.name, [&] {
+    CheckShards(o, counts, comm.size(), comm.rank());
+    if (o.count == 0) return;
+    WorkspaceFor workspace(o);
+    CompressionWorkspace& ws = *workspace;
+    const float* x = WorkingCopy(o, ws);
+    const CompressedAllreduceOptions shard = ShardOf(o, counts[static_cast<size_t>(comm.rank())]);
+    float* out = ResultBuffer(shard, ws);
+    ScatterReduce(comm, o, counts, x, OutputScale(o, comm.size()), out, ws, &st);
+    StoreOutput(shard, ws, out);
+  });
+  return st;
+}
+
+// Inside the node the working copy is packed by region (local rank k's: the shards of cross
+// communicator k) and reduce-scattered uncompressed; across nodes each local rank's region is
+// the compressed reduce-scatter's buffer. Error feedback needs no layer of its own: the residual
+// a rank carries is added to its values before the node's sum, which is the same as adding it
+// to that sum (the other ranks of the node carry zeros there).
+CompressedAllreduceStats HierarchicalCompressedReducescatter(const Topology& topo, const CompressedAllreduceOptions& o,
+                                                             const std::vector<size_t>& counts) {
+  CompressedAllreduceStats st;
+  WithTensorContext("hierarchical compressed reducescatter", o.name, [&] {
+    CheckShards(o, counts, topo.size(), topo.rank());
+    CheckNodeShards(topo, o);
+    if (o.count == 0) return;
+    const std::vector<std::vector<int>> columns = NodeColumns(topo);
+    const size_t l = static_cast<size_t>(topo.local_rank());
+    const std::vector<size_t> regions = RegionCounts(columns, counts), offsets = Offsets(counts);
+    WorkspaceFor workspace(o);
+    CompressionWorkspace& ws = *workspace;
+    Device& d = ws.device;
+    Stream& stream = *ws.stream;
+    const float* x = WorkingCopy(o, ws);
+    ws.shard.Reserve(d, o.count * sizeof(float));
+    float* packed = ws.shard.device_as<float>();
+    for (size_t k = 0, at = 0; k < columns.size(); at += regions[k], ++k) {
+      CopyColumn(d, stream, columns[k], counts, offsets, x, packed + at, false);
+    }
+    ws.shard_out.Reserve(d, regions[l] * sizeof(float));
+    float* node_sum = ws.shard_out.device_as<float>();
+    stream.Synchronize();
+    {
+      Phase phase(o, "COMMUNICATE", &st.communicate_seconds);
+      topo.local->ReduceScatter(packed, node_sum, regions, DataType::kFloat32, ReduceOp::kSum);
+    }
+    // Across nodes: this local rank's region, its tensors' bounds and its residuals in region order.
+    CompressedAllreduceOptions across = ShardOf(o, regions[l]);
+    std::vector<size_t> shard_counts;
+    const std::vector<size_t> bounds = SegmentBounds(o);
+    for (int r : columns[l]) {
+      const size_t q = static_cast<size_t>(r);
+      shard_counts.push_back(counts[q]);
+      for (const Piece& pc : PiecesIn(offsets[q], counts[q], bounds)) across.segments.push_back(pc.len);
+    }
+    if (o.residual != nullptr) {
+      across.residual = packed;  // the packed values are summed already: the space is free
+      CopyColumn(d, stream, columns[l], counts, offsets, o.residual, across.residual, false);
+    }
+    const CompressedAllreduceOptions shard = ShardOf(o, counts[static_cast<size_t>(topo.rank())]);
+    float* out = ResultBuffer(shard, ws);
+    ScatterReduce(*topo.cross, across, shard_counts, node_sum, OutputScale(o, topo.size()), out, ws, &st);
+    if (o.residual != nullptr) CopyColumn(d, stream, columns[l], counts, offsets, across.residual, o.residual, true);
+    StoreOutput(shard, ws, out);
+  });
+  return st;
+}
+
+}  // namespace gradcomp
