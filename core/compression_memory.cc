@@ -16,7 +16,7 @@ void CompressionMemory::GatherResiduals(Device& device, Stream& stream, const st
   for (size_t i = 0, at = 0; i < names.size(); at += segments[i], ++i) {
     const size_t bytes = segments[i] * sizeof(float);
     device.Copy(own + at, m.own.Slot(names[i], segments[i]), bytes, stream);
-    device.Copy(reduced + at, m.reduced.Slot(names[i], segments[i]), bytes, stream);
+    if (reduced != nullptr) device.Copy(reduced + at, m.reduced.Slot(names[i], segments[i]), bytes, stream);
   }
 }
 
@@ -25,7 +25,7 @@ void CompressionMemory::ScatterResiduals(Device& device, Stream& stream, const s
   OnDevice& m = On(device, stream);
   for (size_t i = 0, at = 0; i < names.size(); at += segments[i], ++i) {
     if (!m.own.Store(names[i], own + at, segments[i])) ++kept_;
-    if (!m.reduced.Store(names[i], reduced + at, segments[i])) ++kept_;
+    if (reduced != nullptr && !m.reduced.Store(names[i], reduced + at, segments[i])) ++kept_;
   }
 }
 

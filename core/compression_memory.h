@@ -22,7 +22,8 @@ class CompressionMemory {
  public:
   /// The residuals of the tensors `names` (element counts `segments`, in buffer order)
   /// concatenated into `own` (of this rank's compression) and `reduced` (of the chunks it
-  /// reduces): `device` memory of the total count each.
+  /// reduces; null where the collective has no such stage, the reduce-scatter): `device`
+  /// memory of the total count each.
   void GatherResiduals(Device& device, Stream& stream, const std::vector<std::string>& names,
                        const std::vector<size_t>& segments, float* own, float* reduced);
   /// Stores the step's residuals back per tensor; one that a non-finite step would poison

@@ -397,6 +397,10 @@ bool FieldsAgree(const std::map<int, Request>& by_rank, const std::string& what,
       return false;
     }
   }
+  if (ref.type == RequestType::kAllgather &&
+      !check("compression", [](const Request& r) { return r.compression.Describe(); })) {
+    return false;
+  }
   if (ref.type == RequestType::kBroadcast) {
     return check("root rank", [&names](const Request& r) { return std::to_string(RankName(names, r.root)); });
   }

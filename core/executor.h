@@ -157,6 +157,16 @@ class Executor {
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
   void RunReducescatter(const Response& r, EntryList& entries);
+  // The compressed forms (executor_sharded.cc): `counts` values of each rank's shard,
+  // `out_bytes` of this rank's output.
+  void RunCompressedReducescatter(const Response& r, EntryList& entries, const std::vector<size_t>& counts,
+                                  size_t out_bytes);
+  void RunCompressedAllgather(const Response& r, EntryList& entries, const std::vector<size_t>& counts,
+                              size_t out_bytes);
+  /// Their options: the response's codec, scale factors and rounding stream, on its device (ready).
+  CompressedAllreduceOptions ShardedOptions(const Response& r, EntryList& entries);
+  /// Whether they sum and gather inside each node first (host memory on nodes of several ranks).
+  bool ShardsAcrossNodes(const EntryList& entries) const;
 
   const Topology& topo_;
   const Settings& settings_;

@@ -26,7 +26,9 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   o.input = entries[0] ? entries[0]->input : nullptr;
   const size_t esize = DataTypeSize(r.dtype), out_bytes = static_cast<size_t>(NumElements(shape)) * esize;
   if (timeline_.active()) timeline_.Begin(r.names[0], "COMMUNICATE");
-  if (&DeviceOf(entries) != &HostDevice()) {
+  if (r.compression.codec != "none") {
+    RunCompressedAllgather(r, entries, o.counts, out_bytes);
+  } else if (&DeviceOf(entries) != &HostDevice()) {
     RunIntoDeviceOutput(r, entries, o.count * esize, out_bytes, true, [&](Communicator& comm, const void* in, void* out) {
       AllgatherOptions d = o;
       d.input = in;
@@ -137,7 +139,9 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries) {
     o.input = scratch_.data();
   }
   const size_t esize = DataTypeSize(r.dtype), out_bytes = o.counts[me] * esize;
-  if (&DeviceOf(entries) != &HostDevice()) {
+  if (r.compression.codec != "none") {
+    RunCompressedReducescatter(r, entries, o.counts, out_bytes);
+  } else if (&DeviceOf(entries) != &HostDevice()) {
     // Over a communicator on device memory the scale factors and Average's division are the
     // device's work (where it has the dtype's arithmetic), the reduction the communicator's.
     Device& device = DeviceOf(entries);

@@ -141,10 +141,17 @@ class Runtime {
   /// dtypes, ops other than sum/average, tensors with fewer than GRADCOMP_MIN_SIZE elements
   /// and one-dimensional tensors (biases, norms); the configured codec otherwise.
   CompressionSpec CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const;
+  /// The compression an allgather of this tensor gets from the settings: GRADCOMP_ALLGATHER_COMPRESSION
+  /// for float tensors whose rows (the elements after the first dimension) number at least
+  /// GRADCOMP_MIN_SIZE, none otherwise.
+  CompressionSpec AllgatherCompressionFor(DataType dtype, const std::vector<int64_t>& shape) const;
   /// Concatenation along the first dimension, which may differ per rank (output in the handle).
   /// With `placement` on a device the output is in that device's memory (Handle::device_output).
+  /// `compression` (dense codecs; null: AllgatherCompressionFor) quantizes every rank's rows
+  /// once, and every rank decodes them all: the same output on every rank.
   std::shared_ptr<Handle> Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                    const void* input, Placement placement = {});
+                                    const void* input, const CompressionSpec* compression = nullptr,
+                                    Placement placement = {});
   /// root's buffer into every rank's buffer.
   std::shared_ptr<Handle> Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     void* buffer, int root, Placement placement = {});
@@ -154,9 +161,12 @@ class Runtime {
                                    const void* input, const std::vector<int64_t>& splits,
                                    Placement placement = {});
   /// Reduction whose first dimension is split evenly across ranks (output in the handle).
+  /// `compression` (dense codecs; null: CompressionFor's, none for topk and auto) quantizes each
+  /// rank's pieces of its peers' slices; each slice is summed in float32 by its owner.
   std::shared_ptr<Handle> Reducescatter(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                         const void* input, ReduceOp op, double prescale = 1.0,
-                                        double postscale = 1.0, Placement placement = {});
+                                        double postscale = 1.0, const CompressionSpec* compression = nullptr,
+                                        Placement placement = {});
   /// Completes once every rank has reached it.
   std::shared_ptr<Handle> Barrier();
   /// This rank has no more data: it contributes zeros to other ranks' allreduces until every

@@ -55,6 +55,47 @@ CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_
   return settings_.compression;
 }
 
+CompressionSpec Runtime::AllgatherCompressionFor(DataType dtype, const std::vector<int64_t>& shape) const {
+  // By the rows' size, which every rank's shape shares (the first dimension may differ).
+  const std::vector<int64_t> row(shape.empty() ? shape.begin() : shape.begin() + 1, shape.end());
+  if (settings_.allgather_codec == "none" || !IsCodecDataType(dtype) || NumElements(row) < settings_.min_size) {
+    return CompressionSpec{};
+  }
+  CompressionSpec spec;
+  spec.codec = settings_.allgather_codec;
+  spec.bits = static_cast<int>(settings_.allgather_bits);
+  spec.bucket_size = settings_.compression.bucket_size;
+  return spec;
+}
+
+namespace {
+
+// The compression a reducescatter or allgather runs with: `given` checked for this tensor, or
+// the settings' (`fallback`, already fit for it). Sparse codecs and auto compress allreduces only.
+CompressionSpec ShardCompression(const CompressionSpec* given, const CompressionSpec& fallback, DataType dtype,
+                                 ReduceOp op, const std::string& what) {
+  if (given == nullptr) {
+    if (fallback.is_auto() || fallback.codec == "topk") return CompressionSpec{};
+    return fallback;
+  }
+  if (given->codec == "none") return *given;
+  const std::string with = what + " with compression " + given->Describe();
+  if (given->is_auto() || FindCodec(given->codec).sparse()) {
+    throw InvalidArgument(with + ": a " + (given->is_auto() ? "per-tensor choice" : "sparse codec") +
+                          " compresses allreduces only; use none, fp16, bf16 or maxmin");
+  }
+  if (!IsCodecDataType(dtype)) {
+    throw InvalidArgument(with + ": dtype " + DataTypeName(dtype) + " cannot be compressed (float32, float16, bfloat16)");
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
+    throw InvalidArgument(with + ": op " + std::string(ReduceOpName(op)) + " cannot be compressed (sum, average)");
+  }
+  ValidateSpec(*given, with);
+  return *given;
+}
+
+}  // namespace
+
 std::shared_ptr<Handle> Runtime::Allreduce(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                            const void* input, void* output, ReduceOp op, double prescale,
                                            double postscale, const CompressionSpec* compression, Placement placement,
@@ -128,9 +169,13 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
 }
 
 std::shared_ptr<Handle> Runtime::Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
-                                           const void* input, Placement placement) {
+                                           const void* input, const CompressionSpec* compression,
+                                           Placement placement) {
   Request r = NewRequest(RequestType::kAllgather, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("allgather of '" + name + "' needs a tensor with at least one dimension");
+  r.compression = ShardCompression(compression, AllgatherCompressionFor(dtype, shape), dtype, ReduceOp::kSum,
+                                   "allgather of '" + name + "'");
+  r.compression.error_feedback = false;  // every step gathers the owners' exact values again
   return Submit(std::move(r), input, nullptr, placement);
 }
 
@@ -178,7 +223,8 @@ std::shared_ptr<Handle> Runtime::Alltoall(const std::string& name, DataType dtyp
 
 std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType dtype,
                                                const std::vector<int64_t>& shape, const void* input, ReduceOp op,
-                                               double prescale, double postscale, Placement placement) {
+                                               double prescale, double postscale,
+                                               const CompressionSpec* compression, Placement placement) {
   Request r = NewRequest(RequestType::kReducescatter, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("reducescatter of '" + name + "' needs at least one dimension");
   if (op == ReduceOp::kBitwiseAnd || (dtype == DataType::kBool && op == ReduceOp::kAverage)) {
@@ -191,6 +237,8 @@ std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType
   r.op = op;
   r.prescale = prescale;
   r.postscale = postscale;
+  r.compression = ShardCompression(compression, CompressionFor(dtype, shape, op), dtype, op,
+                                   "reducescatter of '" + name + "'");
   return Submit(std::move(r), input, nullptr, placement);
 }
 

@@ -97,6 +97,13 @@ const std::vector<Entry>& Registry() {
        "seed of the counter-based generator used by stochastic rounding", 0, 9.2e18},
       {"GRADCOMP_SKIP_INCOMPLETE_BUCKETS", "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS", Kind::kBool,
        Spec(&CompressionSpec::skip_incomplete_buckets), "0", "send the last partial bucket of a tensor uncompressed"},
+      {"GRADCOMP_ALLGATHER_COMPRESSION", nullptr, Kind::kChoice, Of(&Settings::allgather_codec), "none",
+       "compression of float allgathers through the layer filter (GRADCOMP_MIN_SIZE), the weights FSDP unshards: "
+       "none, fp16, bf16 or maxmin (GRADCOMP_ALLGATHER_BITS, buckets of GRADCOMP_BUCKET_SIZE); every rank decodes "
+       "every shard, its own too, so the gathered tensors are the same on every rank",
+       -kInf, kInf, false, kNoExtra, "none|fp16|bf16|maxmin"},
+      {"GRADCOMP_ALLGATHER_BITS", nullptr, Kind::kInt, Of(&Settings::allgather_bits), "8",
+       "bits per value of GRADCOMP_ALLGATHER_COMPRESSION=maxmin", 1, 8},
       {"GRADCOMP_MIN_SIZE", "CGX_COMPRESSION_MINIMAL_SIZE", Kind::kInt, Of(&Settings::min_size), "16",
        "tensors with fewer elements are sent uncompressed (via the CGX variable at least 16, as CGX does)", 0,
        9.2e18},
@@ -187,7 +194,8 @@ const std::vector<Entry>& Registry() {
        "nodes: sra (flat: 2 (n-1) messages a rank), sra2d (a grid of rows and columns: 2 (rows + columns - 2) "
        "messages, one more quantization; on nodes of several ranks the rows are the nodes, and the columns across "
        "nodes run a grid of their own from GRADCOMP_GRID_MIN_RANKS nodes on, one quantization more again), auto "
-       "(sra2d on nodes of several ranks, else from GRADCOMP_GRID_MIN_RANKS ranks on)",
+       "(sra2d on nodes of several ranks, else from GRADCOMP_GRID_MIN_RANKS ranks on); compressed reducescatters and "
+       "allgathers on nodes of several ranks sum or gather inside the node first unless this is sra",
        -kInf, kInf, false, kNoExtra, "auto|sra|sra2d"},
       {"GRADCOMP_GRID_MIN_RANKS", nullptr, Kind::kInt, Of(&Settings::grid_min_ranks), "32",
        "with GRADCOMP_COMPRESSED_ALGORITHM=auto, the number of ranks the SRA spans from which it runs on a grid",

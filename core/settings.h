@@ -26,6 +26,9 @@ struct Settings {
   CompressionSpec compression;
   int64_t seed = 0;
   int64_t min_size = 0;
+  /// GRADCOMP_ALLGATHER_COMPRESSION and its bits: the codec of float allgathers.
+  std::string allgather_codec;
+  int64_t allgather_bits = 0;
   bool hierarchical = false;
   int64_t local_size = 0;
   std::string inner_communicator;

@@ -159,6 +159,82 @@ TEST(RuntimeCompression, HierarchicalAndLeaderOnlyAreBitIdenticalAcrossRanks) {
   }
 }
 
+// Reducescatter and allgather through the runtime (executor_sharded.cc): GRADCOMP_COMPRESSION
+// quantizes the reducescatter's pieces, GRADCOMP_ALLGATHER_COMPRESSION the allgather's rows, flat
+// and on 2 nodes x 2 (summed and gathered inside the node first); integer tensors, rows under
+// GRADCOMP_MIN_SIZE and an explicit none stay exact; sparse codecs are refused by name.
+TEST(RuntimeCompression, ReducescatterAndAllgatherFollowTheSettings) {
+  for (const char* local : {"2", "0"}) {
+    const int world = 4;
+    const size_t rows = 64, row = 1024, mine = rows / world * row;
+    std::vector<std::vector<float>> reduced(world), gathered(world), exact_gathered(world);
+    std::vector<RuntimeStats> stats(world);
+    RunRanks(world, [&](Communicator& comm) {
+      Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "4"},
+                                {"GRADCOMP_ALLGATHER_COMPRESSION", "maxmin"}, {"GRADCOMP_LOCAL_SIZE", local}}));
+      const size_t r = static_cast<size_t>(rt.rank());
+      const std::vector<float> g = Gradient(rows * row, rt.rank(), 1e4);
+      // Refused at the call, before any collective (a rank that returns ends its runtime: the others'
+      // later calls would find it shut down).
+      CompressionSpec topk;
+      topk.codec = "topk";
+      try {
+        rt.Reducescatter("sparse", DataType::kFloat32, {4, 64}, g.data(), ReduceOp::kSum, 1, 1, &topk);
+        return std::string("topk was accepted");
+      } catch (const InvalidArgument& e) {
+        if (std::string(e.what()).find("reducescatter of 'sparse' with compression") == std::string::npos ||
+            std::string(e.what()).find("compresses allreduces only") == std::string::npos) {
+          return std::string("topk: ") + e.what();
+        }
+      }
+      auto rs = rt.Reducescatter("grad", DataType::kFloat32, {int64_t(rows), int64_t(row)}, g.data(), ReduceOp::kAverage);
+      const std::vector<float> w(g.begin(), g.begin() + static_cast<long>(mine));
+      auto ag = rt.Allgather("weight", DataType::kFloat32, {int64_t(rows / world), int64_t(row)}, w.data());
+      CompressionSpec none;
+      auto exact = rt.Allgather("exact", DataType::kFloat32, {int64_t(rows / world), int64_t(row)}, w.data(), &none);
+      const std::vector<int32_t> ints(rows * 4, rt.rank() + 1);
+      auto is = rt.Reducescatter("ints", DataType::kInt32, {int64_t(rows), 4}, ints.data(), ReduceOp::kSum);
+      const auto floats = [](const Handle& h) {
+        std::vector<float> v(h.output().size() / sizeof(float));
+        std::memcpy(v.data(), h.output().data(), h.output().size());
+        return v;
+      };
+      rs->Wait();
+      ag->Wait();
+      exact->Wait();
+      is->Wait();
+      reduced[r] = floats(*rs);
+      gathered[r] = floats(*ag);
+      exact_gathered[r] = floats(*exact);
+      std::vector<int32_t> summed(rows / world * 4);
+      std::memcpy(summed.data(), is->output().data(), summed.size() * sizeof(int32_t));
+      if (summed != std::vector<int32_t>(summed.size(), world * (world + 1) / 2)) return std::string("int sums");
+      stats[r] = rt.stats();
+      return std::string();
+    });
+    const std::string where = std::string("local size ") + local;
+    std::vector<std::vector<float>> parts;
+    for (int r = 0; r < world; ++r) parts.push_back(Gradient(rows * row, r, 1e4));
+    const std::vector<double> exact = ExactSum(parts, 1.0 / world);
+    std::vector<float> all_reduced;
+    for (const auto& part : reduced) all_reduced.insert(all_reduced.end(), part.begin(), part.end());
+    const double e = RelativeL2(all_reduced, exact);
+    EXPECT_GT(e, 1e-3) << where << ": the reducescatter was not compressed";
+    EXPECT_LT(e, 0.2) << where;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(gathered[r], gathered[0]) << where << ": rank " << r << "'s gathered weights differ";
+      EXPECT_EQ(exact_gathered[r], exact_gathered[0]) << where;
+      // 4 bits of the reducescatter's peers' shards and 8 of the allgather's rows, with their metadata.
+      EXPECT_GT(stats[r].compressed_bytes_on_wire, 0u) << where;
+      EXPECT_LT(stats[r].compressed_bytes_on_wire, stats[r].compressed_bytes_in / 3) << where;
+    }
+    std::vector<double> weights(exact_gathered[0].begin(), exact_gathered[0].end());
+    const double ew = RelativeL2(gathered[0], weights);
+    EXPECT_GT(ew, 1e-5) << where << ": the allgather was not compressed";
+    EXPECT_LT(ew, 0.01) << where;
+  }
+}
+
 // Every rank's result of one max-min allreduce of a 256 x 64 gradient through the runtime with
 // the settings `vars`.
 std::vector<std::vector<float>> ThroughRuntime(int world, const std::map<std::string, std::string>& vars) {

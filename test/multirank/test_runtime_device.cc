@@ -351,18 +351,18 @@ Results Gather(int world, Where where, bool device_comms) {
     const auto& model = Model();
     for (int step = 0; step < 2; ++step) {
       const Tensor& bias = model[1];  // 64 float32 rows, fewer on higher ranks
-      keep_output(rt.Allgather("gather", bias.dtype, {64 - me}, input(bias, 64 - me, step), placement), "allgather");
+      keep_output(rt.Allgather("gather", bias.dtype, {64 - me}, input(bias, 64 - me, step), nullptr, placement), "allgather");
       const Tensor& fc1 = model[2];  // {512, 300}: uneven splits
       std::vector<int64_t> splits(static_cast<size_t>(n), 512 / n);
       splits[0] += 512 % n - 1;
       splits.back() += 1;
       keep_output(rt.Alltoall("a2a", fc1.dtype, fc1.shape, input(fc1, 512, step), splits, placement), "alltoall");
       keep_output(rt.Reducescatter("rs32", fc1.dtype, fc1.shape, input(fc1, 512, step), ReduceOp::kAverage, 0.5, 3.0,
-                                   placement),
+                                   nullptr, placement),
                   "reducescatter float32");
       const Tensor& fc2 = model[4];  // float16 {100, 512}
       keep_output(rt.Reducescatter("rs16", fc2.dtype, fc2.shape, input(fc2, 100, step), ReduceOp::kSum, 1.0, 1.0,
-                                   placement),
+                                   nullptr, placement),
                   "reducescatter float16");
     }
     for (const auto& [d, bytes] : allocated) TestDevice().Free(d, bytes);
