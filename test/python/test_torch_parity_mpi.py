@@ -253,19 +253,31 @@ def test_positional_calls_written_for_horovod_mean_the_same():
     torch.testing.assert_close(r, (total / n)[2 * me:2 * me + 2], rtol=1e-2, atol=0)
 
 
-def test_reducescatter_casts_as_horovods_compression_and_refuses_the_runtimes_codecs():
-    n = hvd.size()
+def test_reducescatter_casts_as_horovods_compression_quantizes_with_maxmin_and_refuses_the_others():
+    n, me = hvd.size(), hvd.rank()
     x = torch.full((n, 3), 1.0 + 2 ** -20, dtype=torch.float32, requires_grad=True)  # rounds to 1.0 in fp16
     out = hvd.reducescatter(x, name="rs.fp16", compression=hvd.Compression.fp16, op=hvd.Sum)
     assert out.dtype == torch.float32 and torch.equal(out.detach(), torch.full((1, 3), float(n)))
     out.sum().backward()
     assert torch.equal(x.grad, torch.full((n, 3), float(n)))
-    for codec in (hvd.Compression.maxmin(4), hvd.Compression.topk(0.1), hvd.Compression.powersgd(1)):
+    # maxmin in the runtime: each rank's pieces of its peers' rows quantized (4 bits, buckets of
+    # 64), each row summed by its owner in float32: within half a unit of each peer's bucket.
+    torch.manual_seed(5 + me)
+    g = torch.randn(4 * n, 1024)
+    rows = hvd.reducescatter(g, name="rs.maxmin", compression=hvd.Compression.maxmin(4, bucket_size=64), op=hvd.Sum)
+    everyone = hvd.allgather(g.unsqueeze(0), name="rs.maxmin.inputs")
+    exact = everyone.double().sum(0)[4 * me:4 * me + 4]
+    units = [(p[4 * me:4 * me + 4].reshape(-1, 64).amax(1) - p[4 * me:4 * me + 4].reshape(-1, 64).amin(1)) / 15
+             for r, p in enumerate(everyone) if r != me]
+    bound = (sum(units) / 2).double().repeat_interleave(64).reshape(4, 1024) + 1e-5
+    assert ((rows.double() - exact).abs() <= bound).all()
+    assert (rows.double() - exact).abs().max() > 0  # quantized, not exact
+    for codec in (hvd.Compression.topk(0.1), hvd.Compression.powersgd(1)):
         with pytest.raises(ValueError, match=r"reducescatter of 'rs\.codec': compression .* compresses allreduces "
-                                             r"only; a reducescatter takes Compression\.none, fp16 or bf16"):
+                                             r"only; a reducescatter takes Compression\.none, fp16, bf16 or maxmin"):
             hvd.reducescatter(x, name="rs.codec", compression=codec)
-    with pytest.raises(ValueError, match=r"grouped reducescatter 'grs\.codec': compression Compression\.maxmin"):
-        hvd.grouped_reducescatter([x], name="grs.codec", compression=hvd.Compression.maxmin)
+    with pytest.raises(ValueError, match=r"grouped reducescatter 'grs\.codec': compression Compression\.topk"):
+        hvd.grouped_reducescatter([x], name="grs.codec", compression=hvd.Compression.topk(0.1))
     with pytest.raises(ValueError, match=r"reducescatter of 'rs\.bad': compression must be a gradcomp\.torch\."
                                          r"Compression choice or have compress\(\) and decompress\(\), got 'fp16'"):
         hvd.reducescatter(x, name="rs.bad", compression="fp16")

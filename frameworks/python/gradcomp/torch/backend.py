@@ -308,6 +308,16 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         for thread in resolvers:
             thread.join(max(0.0, deadline - time.monotonic()))
 
+    # torch 2's DeviceMesh (and with it fully_shard) reads every group's name, which a C++
+    # ProcessGroup keeps in its C++ backend; a ProcessGroup written in Python has none, so its
+    # name, set by torch when it creates the group, is kept here.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", self._prefix)
+
     def getBackendName(self):
         return "gradcomp"
 
@@ -358,14 +368,18 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             raise ValueError(f"backend gradcomp: {what} takes one tensor per process, got {len(tensors)}")
         return tensors[0]
 
-    def _allreduce_one(self, t, op, kind):
-        compression = None
+    def _reduction_spec(self, t, op):
+        """The compression of a reduction of `t` (all_reduce, reduce_scatter): the settings'
+        codec for float tensors of at least GRADCOMP_MIN_SIZE elements under Sum or Average, one
+        dimension or several (CGX semantics: flat buffers, DDP's buckets and FSDP's flat
+        parameters, are compressed too); exact otherwise (None: the runtime's own rule)."""
         if (self._compress is not None and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and op in (Sum, Average) and t.numel() >= self._min_size):
-            compression = self._compress  # CGX semantics: flat buffers are compressed too
-        elif t.dtype.is_floating_point:
-            compression = {"codec": "none"}
-        return mpi_ops.allreduce_async_(t, name=self._name(kind), op=op, compression=compression,
+            return self._compress
+        return {"codec": "none"} if t.dtype.is_floating_point else None
+
+    def _allreduce_one(self, t, op, kind):
+        return mpi_ops.allreduce_async_(t, name=self._name(kind), op=op, compression=self._reduction_spec(t, op),
                                         process_set=self._process_set)
 
     def allreduce(self, tensors, opts=None):
@@ -387,6 +401,8 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         return self._work([h], None, tensors)
 
     def _allgather_flat(self, t):
+        """Every rank's `t` as a row: GRADCOMP_ALLGATHER_COMPRESSION applies to rows of at least
+        GRADCOMP_MIN_SIZE float values (FSDP's flat parameter shards), decoded alike on every rank."""
         return mpi_ops.allgather_async(t.reshape(1, -1) if t.dim() == 0 else t.reshape(1, *t.shape),
                                        self._name("allgather"), self._process_set)
 
@@ -457,7 +473,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             # (a shape mismatch naming this rank's rows) instead of leaving the others waiting.
             flat = output.detach().new_zeros(self.size() * (output.numel() + 1))
         h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter"),
-                                        process_set=self._process_set)
+                                        process_set=self._process_set, compression=self._reduction_spec(flat, op))
 
         def finish():
             if problem is not None:

@@ -330,15 +330,19 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 @_b.submits
-def allgather_async(tensor, name=None, process_set=None):
-    """Concatenates every rank's `tensor` along the first dimension (which may differ per rank)."""
+def allgather_async(tensor, name=None, process_set=None, compression=None):
+    """Concatenates every rank's `tensor` along the first dimension (which may differ per rank).
+
+    `compression` is None (GRADCOMP_ALLGATHER_COMPRESSION through the layer filter, none by
+    default) or Compression.none, fp16, bf16 or maxmin(...): every rank's rows are encoded once
+    and every rank decodes them all, so the result is the same on every rank."""
     name = _b.auto_name("allgather", name, process_set)
     staged = _Staged(tensor, f"allgather of '{name}'", on_device=True)
     if staged.buffer.dim() == 0:
         raise ValueError(f"allgather of '{name}' needs a tensor with at least one dimension")
     rt = _b.runtime(process_set)
     native = rt.allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,),
-                                device=staged.device, stream=staged.stream)
+                                device=staged.device, stream=staged.stream, compression=runtime_spec(compression))
     return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
@@ -494,9 +498,15 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 
 @_b.submits
-def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0,
+                        compression=None):
     """Reduces `tensor` (default Average) and gives each rank a slice of the first dimension
-    (ranks below first_dim % size get one row more)."""
+    (ranks below first_dim % size get one row more).
+
+    `compression` is None (the settings' GRADCOMP_COMPRESSION through the layer filter; topk and
+    auto leave reducescatters exact) or Compression.none, fp16, bf16 or maxmin(...): each rank's
+    pieces of its peers' slices are encoded, and each slice is summed in float32 by its owner
+    (error feedback by name with GRADCOMP_ERROR_FEEDBACK or the spec's error_feedback)."""
     op = check_op(op)
     if op == _b.Adasum:  # Horovod raises a RuntimeError here too
         raise NotImplementedError("reducescatter: op Adasum is an allreduce only; use Sum or Average")
@@ -507,7 +517,8 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     rt = _b.runtime(process_set)
     native = rt.reducescatter_async(staged.ptr, staged.code, staged.shape, name, op,
                                     float(prescale_factor), float(postscale_factor), (staged,),
-                                    device=staged.device, stream=staged.stream)
+                                    device=staged.device, stream=staged.stream,
+                                    compression=runtime_spec(compression))
     return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
 
 
@@ -521,68 +532,73 @@ def _reducescatter_grads(grads, op, prescale_factor, postscale_factor, process_s
 
 class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set, spec):
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor,
+                                               spec))
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = _reducescatter_grads([grad_output], ctx.op, ctx.pre, ctx.post, ctx.process_set)[0]
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 def _cast_for_reducescatter(compression, what):
-    """The Compressor whose compress()/decompress() wrap a reducescatter, as Horovod's does:
-    none, fp16, bf16 or a Horovod-style compressor of the caller's own. The runtime's codecs
-    (maxmin, topk, auto) and PowerSGD compress allreduces only."""
+    """(the Compressor whose compress()/decompress() wrap a reducescatter, as Horovod's does, the
+    runtime spec or None): none, fp16, bf16 or a Horovod-style compressor of the caller's own
+    cast around it; Compression.maxmin(...) runs in the runtime (compressed_shards.h). topk,
+    auto and PowerSGD compress allreduces only."""
     if compression is None:
-        return Compression.none
+        return Compression.none, None
     compression = called(compression)
     spec = getattr(compression, "spec", None)
+    if spec is not None and spec.get("codec") == "maxmin":
+        return Compression.none, dict(spec)
     if isinstance(compression, PowerSGD) or (spec is not None and spec.get("codec") not in ("none", "fp16", "bf16")):
         raise ValueError(f"{what}: compression {compression!r} compresses allreduces only; a reducescatter takes "
-                         "Compression.none, fp16 or bf16")
+                         "Compression.none, fp16, bf16 or maxmin(...)")
     if not callable(getattr(compression, "compress", None)) or not callable(getattr(compression, "decompress", None)):
         raise ValueError(f"{what}: compression must be a gradcomp.torch.Compression choice or have compress() and "
                          f"decompress(), got {compression!r}")
-    return compression
+    return compression, None
 
 
 def reducescatter(tensor, name=None, compression=None, op=None, process_set=None, prescale_factor=1.0,
                   postscale_factor=1.0):
     """op (default Average) of `tensor` over all ranks; this rank gets its slice of the first
     dimension (ranks below first_dim % size get one row more). `compression` (Compression.none,
-    fp16 or bf16) casts the tensor before and the slice after, as Horovod's. Differentiable."""
-    compression = _cast_for_reducescatter(compression, f"reducescatter of '{name}'")
+    fp16 or bf16) casts the tensor before and the slice after, as Horovod's; Compression.maxmin(...)
+    quantizes each rank's pieces of its peers' slices (reducescatter_async). Differentiable."""
+    compression, spec = _cast_for_reducescatter(compression, f"reducescatter of '{name}'")
     compressed, ctx = compression.compress(tensor)
     reduced = _ReducescatterFunction.apply(compressed, check_op(op), name, prescale_factor, postscale_factor,
-                                           process_set)
+                                           process_set, spec)
     return compression.decompress(reduced, ctx)
 
 
 @_b.submits
 def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None, prescale_factor=1.0,
-                                postscale_factor=1.0):
+                                postscale_factor=1.0, compression=None):
     """reducescatter of each tensor; the handle's result is the list of this rank's slices."""
     base = _b.auto_name("grouped_reducescatter", name, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"grouped reducescatter '{base}' needs at least one tensor")
     return _b.register_group([reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
-                                                  postscale_factor)
+                                                  postscale_factor, compression)
                               for i, t in enumerate(tensors)])
 
 
 class _GroupedReducescatterFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, *tensors):
+    def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, spec, *tensors):
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
         return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
-                                                             postscale_factor)))
+                                                             postscale_factor, spec)))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None,) * 5 + tuple(_reducescatter_grads(grads, ctx.op, ctx.pre, ctx.post, ctx.process_set))
+        return (None,) * 6 + tuple(_reducescatter_grads(grads, ctx.op, ctx.pre, ctx.post, ctx.process_set))
 
 
 def grouped_reducescatter(tensors, name=None, compression=None, op=None, process_set=None, prescale_factor=1.0,
@@ -592,10 +608,10 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=None, process
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped reducescatter needs at least one tensor")
-    compression = _cast_for_reducescatter(compression, f"grouped reducescatter '{name}'")
+    compression, spec = _cast_for_reducescatter(compression, f"grouped reducescatter '{name}'")
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
     reduced = _GroupedReducescatterFunction.apply(check_op(op), name, prescale_factor, postscale_factor, process_set,
-                                                  *compressed)
+                                                  spec, *compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
 
 

@@ -1,0 +1,163 @@
+"""FSDP on backend gradcomp under mpirun (-np 2 and 3, and 4 as 2 nodes x 2): torch 2.x's
+FullyShardedDataParallel (and fully_shard where the torch has it) trains a 4.2M-parameter model
+of several FSDP units on dist.init_process_group("gradcomp"), with the settings' compression:
+reduce_scatter_tensor quantizes the gradients (GRADCOMP_COMPRESSION), all_gather_into_tensor the
+weights (GRADCOMP_ALLGATHER_COMPRESSION). Each run checks what its settings promise: exact runs
+match FSDP on gloo step for step; compressed ones stay within the codecs' bounds, put fewer bytes
+on the wire, train as well as gloo within a margin, and unshard the same weights on every rank.
+
+Run by ctest as: mpirun -np N python3 -m pytest test/python/test_fsdp_mpi.py (torch >= 2).
+Every rank runs the same tests in the same order (they are collective)."""
+import hashlib
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import gradcomp.torch as hvd
+from mpi_fixtures import torch_runtime
+
+GRAD_CODEC = os.environ.get("GRADCOMP_COMPRESSION", "none")
+GRAD_BITS = int(os.environ.get("GRADCOMP_BITS", "4"))
+WEIGHT_CODEC = os.environ.get("GRADCOMP_ALLGATHER_COMPRESSION", "none")
+WEIGHT_BITS = int(os.environ.get("GRADCOMP_ALLGATHER_BITS", "8"))
+BUCKET = int(os.environ.get("GRADCOMP_BUCKET_SIZE", "512"))
+EXACT = GRAD_CODEC == "none" and WEIGHT_CODEC == "none"
+WIDTH, HIDDEN, BLOCKS, PER_RANK, STEPS = 512, 1024, 4, 16, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime():
+    yield from torch_runtime("gradcomp", "fsdp")
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    return dist.new_group(backend="gloo")
+
+
+class Block(torch.nn.Module):
+    """A residual MLP block, 1.05M parameters: one FSDP unit (two flat parameters' worth of
+    tensors, weights and biases)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(WIDTH)
+        self.up = torch.nn.Linear(WIDTH, HIDDEN)
+        self.down = torch.nn.Linear(HIDDEN, WIDTH)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[Block() for _ in range(BLOCKS)], torch.nn.Linear(WIDTH, 10))
+
+
+def batch(step):
+    """This rank's rows of the batch (the same every step: a loss that falls in a few steps); the
+    label is which of the first 10 inputs is largest."""
+    del step
+    g = torch.Generator().manual_seed(900)
+    x = torch.randn(PER_RANK * hvd.size(), WIDTH, generator=g)
+    rows = slice(hvd.rank() * PER_RANK, (hvd.rank() + 1) * PER_RANK)
+    return x[rows], x[rows, :10].argmax(1)
+
+
+def train(group, wrap, steps=STEPS):
+    """FSDP on `group` (nested units: one per block), SGD with momentum; every step's loss."""
+    model = wrap(make_model(), group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def fsdp1(module, group):
+    return FSDP(module, process_group=group, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+
+
+def digest(tensors):
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().clone().numpy().tobytes())  # a copy: a numpy view pins the storage's size
+    return h.hexdigest()
+
+
+def same_on_every_rank(value, gloo):
+    everyone = [None] * hvd.size()
+    dist.all_gather_object(everyone, value, group=gloo)
+    return all(v == everyone[0] for v in everyone), everyone
+
+
+def test_reduce_scatter_and_all_gather_follow_the_settings(gloo):
+    """The collectives FSDP calls, on multi-megabyte tensors: within the codecs' bounds
+    against gloo's exact results (compressed_shards.h), and exact where the settings say none."""
+    n, me = hvd.size(), hvd.rank()
+    torch.manual_seed(40 + me)
+    grads = torch.randn(n * 294_912)
+    rows = torch.empty(294_912)
+    dist.reduce_scatter_tensor(rows, grads, op=dist.ReduceOp.SUM)
+    everyone = torch.empty(n * n * 294_912)
+    dist.all_gather_into_tensor(everyone, grads, group=gloo)
+    mine = everyone.reshape(n, -1)[:, me * 294_912:(me + 1) * 294_912].double()
+    exact = mine.sum(0)
+    if GRAD_CODEC == "none":
+        assert torch.allclose(rows.double(), exact, rtol=1e-6, atol=1e-6)
+    else:
+        # Half a unit of each peer's bucket of this rank's shard (maxmin, nearest rounding).
+        buckets = mine.reshape(n, -1, BUCKET)
+        units = (buckets.amax(2) - buckets.amin(2)) / (2 ** GRAD_BITS - 1)
+        bound = (units.sum(0) - units[me]).repeat_interleave(BUCKET) / 2 + 1e-4
+        error = (rows.double() - exact).abs()
+        assert (error <= bound).all() and error.max() > 0
+    shard = torch.randn(249_856) + me
+    gathered = torch.empty(n * 249_856)
+    dist.all_gather_into_tensor(gathered, shard)
+    exact_gather = torch.empty(n * 249_856)
+    dist.all_gather_into_tensor(exact_gather, shard, group=gloo)
+    ok, _ = same_on_every_rank(digest([gathered]), gloo)
+    assert ok, "the gathered tensor differs between ranks"
+    if WEIGHT_CODEC == "none":
+        assert torch.equal(gathered, exact_gather)
+    else:
+        buckets = exact_gather.double().reshape(-1, BUCKET)
+        half = ((buckets.amax(1) - buckets.amin(1)) / (2 ** WEIGHT_BITS - 1) / 2).repeat_interleave(BUCKET) + 1e-6
+        error = (gathered.double() - exact_gather.double()).abs()
+        assert (error <= half).all() and error.max() > 0
+    # Integers and small tensors stay exact whatever the settings.
+    ints = torch.arange(n * 1000, dtype=torch.int64) * (me + 1)
+    out = torch.empty(1000, dtype=torch.int64)
+    dist.reduce_scatter_tensor(out, ints)
+    assert torch.equal(out, torch.arange(me * 1000, (me + 1) * 1000) * sum(range(1, n + 1)))
+
+
+def test_fsdp_trains_on_gradcomp_as_on_gloo(gloo):
+    before = hvd.stats()
+    model, losses = train(dist.group.WORLD, fsdp1)
+    after = hvd.stats()
+    _, reference = train(gloo, fsdp1)
+    wire = after["compressed_bytes_on_wire"] - before["compressed_bytes_on_wire"]
+    into = after["compressed_bytes_in"] - before["compressed_bytes_in"]
+    if EXACT:
+        assert wire == 0 and into == 0
+        assert losses == pytest.approx(reference, rel=1e-5)
+    else:
+        # 4-bit gradients and 8-bit weights: a quarter of float32's bytes or less.
+        assert into > 50 * 2 ** 20 and wire < 0.3 * into, (wire, into)
+        assert reference[-1] < 0.8 * reference[0] and losses[-1] < 0.8 * losses[0], (losses, reference)
+        assert max(abs(a - b) for a, b in zip(losses, reference)) < 0.05 * reference[0], (losses, reference)
+    # The weights every rank unshards are the same bytes on every rank.
+    with FSDP.summon_full_params(model):
+        ok, everyone = same_on_every_rank(digest(model.parameters()), gloo)
+    assert ok, f"unsharded parameters differ between ranks: {everyone}"
