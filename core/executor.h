@@ -157,14 +157,19 @@ class Executor {
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
   void RunReducescatter(const Response& r, EntryList& entries);
-  // The compressed forms (executor_sharded.cc): `counts` values of each rank's shard,
-  // `out_bytes` of this rank's output.
-  void RunCompressedReducescatter(const Response& r, EntryList& entries, const std::vector<size_t>& counts,
-                                  size_t out_bytes);
-  void RunCompressedAllgather(const Response& r, EntryList& entries, const std::vector<size_t>& counts,
-                              size_t out_bytes);
-  /// Their options: the response's codec, scale factors and rounding stream, on its device (ready).
-  CompressedAllreduceOptions ShardedOptions(const Response& r, EntryList& entries);
+  // The compressed forms (executor_sharded.cc) of `input` (a joined rank's: the caller's zeros,
+  // or null for an allgather): `counts` values of each rank's shard, `out_bytes` of this rank's output.
+  void RunCompressedReducescatter(const Response& r, EntryList& entries, const void* input,
+                                  const std::vector<size_t>& counts, size_t out_bytes);
+  void RunCompressedAllgather(const Response& r, EntryList& entries, const void* input,
+                              const std::vector<size_t>& counts, size_t out_bytes);
+  /// Their options: input, output (the handle's, or `local` on a joined rank), the response's
+  /// codec, scale factors and rounding stream, on its device (ready).
+  CompressedAllreduceOptions ShardedOptions(const Response& r, EntryList& entries, const void* input,
+                                            const std::vector<size_t>& counts, size_t out_bytes,
+                                            std::vector<char>& local);
+  /// The communicator their flat forms run over: the device's world where there is one.
+  Communicator& ShardsComm(const Response& r, const EntryList& entries);
   /// Whether they sum and gather inside each node first (host memory on nodes of several ranks).
   bool ShardsAcrossNodes(const EntryList& entries) const;
 

@@ -27,7 +27,7 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   const size_t esize = DataTypeSize(r.dtype), out_bytes = static_cast<size_t>(NumElements(shape)) * esize;
   if (timeline_.active()) timeline_.Begin(r.names[0], "COMMUNICATE");
   if (r.compression.codec != "none") {
-    RunCompressedAllgather(r, entries, o.counts, out_bytes);
+    RunCompressedAllgather(r, entries, o.input, o.counts, out_bytes);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     RunIntoDeviceOutput(r, entries, o.count * esize, out_bytes, true, [&](Communicator& comm, const void* in, void* out) {
       AllgatherOptions d = o;
@@ -140,7 +140,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries) {
   }
   const size_t esize = DataTypeSize(r.dtype), out_bytes = o.counts[me] * esize;
   if (r.compression.codec != "none") {
-    RunCompressedReducescatter(r, entries, o.counts, out_bytes);
+    RunCompressedReducescatter(r, entries, o.input, o.counts, out_bytes);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     // Over a communicator on device memory the scale factors and Average's division are the
     // device's work (where it has the dtype's arithmetic), the reduction the communicator's.

@@ -2,20 +2,25 @@
 // a response's tensor on its device, the algorithm for the topology, error feedback by name.
 #include "core/executor.h"
 
-#include <cstring>
-
 #include "ops/collectives/compressed_shards.h"
 
 #include "core/executor_parts.h"
 
 namespace gradcomp {
 
-CompressedAllreduceOptions Executor::ShardedOptions(const Response& r, EntryList& entries) {
+CompressedAllreduceOptions Executor::ShardedOptions(const Response& r, EntryList& entries, const void* input,
+                                                   const std::vector<size_t>& counts, size_t out_bytes,
+                                                   std::vector<char>& local) {
   Device& device = DeviceOf(entries);
   OnDevice& on = On(device);
   CompressedAllreduceOptions o;
   o.device = &device;
   o.workspace = &on.workspace;
+  o.input = input;
+  // A rank with a device tensor has its entry; a joined rank's (no entry) is on the host.
+  o.output = &device == &HostDevice() ? static_cast<void*>(HostOutput(entries, out_bytes, local))
+                                      : entries[0]->handle->ReserveDeviceOutput(device, out_bytes);
+  for (size_t c : counts) o.count += c;
   o.dtype = r.dtype;
   o.op = r.op;
   o.prescale = r.prescale;
@@ -34,6 +39,11 @@ CompressedAllreduceOptions Executor::ShardedOptions(const Response& r, EntryList
   return o;
 }
 
+Communicator& Executor::ShardsComm(const Response& r, const EntryList& entries) {
+  const Topology* comms = DeviceComms(r, entries);
+  return comms != nullptr ? *comms->world : *topo_.world;
+}
+
 bool Executor::ShardsAcrossNodes(const EntryList& entries) const {
   // On nodes of several ranks the flat forms send every rank's encodings across its node's link;
   // summing (and gathering) inside the node first sends a node's once, as the compressed
@@ -44,22 +54,12 @@ bool Executor::ShardsAcrossNodes(const EntryList& entries) const {
   return nodes && settings_.compressed_algorithm != "sra" && &DeviceOf(entries) == &HostDevice();
 }
 
-void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries, const std::vector<size_t>& counts,
-                                          size_t out_bytes) {
-  CompressedAllreduceOptions o = ShardedOptions(r, entries);
-  for (size_t c : counts) o.count += c;
+void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries, const void* input,
+                                          const std::vector<size_t>& counts, size_t out_bytes) {
+  std::vector<char> local;
+  CompressedAllreduceOptions o = ShardedOptions(r, entries, input, counts, out_bytes, local);
   Device& device = *o.device;
   OnDevice& on = On(device);
-  if (entries[0]) {
-    o.input = entries[0]->input;
-  } else {  // a joined rank contributes zeros
-    o.input = on.fusion.Reserve(device, o.count * DataTypeSize(r.dtype));
-    device.Fill(const_cast<void*>(o.input), 0, o.count * DataTypeSize(r.dtype), on.stream());
-  }
-  std::vector<char> local;
-  o.output = &device == &HostDevice() ? static_cast<void*>(HostOutput(entries, out_bytes, local))
-             : entries[0]             ? entries[0]->handle->ReserveDeviceOutput(device, out_bytes)
-                                      : on.bounce.Reserve(device, out_bytes);
   // Error feedback keeps what this rank's encodings of its peers' shards lost, by tensor name.
   const bool feedback = r.compression.error_feedback;
   const std::vector<std::string> names{r.names[0]};
@@ -68,10 +68,9 @@ void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries,
     o.residual = static_cast<float*>(on.residual.Reserve(device, o.count * sizeof(float)));
     memory_.GatherResiduals(device, on.stream(), names, segments, o.residual, nullptr);
   }
-  const Topology* comms = DeviceComms(r, entries);
   const CompressedAllreduceStats st = ShardsAcrossNodes(entries)
                                           ? HierarchicalCompressedReducescatter(topo_, o, counts)
-                                          : CompressedReducescatter(comms ? *comms->world : *topo_.world, o, counts);
+                                          : CompressedReducescatter(ShardsComm(r, entries), o, counts);
   if (feedback) memory_.ScatterResiduals(device, on.stream(), names, segments, o.residual, nullptr);
   on.stream().Synchronize();
   // Against what an exact reduce-scatter sends: every peer's shard of this rank's values.
@@ -79,20 +78,13 @@ void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries,
   bytes_on_wire_ += st.bytes_sent;
 }
 
-void Executor::RunCompressedAllgather(const Response& r, EntryList& entries, const std::vector<size_t>& counts,
-                                      size_t out_bytes) {
-  CompressedAllreduceOptions o = ShardedOptions(r, entries);
-  for (size_t c : counts) o.count += c;
-  Device& device = *o.device;
-  o.input = entries[0] ? entries[0]->input : nullptr;  // a joined rank has no rows
+void Executor::RunCompressedAllgather(const Response& r, EntryList& entries, const void* input,
+                                      const std::vector<size_t>& counts, size_t out_bytes) {
   std::vector<char> local;
-  o.output = &device == &HostDevice() ? static_cast<void*>(HostOutput(entries, out_bytes, local))
-             : entries[0]             ? entries[0]->handle->ReserveDeviceOutput(device, out_bytes)
-                                      : On(device).bounce.Reserve(device, out_bytes);
-  const Topology* comms = DeviceComms(r, entries);
+  const CompressedAllreduceOptions o = ShardedOptions(r, entries, input, counts, out_bytes, local);
   const CompressedAllreduceStats st = ShardsAcrossNodes(entries)
                                           ? HierarchicalCompressedAllgather(topo_, o, counts)
-                                          : CompressedAllgather(comms ? *comms->world : *topo_.world, o, counts);
+                                          : CompressedAllgather(ShardsComm(r, entries), o, counts);
   // Against what an exact allgather sends: this rank's rows to every peer.
   bytes_in_ += counts[static_cast<size_t>(topo_.rank())] * DataTypeSize(r.dtype) * (counts.size() - 1);
   bytes_on_wire_ += st.bytes_sent;

@@ -70,27 +70,35 @@ CompressionSpec Runtime::AllgatherCompressionFor(DataType dtype, const std::vect
 
 namespace {
 
-// The compression a reducescatter or allgather runs with: `given` checked for this tensor, or
-// the settings' (`fallback`, already fit for it). Sparse codecs and auto compress allreduces only.
-CompressionSpec ShardCompression(const CompressionSpec* given, const CompressionSpec& fallback, DataType dtype,
-                                 ReduceOp op, const std::string& what) {
-  if (given == nullptr) {
-    if (fallback.is_auto() || fallback.codec == "topk") return CompressionSpec{};
-    return fallback;
-  }
-  if (given->codec == "none") return *given;
-  const std::string with = what + " with compression " + given->Describe();
-  if (given->is_auto() || FindCodec(given->codec).sparse()) {
-    throw InvalidArgument(with + ": a " + (given->is_auto() ? "per-tensor choice" : "sparse codec") +
-                          " compresses allreduces only; use none, fp16, bf16 or maxmin");
-  }
+// Throws unless an explicit compression other than none makes sense for this tensor (`what`: the
+// collective and the tensor; the codec is a known one, or auto).
+void CheckExplicitCompression(const CompressionSpec& spec, DataType dtype, ReduceOp op, const std::string& what) {
+  const std::string with = what + " with compression " + spec.Describe();
+  if (!spec.is_auto()) FindCodec(spec.codec);  // names the known codecs
   if (!IsCodecDataType(dtype)) {
     throw InvalidArgument(with + ": dtype " + DataTypeName(dtype) + " cannot be compressed (float32, float16, bfloat16)");
   }
   if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
     throw InvalidArgument(with + ": op " + std::string(ReduceOpName(op)) + " cannot be compressed (sum, average)");
   }
-  ValidateSpec(*given, with);
+  ValidateSpec(spec, with);
+}
+
+// Sparse codecs and auto compress allreduces only.
+bool AllreduceOnly(const CompressionSpec& spec) { return spec.is_auto() || FindCodec(spec.codec).sparse(); }
+
+// The compression a reducescatter or allgather runs with: `given` checked for this tensor, or
+// the settings' (`fallback`, already fit for it; exact where it compresses allreduces only).
+CompressionSpec ShardCompression(const CompressionSpec* given, const CompressionSpec& fallback, DataType dtype,
+                                 ReduceOp op, const std::string& what) {
+  if (given == nullptr) return AllreduceOnly(fallback) ? CompressionSpec{} : fallback;
+  if (given->codec == "none") return *given;
+  if (AllreduceOnly(*given)) {
+    throw InvalidArgument(what + " with compression " + given->Describe() + ": a " +
+                          (given->is_auto() ? "per-tensor choice" : "sparse codec") +
+                          " compresses allreduces only; use none, fp16, bf16 or maxmin");
+  }
+  CheckExplicitCompression(*given, dtype, op, what);
   return *given;
 }
 
@@ -122,16 +130,7 @@ Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const
   r.postscale = postscale;
   r.compression = compression ? *compression : CompressionFor(dtype, shape, op);
   if (compression != nullptr && compression->codec != "none") {
-    // An explicit choice must make sense for this tensor.
-    const std::string what = "allreduce of '" + name + "' with compression " + compression->Describe();
-    if (!compression->is_auto()) FindCodec(compression->codec);  // names the known codecs
-    if (!IsCodecDataType(dtype)) {
-      throw InvalidArgument(what + ": dtype " + DataTypeName(dtype) + " cannot be compressed (float32, float16, bfloat16)");
-    }
-    if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
-      throw InvalidArgument(what + ": op " + std::string(ReduceOpName(op)) + " cannot be compressed (sum, average)");
-    }
-    ValidateSpec(*compression, what);
+    CheckExplicitCompression(*compression, dtype, op, "allreduce of '" + name + "'");
   }
   return r;
 }

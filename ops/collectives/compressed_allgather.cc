@@ -1,31 +1,16 @@
 // Compressed allgather (compressed_shards.h): each rank's shard encoded once, the encodings
 // allgathered (across nodes, then inside each node), every shard decoded on every rank.
 #include <cstring>
-#include <string>
 
 #include "ops/collectives/compressed_shards.h"
 #include "ops/collectives/compressed_steps.h"
 #include "ops/collectives/context.h"
-#include "ops/common/enforce.h"
 
 namespace gradcomp {
 
 namespace {
 
 constexpr int kAllgatherTag = 0x5410;
-
-void CheckShards(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks, int me) {
-  if (o.codec == nullptr || o.codec->sparse()) {
-    throw InvalidArgument(std::string("needs a dense codec (maxmin, fp16, bf16), got ") +
-                          (o.codec ? o.codec->name() : "none given"));
-  }
-  CheckCodecDataType(o.dtype, o.codec->name(), "tensor");
-  o.codec->Validate(o.params);
-  CheckShardCounts(o, counts, ranks, "output");
-  if ((counts[static_cast<size_t>(me)] > 0 && o.input == nullptr) || (o.count > 0 && o.output == nullptr)) {
-    throw InvalidArgument("got a null buffer");
-  }
-}
 
 // Encodes this rank's shard (counts[me] values of o.input, shard `me` of `shards`) once, with its
 // rounding stream, into `dst` on the device.
@@ -54,7 +39,7 @@ CompressedAllreduceStats CompressedAllgather(Communicator& comm, const Compresse
                                              const std::vector<size_t>& counts) {
   CompressedAllreduceStats st;
   WithTensorContext("compressed allgather", o.name, [&] {
-    CheckShards(o, counts, comm.size(), comm.rank());
+    ValidateShards(o, counts, comm.size(), comm.rank(), true);
     if (o.count == 0) return;
     WorkspaceFor workspace(o);
     CompressionWorkspace& ws = *workspace;
@@ -95,7 +80,7 @@ CompressedAllreduceStats HierarchicalCompressedAllgather(const Topology& topo, c
                                                          const std::vector<size_t>& counts) {
   CompressedAllreduceStats st;
   WithTensorContext("hierarchical compressed allgather", o.name, [&] {
-    CheckShards(o, counts, topo.size(), topo.rank());
+    ValidateShards(o, counts, topo.size(), topo.rank(), true);
     CheckNodeShards(topo, o);
     if (o.count == 0) return;
     const std::vector<std::vector<int>> columns = NodeColumns(topo);

@@ -1,26 +1,15 @@
 // Compressed reduce-scatter (compressed_shards.h): SRA's scatter and the owner's float32 sum,
 // over one communicator, or summed inside each node first and compressed across nodes.
-#include <string>
 
 #include "ops/collectives/compressed_shards.h"
 #include "ops/collectives/compressed_steps.h"
 #include "ops/collectives/context.h"
-#include "ops/common/enforce.h"
 
 namespace gradcomp {
 
 namespace {
 
 constexpr int kReducescatterTag = 0x5400;
-
-void CheckShards(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks, int me) {
-  // The output is this rank's shard alone, which may be empty (a rank with no rows): checked below.
-  CompressedAllreduceOptions whole = o;
-  whole.output = o.output != nullptr ? o.output : const_cast<void*>(o.input);
-  ValidateCompressed(whole, false);
-  CheckShardCounts(o, counts, ranks, "buffer");
-  if (counts[static_cast<size_t>(me)] > 0 && o.output == nullptr) throw InvalidArgument("got a null output");
-}
 
 // The options of this rank's shard of `o` alone (its output's size and dtype).
 CompressedAllreduceOptions ShardOf(const CompressedAllreduceOptions& o, size_t count) {
@@ -125,7 +114,7 @@ CompressedAllreduceStats CompressedReducescatter(Communicator& comm, const Compr
                                                  const std::vector<size_t>& counts) {
   CompressedAllreduceStats st;
   WithTensorContext("compressed reducescatter", o.name, [&] {
-    CheckShards(o, counts, comm.size(), comm.rank());
+    ValidateShards(o, counts, comm.size(), comm.rank(), false);
     if (o.count == 0) return;
     WorkspaceFor workspace(o);
     CompressionWorkspace& ws = *workspace;
@@ -147,7 +136,7 @@ CompressedAllreduceStats HierarchicalCompressedReducescatter(const Topology& top
                                                              const std::vector<size_t>& counts) {
   CompressedAllreduceStats st;
   WithTensorContext("hierarchical compressed reducescatter", o.name, [&] {
-    CheckShards(o, counts, topo.size(), topo.rank());
+    ValidateShards(o, counts, topo.size(), topo.rank(), false);
     CheckNodeShards(topo, o);
     if (o.count == 0) return;
     const std::vector<std::vector<int>> columns = NodeColumns(topo);

@@ -68,8 +68,11 @@ ShardPieces::ShardPieces(const CompressedAllreduceOptions& o, const std::vector<
   }
 }
 
-void CheckShardCounts(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks,
-                      const char* whole) {
+void ValidateShards(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks, int me,
+                    bool gather) {
+  if (o.codec != nullptr && o.codec->sparse()) {
+    throw InvalidArgument(std::string("needs a dense codec (maxmin, fp16, bf16), got ") + o.codec->name());
+  }
   if (counts.size() != static_cast<size_t>(ranks)) {
     throw InvalidArgument("needs one shard count per rank: got " + std::to_string(counts.size()) + " for " +
                           std::to_string(ranks) + " ranks");
@@ -77,9 +80,11 @@ void CheckShardCounts(const CompressedAllreduceOptions& o, const std::vector<siz
   size_t total = 0;
   for (size_t c : counts) total += c;
   if (total != o.count) {
-    throw InvalidArgument("the shards hold " + std::to_string(total) + " values, the " + whole + " " +
-                          std::to_string(o.count));
+    throw InvalidArgument("the shards hold " + std::to_string(total) + " values, the " +
+                          (gather ? "output " : "buffer ") + std::to_string(o.count));
   }
+  const size_t mine = counts[static_cast<size_t>(me)];
+  ValidateCompressed(o, false, gather ? mine : o.count, gather ? o.count : mine);
 }
 
 void CheckNodeShards(const Topology& topo, const CompressedAllreduceOptions& o) {
@@ -171,6 +176,10 @@ bool WireOnDevice(const Communicator& comm, const CompressionWorkspace& ws) {
 Device& DeviceOf(const CompressedAllreduceOptions& o) { return o.device != nullptr ? *o.device : HostDevice(); }
 
 void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse) {
+  ValidateCompressed(o, sparse, o.count, o.count);
+}
+
+void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse, size_t in_count, size_t out_count) {
   if (o.codec == nullptr) throw InvalidArgument("compressed allreduce needs a codec");
   if (o.codec->sparse() != sparse) {
     throw InvalidArgument(std::string("codec ") + o.codec->name() + (sparse ? " is not sparse" : " needs the sparse allreduce"));
@@ -188,7 +197,7 @@ void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse) {
                             std::to_string(o.count));
     }
   }
-  if (o.count > 0 && (o.input == nullptr || o.output == nullptr)) {
+  if ((in_count > 0 && o.input == nullptr) || (out_count > 0 && o.output == nullptr)) {
     throw InvalidArgument("compressed allreduce got a null buffer");
   }
   if (o.workspace != nullptr && &o.workspace->device != &DeviceOf(o)) {

@@ -56,10 +56,12 @@ struct ShardPieces {
   std::vector<size_t> bytes;
 };
 
-/// Throws unless `counts` holds one shard count per rank of `ranks` and they sum to o.count
-/// (`whole` names the buffer that holds them all: "buffer", "output").
-void CheckShardCounts(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks,
-                      const char* whole);
+/// Throws InvalidArgument for a sharded collective's options (compressed_shards.h) that cannot
+/// run over `ranks` ranks on rank `me`: ValidateCompressed's, a sparse codec, shard counts that
+/// are not one per rank or do not sum to o.count. `gather`: the input holds this rank's shard and
+/// the output every shard (the allgather), else the reverse (the reduce-scatter).
+void ValidateShards(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks, int me,
+                    bool gather);
 /// Throws unless the hierarchical sharded forms can run: homogeneous nodes, host memory.
 void CheckNodeShards(const Topology& topo, const CompressedAllreduceOptions& o);
 
@@ -91,6 +93,9 @@ bool WireOnDevice(const Communicator& comm, const CompressionWorkspace& ws);
 Device& DeviceOf(const CompressedAllreduceOptions& o);
 /// Throws InvalidArgument for options an algorithm cannot run (`sparse`: the sparse one).
 void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse);
+/// The same for an input of `in_count` values and an output of `out_count` (a null buffer is
+/// wrong only where its count is not 0).
+void ValidateCompressed(const CompressedAllreduceOptions& o, bool sparse, size_t in_count, size_t out_count);
 
 /// The options' workspace, or `local` made on their device.
 class WorkspaceFor {
