@@ -226,11 +226,12 @@ def test_a_job_says_once_that_it_set_the_threads_and_a_ddp_script_starts_from_en
     # missing from some builds), one thread per rank, and torchrun's one line about it.
     code = ("import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); "
             "t = torch.ones(3) * (dist.get_rank() + 1); dist.all_reduce(t); "
-            "print('ddp ok', dist.get_rank(), torch.get_num_threads(), t.tolist(), flush=True)")
+            "print(f'ddp ok {dist.get_rank()} {torch.get_num_threads()} {t.tolist()}', flush=True)")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "USE_LIBUV")}
     r = run_gcrun(["-np", "2", PY, "-c", code], env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    # mpirun forwards each rank's output as it comes: two ranks' lines may meet on one line.
+    # mpirun forwards each rank's output as it comes: two ranks' lines may meet on one line, so each
+    # rank prints its line in one write (print's separate arguments are separate writes unbuffered).
     assert sorted(re.findall(r"ddp ok \d+ \d+ \[[^\]]*\]", r.stdout)) == [
         "ddp ok 0 1 [3.0, 3.0, 3.0]", "ddp ok 1 1 [3.0, 3.0, 3.0]"], r.stdout
     assert r.stderr.count("gcrun: setting OMP_NUM_THREADS=1 for every rank (as torchrun does)") == 1, r.stderr
