@@ -170,8 +170,9 @@ class Executor {
                                             std::vector<char>& local);
   /// The communicator their flat forms run over: the device's world where there is one.
   Communicator& ShardsComm(const Response& r, const EntryList& entries);
-  /// Whether they sum and gather inside each node first (host memory on nodes of several ranks).
-  bool ShardsAcrossNodes(const EntryList& entries) const;
+  /// Whether reducescatters and allgathers, compressed or not, sum and gather inside each node
+  /// first (host memory on nodes of several ranks, unless the algorithm setting says flat).
+  bool ShardsAcrossNodes(const EntryList& entries, bool compressed) const;
 
   const Topology& topo_;
   const Settings& settings_;

@@ -38,7 +38,11 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    Allgather(*topo_.world, o);
+    if (ShardsAcrossNodes(entries, false)) {
+      HierarchicalAllgather(topo_, o);
+    } else {
+      Allgather(*topo_.world, o);
+    }
   }
   if (timeline_.active()) {
     timeline_.End(r.names[0], "COMMUNICATE",
@@ -170,7 +174,11 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries) {
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    Reducescatter(*topo_.world, o);
+    if (ShardsAcrossNodes(entries, false)) {
+      HierarchicalReducescatter(topo_, o);
+    } else {
+      Reducescatter(*topo_.world, o);
+    }
   }
   if (entries[0]) {
     entries[0]->handle->mutable_output_shape() = shape;

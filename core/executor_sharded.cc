@@ -44,14 +44,16 @@ Communicator& Executor::ShardsComm(const Response& r, const EntryList& entries) 
   return comms != nullptr ? *comms->world : *topo_.world;
 }
 
-bool Executor::ShardsAcrossNodes(const EntryList& entries) const {
-  // On nodes of several ranks the flat forms send every rank's encodings across its node's link;
-  // summing (and gathering) inside the node first sends a node's once, as the compressed
-  // allreduce's node rows do (GRADCOMP_COMPRESSED_ALGORITHM=sra keeps them flat). Host memory
+bool Executor::ShardsAcrossNodes(const EntryList& entries, bool compressed) const {
+  // On nodes of several ranks the flat forms send every rank's shards (or their encodings)
+  // across its node's link; summing and gathering inside the node first sends a node's once, as
+  // the compressed allreduce's node rows do (GRADCOMP_COMPRESSED_ALGORITHM=sra keeps the
+  // compressed forms flat, GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi the exact ones). Host memory
   // only: a device's tensors take the flat form (their encodings staged for the host
   // communicator, or straight to a device one).
   const bool nodes = topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
-  return nodes && settings_.compressed_algorithm != "sra" && &DeviceOf(entries) == &HostDevice();
+  const bool flat = compressed ? settings_.compressed_algorithm == "sra" : settings_.uncompressed_algorithm == "mpi";
+  return nodes && !flat && &DeviceOf(entries) == &HostDevice();
 }
 
 void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries, const void* input,
@@ -68,7 +70,7 @@ void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries,
     o.residual = static_cast<float*>(on.residual.Reserve(device, o.count * sizeof(float)));
     memory_.GatherResiduals(device, on.stream(), names, segments, o.residual, nullptr);
   }
-  const CompressedAllreduceStats st = ShardsAcrossNodes(entries)
+  const CompressedAllreduceStats st = ShardsAcrossNodes(entries, true)
                                           ? HierarchicalCompressedReducescatter(topo_, o, counts)
                                           : CompressedReducescatter(ShardsComm(r, entries), o, counts);
   if (feedback) memory_.ScatterResiduals(device, on.stream(), names, segments, o.residual, nullptr);
@@ -82,7 +84,7 @@ void Executor::RunCompressedAllgather(const Response& r, EntryList& entries, con
                                       const std::vector<size_t>& counts, size_t out_bytes) {
   std::vector<char> local;
   const CompressedAllreduceOptions o = ShardedOptions(r, entries, input, counts, out_bytes, local);
-  const CompressedAllreduceStats st = ShardsAcrossNodes(entries)
+  const CompressedAllreduceStats st = ShardsAcrossNodes(entries, true)
                                           ? HierarchicalCompressedAllgather(topo_, o, counts)
                                           : CompressedAllgather(ShardsComm(r, entries), o, counts);
   // Against what an exact allgather sends: this rank's rows to every peer.

@@ -187,7 +187,9 @@ const std::vector<Entry>& Registry() {
       {"GRADCOMP_UNCOMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::uncompressed_algorithm), "auto",
        "uncompressed allreduces: mpi (MPI_Allreduce, or shared memory in a node), sra (gradcomp's scatter-reduce-"
        "allgather over point-to-point, float32 sum/average), auto (sra for float32 sum/average of 256 KB or more "
-       "when the world spans nodes, hierarchical on nodes of several ranks; else mpi)",
+       "when the world spans nodes, hierarchical on nodes of several ranks; else mpi); uncompressed reducescatters "
+       "and allgathers of host tensors sum and gather inside each node first on nodes of several ranks, except "
+       "under mpi",
        -kInf, kInf, false, kNoExtra, "auto|mpi|sra"},
       {"GRADCOMP_COMPRESSED_ALGORITHM", nullptr, Kind::kChoice, Of(&Settings::compressed_algorithm), "auto",
        "the SRA of dense compressed (and gradcomp's uncompressed) allreduces across ranks or, hierarchical, across "

@@ -1,10 +1,32 @@
 #include "ops/collectives/allgather.h"
 
 #include <cstdint>
+#include <cstring>
 
 #include "ops/collectives/context.h"
 
 namespace gradcomp {
+
+namespace {
+
+// Each rank's contribution in bytes, after checking the counts against the world and this rank.
+std::vector<size_t> CheckedBytes(const AllgatherOptions& o, int ranks, int rank) {
+  const size_t me = static_cast<size_t>(rank);
+  if (o.counts.size() != static_cast<size_t>(ranks)) {
+    throw InvalidArgument("allgather needs one count per rank: got " + std::to_string(o.counts.size()) + " for " +
+                          std::to_string(ranks) + " ranks");
+  }
+  if (o.counts[me] != o.count) {
+    throw InvalidArgument("allgather: rank " + std::to_string(me) + " contributes " + std::to_string(o.count) +
+                          " elements but counts[" + std::to_string(me) + "] = " + std::to_string(o.counts[me]));
+  }
+  const size_t esize = DataTypeSize(o.dtype);
+  std::vector<size_t> bytes(o.counts.size());
+  for (size_t r = 0; r < bytes.size(); ++r) bytes[r] = o.counts[r] * esize;
+  return bytes;
+}
+
+}  // namespace
 
 std::vector<size_t> AllgatherCounts(Communicator& comm, size_t my_count) {
   const size_t n = static_cast<size_t>(comm.size());
@@ -16,19 +38,36 @@ std::vector<size_t> AllgatherCounts(Communicator& comm, size_t my_count) {
 
 void Allgather(Communicator& comm, const AllgatherOptions& o) {
   WithTensorContext("allgather", o.name, [&] {
-    const size_t me = static_cast<size_t>(comm.rank());
-    if (o.counts.size() != static_cast<size_t>(comm.size())) {
-      throw InvalidArgument("allgather needs one count per rank: got " + std::to_string(o.counts.size()) +
-                            " for " + std::to_string(comm.size()) + " ranks");
+    comm.Allgatherv(o.input, o.output, CheckedBytes(o, comm.size(), comm.rank()));
+  });
+}
+
+void HierarchicalAllgather(const Topology& topo, const AllgatherOptions& o) {
+  WithTensorContext("hierarchical allgather", o.name, [&] {
+    const std::vector<size_t> bytes = CheckedBytes(o, topo.size(), topo.rank()), offsets = Offsets(bytes);
+    const std::vector<std::vector<int>> columns = NodeColumns(topo);
+    const size_t l = static_cast<size_t>(topo.local_rank());
+    // Across nodes: this local rank's region (the inputs of columns[l]'s ranks in cross-rank
+    // order); inside the node: every local rank's region, then each input to its place.
+    std::vector<size_t> column_bytes, region_bytes;
+    for (int r : columns[l]) column_bytes.push_back(bytes[static_cast<size_t>(r)]);
+    for (const std::vector<int>& column : columns) {
+      size_t region = 0;
+      for (int r : column) region += bytes[static_cast<size_t>(r)];
+      region_bytes.push_back(region);
     }
-    if (o.counts[me] != o.count) {
-      throw InvalidArgument("allgather: rank " + std::to_string(me) + " contributes " + std::to_string(o.count) +
-                            " elements but counts[" + std::to_string(me) + "] = " + std::to_string(o.counts[me]));
+    const std::vector<size_t> region_at = Offsets(region_bytes);
+    std::vector<char> region(region_bytes[l]), packed(region_at.back() + region_bytes.back());
+    topo.cross->Allgatherv(o.input, region.data(), column_bytes);
+    topo.local->Allgatherv(region.data(), packed.data(), region_bytes);
+    for (size_t k = 0; k < columns.size(); ++k) {
+      size_t at = region_at[k];
+      for (int r : columns[k]) {
+        const size_t q = static_cast<size_t>(r);
+        if (bytes[q] > 0) std::memcpy(static_cast<char*>(o.output) + offsets[q], packed.data() + at, bytes[q]);
+        at += bytes[q];
+      }
     }
-    const size_t esize = DataTypeSize(o.dtype);
-    std::vector<size_t> bytes(o.counts.size());
-    for (size_t r = 0; r < bytes.size(); ++r) bytes[r] = o.counts[r] * esize;
-    comm.Allgatherv(o.input, o.output, bytes);
   });
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops/comm/communicator.h"
+#include "ops/comm/topology.h"
 
 namespace gradcomp {
 
@@ -25,5 +26,11 @@ std::vector<size_t> AllgatherCounts(Communicator& comm, size_t my_count);
 
 /// Gathers every rank's input into every rank's output.
 void Allgather(Communicator& comm, const AllgatherOptions& opts);
+
+/// The same result, gathered across nodes first among the ranks with the same local rank and
+/// then inside each node: a node's link carries each of the other nodes' inputs once, where a
+/// flat exchange sends them once for every rank of the node. Needs the same number of ranks on
+/// every node; counts are the world's.
+void HierarchicalAllgather(const Topology& topo, const AllgatherOptions& opts);
 
 }  // namespace gradcomp

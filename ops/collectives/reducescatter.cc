@@ -7,18 +7,32 @@
 
 namespace gradcomp {
 
+namespace {
+
+void CheckOptions(const ReducescatterOptions& o, int ranks) {
+  if (o.counts.size() != static_cast<size_t>(ranks)) {
+    throw InvalidArgument("reducescatter needs one count per rank: got " + std::to_string(o.counts.size()) + " for " +
+                          std::to_string(ranks) + " ranks");
+  }
+  if (o.dtype == DataType::kBool && o.op == ReduceOp::kAverage) {
+    throw InvalidArgument("reducescatter: op average is not defined for bool tensors");
+  }
+}
+
+size_t Total(const std::vector<size_t>& counts) {
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  return total;
+}
+
+ReduceOp Lowered(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+}  // namespace
+
 void Reducescatter(Communicator& comm, const ReducescatterOptions& o) {
   WithTensorContext("reducescatter", o.name, [&] {
-    if (o.counts.size() != static_cast<size_t>(comm.size())) {
-      throw InvalidArgument("reducescatter needs one count per rank: got " + std::to_string(o.counts.size()) +
-                            " for " + std::to_string(comm.size()) + " ranks");
-    }
-    if (o.dtype == DataType::kBool && o.op == ReduceOp::kAverage) {
-      throw InvalidArgument("reducescatter: op average is not defined for bool tensors");
-    }
-    size_t total = 0;
-    for (size_t c : o.counts) total += c;
-    const size_t esize = DataTypeSize(o.dtype);
+    CheckOptions(o, comm.size());
+    const size_t total = Total(o.counts), esize = DataTypeSize(o.dtype);
     const void* src = o.input;
     std::vector<char> scaled;
     if (o.prescale != 1.0 && total > 0) {
@@ -26,9 +40,42 @@ void Reducescatter(Communicator& comm, const ReducescatterOptions& o) {
       ScaleInPlace(scaled.data(), total, o.dtype, o.prescale);
       src = scaled.data();
     }
-    const ReduceOp op = o.op == ReduceOp::kAverage ? ReduceOp::kSum : o.op;
-    comm.ReduceScatter(src, o.output, o.counts, o.dtype, op);
+    comm.ReduceScatter(src, o.output, o.counts, o.dtype, Lowered(o.op));
     FinishReduction(o.output, o.counts[static_cast<size_t>(comm.rank())], o.dtype, o.op, o.postscale, comm.size());
+  });
+}
+
+void HierarchicalReducescatter(const Topology& topo, const ReducescatterOptions& o) {
+  WithTensorContext("hierarchical reducescatter", o.name, [&] {
+    CheckOptions(o, topo.size());
+    const std::vector<std::vector<int>> columns = NodeColumns(topo);
+    const size_t esize = DataTypeSize(o.dtype), l = static_cast<size_t>(topo.local_rank());
+    const std::vector<size_t> offsets = Offsets(o.counts);
+    // The input packed by node column (local rank k's region: the slices of columns[k]'s ranks
+    // in cross-rank order), scaled on the way.
+    std::vector<char> packed(Total(o.counts) * esize);
+    std::vector<size_t> regions;
+    size_t at = 0;
+    for (const std::vector<int>& column : columns) {
+      size_t region = 0;
+      for (int r : column) {
+        const size_t q = static_cast<size_t>(r);
+        if (o.counts[q] > 0) {
+          std::memcpy(packed.data() + (at + region) * esize, static_cast<const char*>(o.input) + offsets[q] * esize,
+                      o.counts[q] * esize);
+        }
+        region += o.counts[q];
+      }
+      regions.push_back(region);
+      at += region;
+    }
+    if (o.prescale != 1.0 && at > 0) ScaleInPlace(packed.data(), at, o.dtype, o.prescale);
+    std::vector<char> node_sum(regions[l] * esize);
+    topo.local->ReduceScatter(packed.data(), node_sum.data(), regions, o.dtype, Lowered(o.op));
+    std::vector<size_t> column_counts;
+    for (int r : columns[l]) column_counts.push_back(o.counts[static_cast<size_t>(r)]);
+    topo.cross->ReduceScatter(node_sum.data(), o.output, column_counts, o.dtype, Lowered(o.op));
+    FinishReduction(o.output, o.counts[static_cast<size_t>(topo.rank())], o.dtype, o.op, o.postscale, topo.size());
   });
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ops/comm/communicator.h"
+#include "ops/comm/topology.h"
 
 namespace gradcomp {
 
@@ -24,5 +25,12 @@ struct ReducescatterOptions {
 
 /// Reduces across ranks; each rank keeps its slice.
 void Reducescatter(Communicator& comm, const ReducescatterOptions& opts);
+
+/// The same result, reduced inside each node first (every local rank gets the node's sum of
+/// the slices of the ranks with its local rank) and then across nodes among the ranks with the
+/// same local rank: a node's link carries its share of the other nodes' slices once, where a
+/// flat exchange sends it once for every rank of the node. Needs the same number of ranks on
+/// every node; counts are the world's.
+void HierarchicalReducescatter(const Topology& topo, const ReducescatterOptions& opts);
 
 }  // namespace gradcomp

@@ -1,4 +1,4 @@
-// Allgather, broadcast, alltoall, reducescatter, barrier, split and point-to-point over
+// Allgather, broadcast, alltoall, reducescatter (flat and node first), barrier, split and point-to-point over
 // thread ranks, world sizes 1-8, every dtype, counts including 0; over the in-process
 // communicator and over TCP connections between the threads (tcp_communicator.h).
 #include <gtest/gtest.h>
@@ -149,6 +149,57 @@ TEST_P(Collectives, ReducescatterEveryDtypeAndOp) {
   });
   EXPECT_EQ(Failures(results), "");
 }
+
+// The node-first forms over thread ranks grouped into nodes (world, ranks per node): the flat
+// forms' results, every dtype and op, counts that differ per rank (some zero).
+class NodeFirstShards : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(NodeFirstShards, ReducescatterAndAllgatherGiveTheFlatResults) {
+  const auto [world, local] = GetParam();
+  const auto results = RunTopology(world, local, [&](Topology& topo) {
+    const size_t me = static_cast<size_t>(topo.rank());
+    for (const ReduceCase& c : AllReduceCases({0, 7, 4097, 100000})) {
+      const std::vector<size_t> counts = EvenSplit(c.count, world);
+      const std::vector<size_t> offsets = Offsets(counts);
+      std::vector<char> in = MakeInput(c.dtype, c.op, c.count, topo.rank());
+      std::vector<char> out(counts[me] * DataTypeSize(c.dtype));
+      HierarchicalReducescatter(topo, ToReducescatterOptions(c, in.data(), out.data(), counts));
+      const std::string wrong =
+          CompareReduction(c, world, out.data(), ExpectedReduction(c, world, offsets[me], counts[me]));
+      if (!wrong.empty()) return "reducescatter " + c.Describe() + ": " + wrong;
+    }
+    for (DataType dt : AllDataTypes()) {
+      for (size_t base : {size_t{0}, size_t{1}, size_t{4097}}) {
+        std::vector<char> expected;
+        std::vector<size_t> counts;
+        for (int r = 0; r < world; ++r) {
+          std::vector<char> part = MakeInput(dt, ReduceOp::kSum, GatherCount(base, r), r);
+          expected.insert(expected.end(), part.begin(), part.end());
+          counts.push_back(GatherCount(base, r));
+        }
+        std::vector<char> in = MakeInput(dt, ReduceOp::kSum, counts[me], topo.rank());
+        AllgatherOptions o;
+        o.input = in.data();
+        o.count = counts[me];
+        o.counts = counts;
+        o.dtype = dt;
+        std::vector<char> out(expected.size());
+        o.output = out.data();
+        HierarchicalAllgather(topo, o);
+        if (out != expected) return std::string("allgather ") + DataTypeName(dt) + " base " + std::to_string(base) + " differs";
+      }
+    }
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, NodeFirstShards,
+                         ::testing::Values(std::make_tuple(4, 2), std::make_tuple(6, 3), std::make_tuple(6, 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& p) {
+                           return "world" + std::to_string(std::get<0>(p.param)) + "_local" +
+                                  std::to_string(std::get<1>(p.param));
+                         });
 
 TEST_P(Collectives, BarrierSeparatesPhases) {
   const int world = std::get<0>(GetParam());
