@@ -9,7 +9,7 @@
 
 Importing this module also registers the torch.distributed backend "gradcomp"
 (``dist.init_process_group("gradcomp")``), and ``ddp_hook`` / ``DDPHookState`` give DDP
-per-layer compression on any backend.
+per-layer compression on any backend, ``fsdp_hook`` / ``FSDPHookState`` FSDP's gradients.
 
 Differences from Horovod worth knowing: ``compression=None`` (the default everywhere) follows
 the GRADCOMP_* settings and the layer filter, so ``gcrun --compression maxmin --bits 4`` turns
@@ -35,6 +35,7 @@ from gradcomp.torch.functions import (allgather_object, broadcast_object, broadc
 from gradcomp.torch.optimizer import DistributedOptimizer
 from gradcomp.torch.sync_batch_norm import SyncBatchNorm
 from gradcomp.torch.ddp_hook import DDPHookState, ddp_hook
+from gradcomp.torch.fsdp_hook import FSDPHookState, fsdp_hook
 from gradcomp.torch import backend as _backend
 from gradcomp.torch import compat
 from gradcomp.torch import elastic  # hvd.elastic.TorchState, hvd.elastic.run
@@ -117,6 +118,7 @@ __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initializ
            "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "Adasum", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
+           "FSDPHookState", "fsdp_hook",
            "GradcompError", "HorovodInternalError", "stats", "compression_choices", "auto_summary", "mpi_built",
            "mpi_enabled", "mpi_threads_supported",
            "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built",
