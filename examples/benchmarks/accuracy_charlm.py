@@ -28,7 +28,6 @@ what a budget that follows the training regime could reach. A schedule switches 
 per-parameter choice between phases, a private attribute: a measurement, not an API.
 """
 import argparse
-import glob
 import math
 import os
 import re
@@ -37,9 +36,11 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 
 import gradcomp.torch as hvd
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from charlm import CharGPT, add_training_arguments, corpus, train_step, validation_loss  # noqa: E402
 
 BITS = ["fp16", "maxmin8", "maxmin6", "maxmin5", "maxmin4", "maxmin3", "maxmin2"]
 # The reference's budget at every choice, absolute errors: what "auto" meant before regimes.
@@ -77,65 +78,6 @@ def configs(interval, critical_change=0.5):
     }
 
 
-def corpus(megabytes):
-    """The standard library's modules, in name order: (train bytes, validation bytes); the last
-    tenth of the files is held out."""
-    root = os.path.dirname(os.__file__)
-    files = sorted(glob.glob(os.path.join(root, "*.py")))
-    if not files:
-        sys.exit(f"accuracy_charlm: no Python sources under {root}")
-    texts = []
-    total = 0
-    for path in files:
-        with open(path, "rb") as f:
-            texts.append(f.read())
-        total += len(texts[-1])
-        if total >= megabytes * 2**20:
-            break
-    held = max(1, len(texts) // 10)
-    train, val = b"".join(texts[:-held]), b"".join(texts[-held:])
-    return torch.frombuffer(bytearray(train), dtype=torch.uint8).long(), \
-        torch.frombuffer(bytearray(val), dtype=torch.uint8).long()
-
-
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-    def forward(self, x, mask):
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
-class CharGPT(nn.Module):
-    def __init__(self, layers, width, heads, context, vocab=256):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, width)
-        self.pos = nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab)
-        self.register_buffer("mask", torch.triu(torch.full((context, context), float("-inf")), diagonal=1))
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(t))
-        for b in self.blocks:
-            x = b(x, self.mask[:t, :t])
-        return self.head(self.ln(x))
-
-
-def windows(text, count, context, generator):
-    start = torch.randint(0, len(text) - context - 1, (count,), generator=generator)
-    x = torch.stack([text[s:s + context] for s in start.tolist()])
-    y = torch.stack([text[s + 1:s + context + 1] for s in start.tolist()])
-    return x, y
-
-
 def schedule(name):
     """"sched:4@100/2@200/1" -> [(100, 4), (200, 2), (inf, 1)]: (first step after, bits)."""
     phases = []
@@ -162,44 +104,24 @@ def run(name, make_compression, seed, args, train, val):
             for plan in opt._plans.values():
                 if plan.choice is not None and plan.choice.name == "maxmin" and plan.choice.bits != bits:
                     plan.choice = hvd.Compression.maxmin(bits)
-        for group in opt.param_groups:  # warm-up, then cosine decay
-            warm = min(1.0, (step + 1) / 20)
-            group["lr"] = args.lr * warm * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-        x, y = windows(train, args.batch_size, args.context, gen)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
-        loss.backward()
-        opt.step()
+        train_step(model, opt, train, args, step, gen)
     after = hvd.stats()
-    model.eval()
-    vgen = torch.Generator().manual_seed(99)  # the same held-out windows for every run
-    with torch.no_grad():
-        losses = []
-        for _ in range(args.val_batches):
-            x, y = windows(val, 64, args.context, vgen)
-            losses.append(float(nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))))
+    loss = validation_loss(model, val, args)
     n = hvd.size()
     ring = (after["compressed_bytes_in"] - before["compressed_bytes_in"]) * 2 * (n - 1) / n
     wire = after["compressed_bytes_on_wire"] - before["compressed_bytes_on_wire"]
     ratio = 1.0 if name == "none" else (wire / ring if ring else float("nan"))
-    return statistics.mean(losses), ratio
+    return loss, ratio
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=8, help="windows per rank and step")
-    p.add_argument("--context", type=int, default=48)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
+    add_training_arguments(p)
     p.add_argument("--interval", type=int, default=25, help="auto: steps between two choices")
     p.add_argument("--critical-change", type=float, default=0.5,
                    help="auto_regimes: how far a summed gradient's norm moves between choices in a critical regime")
-    p.add_argument("--corpus-mb", type=float, default=4.0)
-    p.add_argument("--val-batches", type=int, default=20)
     p.add_argument("--configs", default="none,maxmin4,maxmin2,maxmin2_ef,auto")
     args = p.parse_args()
     table = configs(args.interval, args.critical_change)
