@@ -49,14 +49,9 @@ void HierarchicalAllgather(const Topology& topo, const AllgatherOptions& o) {
     const size_t l = static_cast<size_t>(topo.local_rank());
     // Across nodes: this local rank's region (the inputs of columns[l]'s ranks in cross-rank
     // order); inside the node: every local rank's region, then each input to its place.
-    std::vector<size_t> column_bytes, region_bytes;
+    std::vector<size_t> column_bytes;
     for (int r : columns[l]) column_bytes.push_back(bytes[static_cast<size_t>(r)]);
-    for (const std::vector<int>& column : columns) {
-      size_t region = 0;
-      for (int r : column) region += bytes[static_cast<size_t>(r)];
-      region_bytes.push_back(region);
-    }
-    const std::vector<size_t> region_at = Offsets(region_bytes);
+    const std::vector<size_t> region_bytes = RegionSizes(columns, bytes), region_at = Offsets(region_bytes);
     std::vector<char> region(region_bytes[l]), packed(region_at.back() + region_bytes.back());
     topo.cross->Allgatherv(o.input, region.data(), column_bytes);
     topo.local->Allgatherv(region.data(), packed.data(), region_bytes);

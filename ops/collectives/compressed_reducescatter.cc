@@ -80,18 +80,6 @@ void ScatterReduce(Communicator& comm, const CompressedAllreduceOptions& o, cons
   st->bytes_sent += send_total;
 }
 
-// The node-local rank k's region of a node's buffer: the shards of the ranks of cross
-// communicator k (columns[k]), one after the other in cross-rank order.
-std::vector<size_t> RegionCounts(const std::vector<std::vector<int>>& columns, const std::vector<size_t>& counts) {
-  std::vector<size_t> regions;
-  for (const std::vector<int>& column : columns) {
-    size_t total = 0;
-    for (int r : column) total += counts[static_cast<size_t>(r)];
-    regions.push_back(total);
-  }
-  return regions;
-}
-
 // Copies the shards of `column` from the buffer layout (shards at `offsets`) into one region
 // (the shards one after the other), or with `unpack` from a region back into the buffer layout.
 void CopyColumn(Device& d, Stream& stream, const std::vector<int>& column, const std::vector<size_t>& counts,
@@ -141,7 +129,7 @@ CompressedAllreduceStats HierarchicalCompressedReducescatter(const Topology& top
     if (o.count == 0) return;
     const std::vector<std::vector<int>> columns = NodeColumns(topo);
     const size_t l = static_cast<size_t>(topo.local_rank());
-    const std::vector<size_t> regions = RegionCounts(columns, counts), offsets = Offsets(counts);
+    const std::vector<size_t> regions = RegionSizes(columns, counts), offsets = Offsets(counts);
     WorkspaceFor workspace(o);
     CompressionWorkspace& ws = *workspace;
     Device& d = ws.device;

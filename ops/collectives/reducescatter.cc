@@ -53,23 +53,21 @@ void HierarchicalReducescatter(const Topology& topo, const ReducescatterOptions&
     const std::vector<size_t> offsets = Offsets(o.counts);
     // The input packed by node column (local rank k's region: the slices of columns[k]'s ranks
     // in cross-rank order), scaled on the way.
-    std::vector<char> packed(Total(o.counts) * esize);
-    std::vector<size_t> regions;
+    const size_t total = Total(o.counts);
+    std::vector<char> packed(total * esize);
     size_t at = 0;
     for (const std::vector<int>& column : columns) {
-      size_t region = 0;
       for (int r : column) {
         const size_t q = static_cast<size_t>(r);
         if (o.counts[q] > 0) {
-          std::memcpy(packed.data() + (at + region) * esize, static_cast<const char*>(o.input) + offsets[q] * esize,
+          std::memcpy(packed.data() + at * esize, static_cast<const char*>(o.input) + offsets[q] * esize,
                       o.counts[q] * esize);
         }
-        region += o.counts[q];
+        at += o.counts[q];
       }
-      regions.push_back(region);
-      at += region;
     }
-    if (o.prescale != 1.0 && at > 0) ScaleInPlace(packed.data(), at, o.dtype, o.prescale);
+    if (o.prescale != 1.0 && total > 0) ScaleInPlace(packed.data(), total, o.dtype, o.prescale);
+    const std::vector<size_t> regions = RegionSizes(columns, o.counts);
     std::vector<char> node_sum(regions[l] * esize);
     topo.local->ReduceScatter(packed.data(), node_sum.data(), regions, o.dtype, Lowered(o.op));
     std::vector<size_t> column_counts;

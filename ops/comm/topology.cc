@@ -64,6 +64,16 @@ std::vector<std::vector<int>> NodeColumns(const Topology& topo) {
   return columns;
 }
 
+std::vector<size_t> RegionSizes(const std::vector<std::vector<int>>& columns, const std::vector<size_t>& sizes) {
+  std::vector<size_t> regions;
+  for (const std::vector<int>& column : columns) {
+    size_t total = 0;
+    for (int r : column) total += sizes[static_cast<size_t>(r)];
+    regions.push_back(total);
+  }
+  return regions;
+}
+
 namespace {
 
 // The row length of the most square grid of n ranks with rows at least as long as columns.

@@ -80,6 +80,10 @@ std::vector<int> GridShape(int ranks, int ranks_per_node, int nest_min_ranks, in
 /// have cross rank c (homogeneous nodes), whatever order the launcher gave the world's ranks.
 std::vector<std::vector<int>> NodeColumns(const Topology& topo);
 
+/// Local rank k's region of a buffer laid out by node column: the sum of `sizes` (one a world
+/// rank, elements or bytes) over the ranks of columns[k], for every k.
+std::vector<size_t> RegionSizes(const std::vector<std::vector<int>>& columns, const std::vector<size_t>& sizes);
+
 /// Collective over `world`: builds the node and cross communicators. forced_local_size > 0
 /// forces nodes of that many consecutive ranks (GRADCOMP_LOCAL_SIZE; it must divide the
 /// world size); 0 detects shared-memory domains. `shm_staging_bytes` sizes the node's

@@ -10,9 +10,10 @@ reduce-scatter, with the unit's flat gradient (padded to a multiple of the ranks
 to fill; under NO_SHARD with the flat gradient alone, to be reduced in place. The hook runs
 gradcomp's reducescatter (allreduce under NO_SHARD), averaged over the runtime's ranks or the
 state's process set and compressed per the state's compression, and waits for it: FSDP reads the
-shard as soon as the hook returns. Compression None follows the settings as backend gradcomp
-does: GRADCOMP_COMPRESSION's codec for float gradients of at least GRADCOMP_MIN_SIZE elements,
-flat as they are (topk and auto leave them exact), with GRADCOMP_ERROR_FEEDBACK. Each shard is summed in float32 by its owner from its peers' quantized
+shard as soon as the hook returns. Compression None follows the settings' layer filter as
+backend gradcomp does: GRADCOMP_COMPRESSION's codec for float gradients of at least
+GRADCOMP_MIN_SIZE elements, flat as they are (topk and auto leave them exact), with
+GRADCOMP_ERROR_FEEDBACK. Each shard is summed in float32 by its owner from its peers' quantized
 pieces and its own exact values (hvd.reducescatter's codec path).
 
 Names. The runtime negotiates tensors by name and keeps error feedback's residual by name, but
