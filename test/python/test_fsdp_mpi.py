@@ -214,3 +214,16 @@ def test_fsdp_hook_reduces_the_gradients_through_gradcomp_on_gloo(gloo, strategy
     with FSDP.summon_full_params(model):
         ok, everyone = same_on_every_rank(digest(model.parameters()), gloo)
     assert ok, f"unsharded parameters differ between ranks: {everyone}"
+
+
+def test_fsdp_hook_names_a_process_group_that_is_not_the_runtimes():
+    """A shard that implies another number of ranks than the hook reduces over fails at once on
+    every rank, naming the gradient, both sizes and the fix, before any collective starts."""
+    n = hvd.size()
+    leaf = torch.ones(4, requires_grad=True)
+    leaf.register_hook(lambda g: hvd.fsdp_hook(hvd.FSDPHookState(), torch.zeros(6 * (n + 1)), torch.zeros(6)))
+    with pytest.raises(ValueError) as e:
+        leaf.sum().backward()
+    assert (f"fsdp_hook: gradient 'fsdp.0.{6 * (n + 1)}' of {6 * (n + 1)} elements comes with a shard of 6, a "
+            f"process group of {n + 1} ranks, but the hook reduces over {n}: give FSDPHookState the process_set"
+            in str(e.value)), str(e.value)
