@@ -155,7 +155,9 @@ TEST_P(Collectives, ReducescatterEveryDtypeAndOp) {
 class NodeFirstShards : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(NodeFirstShards, ReducescatterAndAllgatherGiveTheFlatResults) {
-  const auto [world, local] = GetParam();
+  // Plain names, not a structured binding: C++17 lambdas cannot capture bindings (clang).
+  const int world = std::get<0>(GetParam());
+  const int local = std::get<1>(GetParam());
   const auto results = RunTopology(world, local, [&](Topology& topo) {
     const size_t me = static_cast<size_t>(topo.rank());
     for (const ReduceCase& c : AllReduceCases({0, 7, 4097, 100000})) {

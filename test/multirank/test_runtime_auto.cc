@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
+#include <string>
 #include <tuple>
 #include <random>
 
@@ -115,6 +117,14 @@ double LayerError(const Trained& run, int world, int s, const std::string& layer
     norm += exact[i] * exact[i];
   }
   return relative ? e / norm : e;
+}
+
+// The candidate token of a setting CompressionSpec::Describe wrote: "maxmin4" for
+// "maxmin(bits=4, ...)", "fp16" for "fp16", as AutoTensorReport's maps key them.
+std::string CandidateToken(const std::string& setting) {
+  std::string token = setting.substr(0, setting.find('('));
+  if (token == "maxmin") token += setting.substr(setting.find("bits=") + 5, 1);
+  return token;
 }
 
 // Sum over the steps from `from` and the layers of the squared error of rank 0's results.
@@ -437,9 +447,7 @@ TEST(RuntimeAuto, TheCostModelLeavesOutWhatIsSlowerThanNone) {
   ASSERT_EQ(w.estimated_seconds.size(), 11u) << "9 candidates, the relaxed setting and the reference";
   const double none = w.estimated_seconds.at("none");
   EXPECT_DOUBLE_EQ(none, link.Seconds(512 * 256 * 4, 0));
-  std::string token = w.setting.substr(0, w.setting.find('('));
-  if (token == "maxmin") token += w.setting.substr(w.setting.find("bits=") + 5, 1);
-  EXPECT_LE(w.estimated_seconds.at(token), none) << w.setting;
+  EXPECT_LE(w.estimated_seconds.at(CandidateToken(w.setting)), none) << w.setting;
   for (const auto& [candidate, seconds] : w.estimated_seconds) {
     if (candidate != "none") {
       EXPECT_GT(seconds, link.latency) << candidate << ": codec time counts";
@@ -474,6 +482,7 @@ TEST(RuntimeAuto, ARankThatJoinedMeasuresZerosAndTheChoiceGoesOn) {
   // (step 2, 4) and choices (3, 5), with rank 1 contributing zeros (and no statistics).
   std::vector<float> last(64 * 64);
   uint64_t choices = 0;
+  std::map<std::string, AutoTensorReport> report;
   const auto results = RunRanks(2, [&](Communicator& comm) {
     Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "auto"}, {"GRADCOMP_AUTO_INTERVAL", "2"}}));
     const int steps = rt.rank() == 0 ? 6 : 2;
@@ -486,14 +495,20 @@ TEST(RuntimeAuto, ARankThatJoinedMeasuresZerosAndTheChoiceGoesOn) {
     if (rt.rank() == 0) {
       last = g;
       choices = rt.stats().auto_choices;
+      report = rt.CompressionChoices();
     }
     return std::string();
   });
   ASSERT_EQ(Failures(results), "");
   EXPECT_EQ(choices, 2u);
-  // The last step is rank 0's gradient alone, within the chosen setting's error.
+  // The last step is rank 0's gradient alone, within the chosen setting's error: what the last
+  // measurement (step 4, the same values) found for it, with room for another rounding draw.
+  // Which setting wins depends on the codecs' measured times (a slower build picks fewer bits).
+  const AutoTensorReport& w = report.at("w");
+  const std::string token = CandidateToken(w.setting);
+  const double bound = token == "none" ? 1e-6 : std::max(0.2, 1.5 * w.relative_error.at(token));
   const std::vector<float> mine = Values(0, last.size(), 0, 5);
-  EXPECT_LT(RelativeL2(last, std::vector<double>(mine.begin(), mine.end())), 0.2);
+  EXPECT_LT(RelativeL2(last, std::vector<double>(mine.begin(), mine.end())), bound) << w.setting;
 }
 
 TEST(RuntimeAuto, NamesThatStopComingAreForgotten) {
