@@ -48,10 +48,7 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
     timeline_.End(r.names[0], "COMMUNICATE",
                   EndArgs(r.dtype, shape, NumElements(shape) * static_cast<int64_t>(DataTypeSize(r.dtype))));
   }
-  if (entries[0]) {
-    entries[0]->handle->mutable_output_shape() = shape;
-    entries[0]->handle->Complete();
-  }
+  CompleteOutput(entries, r, out_bytes, shape);
 }
 
 void Executor::RunBroadcast(const Response& r, EntryList& entries) {
@@ -180,11 +177,9 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries) {
       Reducescatter(*topo_.world, o);
     }
   }
-  if (entries[0]) {
-    entries[0]->handle->mutable_output_shape() = shape;
-    entries[0]->handle->mutable_output_shape()[0] = static_cast<int64_t>(rows[me]);
-    entries[0]->handle->Complete();
-  }
+  std::vector<int64_t> out_shape = shape;
+  out_shape[0] = static_cast<int64_t>(rows[me]);
+  CompleteOutput(entries, r, out_bytes, std::move(out_shape));
 }
 
 }  // namespace gradcomp

@@ -31,12 +31,33 @@ inline std::string FusedName(const Response& r) {
 
 inline Device& EntryDevice(const TensorEntry& e) { return e.device != nullptr ? *e.device : HostDevice(); }
 
-// The host output of a collective whose output the runtime allocates: the handle's, `bytes`
-// long, or `local` on a rank that joined (it has no handle).
+// Whether this rank's entry came with a buffer of the caller's for its result (OutputBuffer).
+inline bool HasCallerOutput(const EntryList& entries) { return entries[0] && entries[0]->output != nullptr; }
+
+// The host output of an allgather, alltoall or reducescatter, `bytes` long: the caller's buffer
+// where it gave one of that size; else the handle's, or `local` on a rank that joined (it has
+// no handle) and on one whose buffer has another size (it is left untouched: CompleteOutput
+// fails the operation there after the exchange).
 inline char* HostOutput(EntryList& entries, size_t bytes, std::vector<char>& local) {
-  std::vector<char>& out = entries[0] ? entries[0]->handle->mutable_output() : local;
+  if (HasCallerOutput(entries) && entries[0]->output_bytes == bytes) return static_cast<char*>(entries[0]->output);
+  std::vector<char>& out = entries[0] && !HasCallerOutput(entries) ? entries[0]->handle->mutable_output() : local;
   out.resize(bytes);
   return out.data();
+}
+
+// Completes this rank's handle of a collective whose result, `bytes` long, has `shape`; fails
+// it instead where the caller's buffer for the result had another size.
+inline void CompleteOutput(EntryList& entries, const Response& r, size_t bytes, std::vector<int64_t> shape) {
+  if (!entries[0]) return;
+  Handle& h = *entries[0]->handle;
+  if (HasCallerOutput(entries) && entries[0]->output_bytes != bytes) {
+    return h.Fail(std::string(RequestTypeName(r.type)) + " of '" + r.names[0] + "': the output buffer holds " +
+                      std::to_string(entries[0]->output_bytes) + " bytes, the result " + ShapeString(shape) +
+                      " of " + DataTypeName(r.dtype) + " is " + std::to_string(bytes),
+                  true);
+  }
+  h.mutable_output_shape() = std::move(shape);
+  h.Complete();
 }
 
 inline void CompleteAll(EntryList& entries) {

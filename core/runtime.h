@@ -57,6 +57,16 @@ struct Placement {
   Stream* stream = nullptr;
 };
 
+/// A caller's host buffer for the result of an allgather or reducescatter, `bytes` long: the
+/// result is written there (decoded there, when compressed) instead of into memory the handle
+/// allocates, which the caller would copy out. Where the negotiated result has another size,
+/// the buffer is left as it was and the operation fails on this rank, after the exchange (the
+/// other ranks go on). Host tensors only.
+struct OutputBuffer {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
 /// Counters for tests and diagnostics.
 struct RuntimeStats {
   uint64_t cycles = 0;
@@ -145,13 +155,14 @@ class Runtime {
   /// for float tensors whose rows (the elements after the first dimension) number at least
   /// GRADCOMP_MIN_SIZE, none otherwise.
   CompressionSpec AllgatherCompressionFor(DataType dtype, const std::vector<int64_t>& shape) const;
-  /// Concatenation along the first dimension, which may differ per rank (output in the handle).
-  /// With `placement` on a device the output is in that device's memory (Handle::device_output).
-  /// `compression` (dense codecs; null: AllgatherCompressionFor) quantizes every rank's rows
-  /// once, and every rank decodes them all: the same output on every rank.
+  /// Concatenation along the first dimension, which may differ per rank (output in the handle,
+  /// or in `into`). With `placement` on a device the output is in that device's memory
+  /// (Handle::device_output). `compression` (dense codecs; null: AllgatherCompressionFor)
+  /// quantizes every rank's rows once, and every rank decodes them all: the same output on
+  /// every rank.
   std::shared_ptr<Handle> Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     const void* input, const CompressionSpec* compression = nullptr,
-                                    Placement placement = {});
+                                    Placement placement = {}, OutputBuffer into = {});
   /// root's buffer into every rank's buffer.
   std::shared_ptr<Handle> Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                     void* buffer, int root, Placement placement = {});
@@ -160,13 +171,14 @@ class Runtime {
   std::shared_ptr<Handle> Alltoall(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                    const void* input, const std::vector<int64_t>& splits,
                                    Placement placement = {});
-  /// Reduction whose first dimension is split evenly across ranks (output in the handle).
+  /// Reduction whose first dimension is split evenly across ranks (output in the handle, or in
+  /// `into`).
   /// `compression` (dense codecs; null: CompressionFor's, none for topk and auto) quantizes each
   /// rank's pieces of its peers' slices; each slice is summed in float32 by its owner.
   std::shared_ptr<Handle> Reducescatter(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                         const void* input, ReduceOp op, double prescale = 1.0,
                                         double postscale = 1.0, const CompressionSpec* compression = nullptr,
-                                        Placement placement = {});
+                                        Placement placement = {}, OutputBuffer into = {});
   /// Completes once every rank has reached it.
   std::shared_ptr<Handle> Barrier();
   /// This rank has no more data: it contributes zeros to other ranks' allreduces until every
@@ -193,7 +205,10 @@ class Runtime {
   double BackgroundCpuSeconds() const;
 
  private:
-  std::shared_ptr<Handle> Submit(Request request, const void* input, void* output, Placement placement = {});
+  std::shared_ptr<Handle> Submit(Request request, const void* input, void* output, Placement placement = {},
+                                 size_t output_bytes = 0);
+  /// Submits an allgather or reducescatter whose result goes to the handle or to `into`.
+  std::shared_ptr<Handle> SubmitShards(Request request, const void* input, Placement placement, OutputBuffer into);
   /// An entry for these buffers with a new handle.
   TensorEntry NewEntry(const void* input, void* output, Placement placement);
   /// Validates one allreduce and builds its request (shared by Allreduce and GroupedAllreduce).

@@ -37,8 +37,10 @@ TensorEntry Runtime::NewEntry(const void* input, void* output, Placement placeme
   return entry;
 }
 
-std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void* output, Placement placement) {
+std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void* output, Placement placement,
+                                        size_t output_bytes) {
   TensorEntry entry = NewEntry(input, output, placement);
+  entry.output_bytes = output_bytes;
   request.on_device = entry.device != nullptr;
   std::shared_ptr<Handle> handle = entry.handle;
   // When this rank handed the tensor over: with the response cache, tensors after the first
@@ -167,15 +169,24 @@ std::vector<std::shared_ptr<Handle>> Runtime::GroupedAllreduce(const std::vector
   return handles;
 }
 
+std::shared_ptr<Handle> Runtime::SubmitShards(Request request, const void* input, Placement placement,
+                                             OutputBuffer into) {
+  if (into.data != nullptr && placement.device != nullptr && placement.device != &HostDevice()) {
+    throw InvalidArgument(std::string(RequestTypeName(request.type)) + " of '" + request.name +
+                          "': the output buffer given is host memory, and the tensor is on a device");
+  }
+  return Submit(std::move(request), input, into.data, placement, into.data != nullptr ? into.bytes : 0);
+}
+
 std::shared_ptr<Handle> Runtime::Allgather(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
                                            const void* input, const CompressionSpec* compression,
-                                           Placement placement) {
+                                           Placement placement, OutputBuffer into) {
   Request r = NewRequest(RequestType::kAllgather, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("allgather of '" + name + "' needs a tensor with at least one dimension");
   r.compression = ShardCompression(compression, AllgatherCompressionFor(dtype, shape), dtype, ReduceOp::kSum,
                                    "allgather of '" + name + "'");
   r.compression.error_feedback = false;  // every step gathers the owners' exact values again
-  return Submit(std::move(r), input, nullptr, placement);
+  return SubmitShards(std::move(r), input, placement, into);
 }
 
 std::shared_ptr<Handle> Runtime::Broadcast(const std::string& name, DataType dtype, const std::vector<int64_t>& shape,
@@ -223,7 +234,8 @@ std::shared_ptr<Handle> Runtime::Alltoall(const std::string& name, DataType dtyp
 std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType dtype,
                                                const std::vector<int64_t>& shape, const void* input, ReduceOp op,
                                                double prescale, double postscale,
-                                               const CompressionSpec* compression, Placement placement) {
+                                               const CompressionSpec* compression, Placement placement,
+                                               OutputBuffer into) {
   Request r = NewRequest(RequestType::kReducescatter, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("reducescatter of '" + name + "' needs at least one dimension");
   if (op == ReduceOp::kBitwiseAnd || (dtype == DataType::kBool && op == ReduceOp::kAverage)) {
@@ -238,7 +250,7 @@ std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType
   r.postscale = postscale;
   r.compression = ShardCompression(compression, CompressionFor(dtype, shape, op), dtype, op,
                                    "reducescatter of '" + name + "'");
-  return Submit(std::move(r), input, nullptr, placement);
+  return SubmitShards(std::move(r), input, placement, into);
 }
 
 std::shared_ptr<Handle> Runtime::Barrier() {

@@ -20,8 +20,10 @@ namespace gradcomp {
 struct TensorEntry {
   RequestType type = RequestType::kAllreduce;  // for error messages
   const void* input = nullptr;
-  /// allreduce / broadcast destination (may equal input); other types allocate in the handle.
+  /// allreduce / broadcast destination (may equal input); allgather / reducescatter: the
+  /// caller's host buffer for the result (output_bytes long), or null: the handle allocates it.
   void* output = nullptr;
+  size_t output_bytes = 0;
   /// The device input and output live on (null: the host; allreduce and broadcast only).
   Device* device = nullptr;
   /// Recorded on the framework's stream at enqueue: the input is ready once it is reached.

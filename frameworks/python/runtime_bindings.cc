@@ -336,17 +336,20 @@ void BindCollectives(py::class_<Runtime>& cls) {
       .def(
           "allgather_async",
           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
-             py::object keep, int device, uintptr_t stream, const py::object& compression) {
+             py::object keep, int device, uintptr_t stream, const py::object& compression, uintptr_t output,
+             size_t output_bytes) {
             const std::string what = "allgather of '" + name + "'";
             const Where where(device, stream, what);
             const std::optional<CompressionSpec> spec = SpecFrom(compression);
             auto h = rt.Allgather(name, DtypeFromInt(dtype, what), shape, Ptr(input), spec ? &*spec : nullptr,
-                                  where.placement());
+                                  where.placement(), OutputBuffer{MutablePtr(output), output_bytes});
             return PyHandle{h, std::move(keep)};
           },
           py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("keep"),
-          py::arg("device") = -1, py::arg("stream") = 0, py::arg("compression") = py::none(),
-          "compression: None (the settings' GRADCOMP_ALLGATHER_COMPRESSION and layer filter) or a spec dict")
+          py::arg("device") = -1, py::arg("stream") = 0, py::arg("compression") = py::none(), py::arg("output") = 0,
+          py::arg("output_bytes") = 0,
+          "compression: None (the settings' GRADCOMP_ALLGATHER_COMPRESSION and layer filter) or a spec dict; "
+          "output: 0 (the handle holds the result) or a host buffer of output_bytes for it")
       .def(
           "broadcast_async",
           [](Runtime& rt, uintptr_t buffer, int dtype, const std::vector<int64_t>& shape, int root,
@@ -378,18 +381,20 @@ void BindCollectives(py::class_<Runtime>& cls) {
           "reducescatter_async",
           [](Runtime& rt, uintptr_t input, int dtype, const std::vector<int64_t>& shape, const std::string& name,
              int op, double pre, double post, py::object keep, int device, uintptr_t stream,
-             const py::object& compression) {
+             const py::object& compression, uintptr_t output, size_t output_bytes) {
             const std::string what = "reducescatter of '" + name + "'";
             const Where where(device, stream, what);
             const std::optional<CompressionSpec> spec = SpecFrom(compression);
             auto h = rt.Reducescatter(name, DtypeFromInt(dtype, what), shape, Ptr(input), ReduceOpFromInt(op), pre,
-                                      post, spec ? &*spec : nullptr, where.placement());
+                                      post, spec ? &*spec : nullptr, where.placement(),
+                                      OutputBuffer{MutablePtr(output), output_bytes});
             return PyHandle{h, std::move(keep)};
           },
           py::arg("input"), py::arg("dtype"), py::arg("shape"), py::arg("name"), py::arg("op"), py::arg("prescale"),
           py::arg("postscale"), py::arg("keep"), py::arg("device") = -1, py::arg("stream") = 0,
-          py::arg("compression") = py::none(),
-          "compression: None (the settings' GRADCOMP_COMPRESSION and layer filter) or a spec dict")
+          py::arg("compression") = py::none(), py::arg("output") = 0, py::arg("output_bytes") = 0,
+          "compression: None (the settings' GRADCOMP_COMPRESSION and layer filter) or a spec dict; "
+          "output: 0 (the handle holds the result) or a host buffer of output_bytes for it")
       .def("barrier_async", [](Runtime& rt) { return PyHandle{rt.Barrier(), py::none()}; })
       .def("join_async", [](Runtime& rt) { return PyHandle{rt.Join(), py::none()}; });
 }

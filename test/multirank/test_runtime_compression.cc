@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/runtime.h"
 #include "ops/collectives/compressed_allreduce.h"
@@ -232,6 +235,88 @@ TEST(RuntimeCompression, ReducescatterAndAllgatherFollowTheSettings) {
     const double ew = RelativeL2(gathered[0], weights);
     EXPECT_GT(ew, 1e-5) << where << ": the allgather was not compressed";
     EXPECT_LT(ew, 0.01) << where;
+  }
+}
+
+// Each rank's results of a compressed and an exact reducescatter and allgather, into the handle
+// or (`into`) into buffers of the caller's; a buffer 4 bytes short on rank `short_rank` (-1:
+// none) stays as it was and its operation fails there with the message kept in `errors`.
+struct ShardResults {
+  std::vector<std::vector<std::vector<float>>> outputs;  // [rank][operation]
+  std::vector<std::string> errors;                       // [rank]
+};
+
+ShardResults ShardsThroughRuntime(int world, const char* local, bool into, int short_rank) {
+  const size_t rows = 64, row = 1024, shard = rows / static_cast<size_t>(world) * row;
+  ShardResults out{std::vector<std::vector<std::vector<float>>>(world), std::vector<std::string>(world)};
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_BITS", "4"},
+                              {"GRADCOMP_ALLGATHER_COMPRESSION", "maxmin"}, {"GRADCOMP_LOCAL_SIZE", local}}));
+    const int me = rt.rank();
+    const std::vector<float> g = Gradient(rows * row, me, 1e4);
+    CompressionSpec none;
+    std::vector<std::vector<float>>& mine = out.outputs[static_cast<size_t>(me)];
+    mine.assign(4, std::vector<float>());
+    std::vector<std::shared_ptr<Handle>> handles;
+    for (size_t op = 0; op < 4; ++op) {
+      const bool gather = op >= 2;
+      const CompressionSpec* spec = op % 2 == 0 ? nullptr : &none;
+      const size_t count = gather ? rows * row : shard;
+      mine[op].assign(count, -7.0f);  // what a refused buffer still holds
+      OutputBuffer buffer;
+      if (into) buffer = {mine[op].data(), count * sizeof(float) - (me == short_rank && gather ? 4 : 0)};
+      const std::string name = std::string(gather ? "weight" : "grad") + (spec ? ".exact" : "");
+      handles.push_back(gather ? rt.Allgather(name, DataType::kFloat32, {int64_t(rows) / world, int64_t(row)},
+                                              g.data(), spec, {}, buffer)
+                               : rt.Reducescatter(name, DataType::kFloat32, {int64_t(rows), int64_t(row)}, g.data(),
+                                                  ReduceOp::kAverage, 1.0, 1.0, spec, {}, buffer));
+    }
+    for (size_t op = 0; op < 4; ++op) {
+      try {
+        handles[op]->Wait();
+      } catch (const InvalidArgument& e) {
+        out.errors[static_cast<size_t>(me)] += e.what();
+        continue;
+      }
+      if (into) continue;
+      if (handles[op]->output().size() != mine[op].size() * sizeof(float)) return std::string("output size");
+      std::memcpy(mine[op].data(), handles[op]->output().data(), handles[op]->output().size());
+    }
+    return std::string();
+  });
+  EXPECT_EQ(Failures(results), "");
+  return out;
+}
+
+// OutputBuffer (allgather_async's and reducescatter_async's `output`, FSDP's unsharded
+// parameters): the caller's buffers receive the bytes the handle would hold, compressed (decoded
+// there) and exact, flat and on 2 nodes x 2; a buffer of the wrong size fails only its rank's
+// operation, naming both sizes, and is left as it was.
+TEST(RuntimeCompression, CallersBuffersReceiveTheResultsAndOneOfAnotherSizeFailsOnlyItsRank) {
+  for (const char* local : {"2", "0"}) {
+    const ShardResults held = ShardsThroughRuntime(4, local, false, -1);
+    const ShardResults given = ShardsThroughRuntime(4, local, true, -1);
+    EXPECT_EQ(given.outputs, held.outputs) << "local size " << local;
+    for (const std::string& e : held.errors) EXPECT_EQ(e, "");
+    for (const std::string& e : given.errors) EXPECT_EQ(e, "");
+    const ShardResults wrong = ShardsThroughRuntime(4, local, true, 1);
+    for (size_t r = 0; r < 4; ++r) {
+      for (size_t op = 0; op < 4; ++op) {
+        if (r == 1 && op >= 2) {
+          EXPECT_EQ(wrong.outputs[r][op], std::vector<float>(wrong.outputs[r][op].size(), -7.0f)) << op;
+        } else {
+          EXPECT_EQ(wrong.outputs[r][op], held.outputs[r][op]) << "rank " << r << ", operation " << op;
+        }
+      }
+      if (r != 1) {
+        EXPECT_EQ(wrong.errors[r], "") << r;
+      }
+    }
+    EXPECT_NE(wrong.errors[1].find("allgather of 'weight': the output buffer holds 262140 bytes, the result "
+                                   "[64, 1024] of float32 is 262144"),
+              std::string::npos)
+        << wrong.errors[1];
+    EXPECT_NE(wrong.errors[1].find("allgather of 'weight.exact'"), std::string::npos) << wrong.errors[1];
   }
 }
 

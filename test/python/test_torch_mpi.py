@@ -242,6 +242,50 @@ def test_reducescatter(dtype):
         torch.testing.assert_close(avg.double(), total[start:start + rows[me]] / n, rtol=0.02, atol=0.05)
 
 
+def test_allgather_and_reducescatter_write_into_a_given_output():
+    """output=: a contiguous host tensor receives the result in place (the same storage comes
+    back), a strided one or one that holds the input (FSDP2 gathers from inside its output) by a
+    copy; one of the wrong size or dtype fails on its rank alone, after the exchange."""
+    me, n = hvd.rank(), hvd.size()
+    rows = torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6) + 100 * me
+    want = torch.cat([torch.arange(4 * 6, dtype=torch.float32).reshape(4, 6) + 100 * r for r in range(n)])
+    out = torch.full((4 * n, 6), -1.0)
+    got = hvd.synchronize(hvd.allgather_async(rows, name="into.ag", output=out))
+    assert got is out and torch.equal(out, want)
+    strided = torch.full((6, 4 * n), -1.0).t()
+    assert torch.equal(hvd.synchronize(hvd.allgather_async(rows, name="into.ag.strided", output=strided)), want)
+    whole = torch.full((4 * n * 6,), -1.0)
+    shard = whole.narrow(0, me * 24, 24)
+    shard.copy_(rows.reshape(-1))
+    hvd.synchronize(hvd.allgather_async(shard, name="into.ag.inside", output=whole))
+    assert torch.equal(whole, want.reshape(-1))
+    x = torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) * (me + 1)
+    part = torch.empty(2, 3)
+    got = hvd.synchronize(hvd.reducescatter_async(x, op=hvd.Sum, name="into.rs", output=part))
+    total = torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) * (n * (n + 1) // 2)
+    assert got is part and torch.equal(part, total[2 * me:2 * me + 2])
+    # The last rank's outputs are one value short, then of another dtype: only it fails.
+    last = me == n - 1
+    short = torch.full((4 * n * 6 - (1 if last else 0),), -1.0)
+    handle = hvd.allgather_async(rows, name="into.ag.short", output=short)
+    if last:
+        with pytest.raises(ValueError, match=rf"allgather of 'into.ag.short': the output buffer holds "
+                                             rf"{(24 * n - 1) * 4} bytes, the result \[{4 * n}, 6\] of float32 is "
+                                             rf"{24 * n * 4}"):
+            hvd.synchronize(handle)
+        assert torch.equal(short, torch.full_like(short, -1.0))
+    else:
+        assert torch.equal(hvd.synchronize(handle), want.reshape(-1))
+    other = torch.empty(2, 3, dtype=torch.float64 if last else torch.float32)
+    handle = hvd.reducescatter_async(x, op=hvd.Sum, name="into.rs.dtype", output=other)
+    if last:
+        with pytest.raises(ValueError, match=r"reducescatter of 'into.rs.dtype': output holds 6 torch.float64, "
+                                             r"the result is \(2, 3\) torch.float32"):
+            hvd.synchronize(handle)
+    else:
+        assert torch.equal(hvd.synchronize(handle), total[2 * me:2 * me + 2])
+
+
 def test_join_returns_the_last_rank_and_zeros_fill_in():
     me, n = hvd.rank(), hvd.size()
     # Rank r has r + 1 batches; joined ranks contribute zeros.

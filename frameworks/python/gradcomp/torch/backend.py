@@ -400,11 +400,12 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         h = mpi_ops.broadcast_async_(t, root, self._name("broadcast"), self._process_set)
         return self._work([h], None, tensors)
 
-    def _allgather_flat(self, t):
+    def _allgather_flat(self, t, output=None):
         """Every rank's `t` as a row: GRADCOMP_ALLGATHER_COMPRESSION applies to rows of at least
-        GRADCOMP_MIN_SIZE float values (FSDP's flat parameter shards), decoded alike on every rank."""
+        GRADCOMP_MIN_SIZE float values (FSDP's flat parameter shards), decoded alike on every rank
+        (into `output`, where one is given, as mpi_ops.allgather_async's `output`)."""
         return mpi_ops.allgather_async(t.reshape(1, -1) if t.dim() == 0 else t.reshape(1, *t.shape),
-                                       self._name("allgather"), self._process_set)
+                                       self._name("allgather"), self._process_set, output=output)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = self._single(input_tensors, "allgather")
@@ -457,13 +458,10 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         return self._work([], finish, output_lists)
 
     def _allgather_base(self, output, input, opts=None):
-        h = self._allgather_flat(input)
-
-        def finish():
-            with torch.no_grad():
-                output.copy_(_b.synchronize(h).reshape(output.shape))
-
-        return self._work([], finish, [output])
+        """all_gather_into_tensor: decoded straight into FSDP's unsharded parameter where it can
+        be (a contiguous host tensor apart from the input), else copied in."""
+        h = self._allgather_flat(input, output)
+        return self._work([h], None, [output])
 
     def _reduce_scatter_flat(self, output, flat, op, problem=None):
         if problem is None and flat.numel() != output.numel() * self.size():
@@ -473,13 +471,13 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             # (a shape mismatch naming this rank's rows) instead of leaving the others waiting.
             flat = output.detach().new_zeros(self.size() * (output.numel() + 1))
         h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter"),
-                                        process_set=self._process_set, compression=self._reduction_spec(flat, op))
+                                        process_set=self._process_set, compression=self._reduction_spec(flat, op),
+                                        output=output if problem is None else None)
+        if problem is None:
+            return self._work([h], None, [output])  # the shard lands in `output` (mpi_ops)
 
         def finish():
-            if problem is not None:
-                self._fail_on_every_rank(h, problem)
-            with torch.no_grad():
-                output.copy_(_b.synchronize(h).reshape(output.shape))
+            self._fail_on_every_rank(h, problem)
 
         return self._work([], finish, [output])
 

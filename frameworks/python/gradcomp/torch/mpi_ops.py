@@ -145,6 +145,42 @@ def _from_output(native, dtype, device):
     return out
 
 
+def _direct_output(output, staged):
+    """(address, bytes) of `output` where the runtime can write the result straight into it (a
+    contiguous host tensor of the input's dtype apart from the input's memory, the input staged
+    in host memory), else (0, 0). An output that holds the input (FSDP2's allgather reads its
+    shard from its output) takes the copy: the collectives read their input while they write."""
+    if (output is None or staged.device != -1 or output.device.type != "cpu" or not output.is_contiguous()
+            or output.dtype != staged.buffer.dtype):
+        return 0, 0
+    address, size = output.data_ptr(), output.numel() * output.element_size()
+    start, end = staged.ptr, staged.ptr + staged.buffer.numel() * staged.buffer.element_size()
+    if address < end and start < address + size:
+        return 0, 0
+    return address, size
+
+
+def _result(native, tensor, output, direct, what):
+    """The finish of an allgather or reducescatter of `tensor`: a new tensor, or `output`, which
+    the runtime wrote (`direct`) or which the result is copied into once it has its elements
+    and dtype (a ValueError on this rank otherwise, after the exchange)."""
+    if output is None:
+        return lambda: _from_output(native, tensor.dtype, tensor.device)
+    if direct:
+        return lambda: output
+
+    def copy():
+        result = _from_output(native, tensor.dtype, tensor.device)
+        if output.numel() != result.numel() or output.dtype != result.dtype:
+            raise ValueError(f"{what}: output holds {output.numel()} {output.dtype}, the result is "
+                             f"{tuple(result.shape)} {result.dtype}")
+        with torch.no_grad():
+            output.copy_(result.reshape(output.shape))
+        return output
+
+    return copy
+
+
 # ---------------------------------------------------------------------------------------------
 # allreduce
 
@@ -330,20 +366,24 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 @_b.submits
-def allgather_async(tensor, name=None, process_set=None, compression=None):
+def allgather_async(tensor, name=None, process_set=None, compression=None, *, output=None):
     """Concatenates every rank's `tensor` along the first dimension (which may differ per rank).
 
     `compression` is None (GRADCOMP_ALLGATHER_COMPRESSION through the layer filter, none by
     default) or Compression.none, fp16, bf16 or maxmin(...): every rank's rows are encoded once
-    and every rank decodes them all, so the result is the same on every rank."""
+    and every rank decodes them all, so the result is the same on every rank. `output`, a tensor
+    with the result's elements and dtype (any shape), receives it and is the result: a
+    contiguous host tensor is written (decoded) in place, with no copy."""
     name = _b.auto_name("allgather", name, process_set)
     staged = _Staged(tensor, f"allgather of '{name}'", on_device=True)
     if staged.buffer.dim() == 0:
         raise ValueError(f"allgather of '{name}' needs a tensor with at least one dimension")
     rt = _b.runtime(process_set)
-    native = rt.allgather_async(staged.ptr, staged.code, staged.shape, name, (staged,),
-                                device=staged.device, stream=staged.stream, compression=runtime_spec(compression))
-    return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
+    address, size = _direct_output(output, staged)
+    native = rt.allgather_async(staged.ptr, staged.code, staged.shape, name, (staged, output),
+                                device=staged.device, stream=staged.stream, compression=runtime_spec(compression),
+                                output=address, output_bytes=size)
+    return _b.register(native, _result(native, tensor, output, address != 0, f"allgather of '{name}'"))
 
 
 def _first_dims(dims, name, process_set):
@@ -499,14 +539,15 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 @_b.submits
 def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0,
-                        compression=None):
+                        compression=None, *, output=None):
     """Reduces `tensor` (default Average) and gives each rank a slice of the first dimension
     (ranks below first_dim % size get one row more).
 
     `compression` is None (the settings' GRADCOMP_COMPRESSION through the layer filter; topk and
     auto leave reducescatters exact) or Compression.none, fp16, bf16 or maxmin(...): each rank's
     pieces of its peers' slices are encoded, and each slice is summed in float32 by its owner
-    (error feedback by name with GRADCOMP_ERROR_FEEDBACK or the spec's error_feedback)."""
+    (error feedback by name with GRADCOMP_ERROR_FEEDBACK or the spec's error_feedback).
+    `output`, a tensor with the slice's elements and dtype, receives it as allgather_async's does."""
     op = check_op(op)
     if op == _b.Adasum:  # Horovod raises a RuntimeError here too
         raise NotImplementedError("reducescatter: op Adasum is an allreduce only; use Sum or Average")
@@ -515,11 +556,12 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     if tensor.dim() == 0:
         raise ValueError(f"reducescatter of '{name}' needs a tensor with at least one dimension")
     rt = _b.runtime(process_set)
+    address, size = _direct_output(output, staged)
     native = rt.reducescatter_async(staged.ptr, staged.code, staged.shape, name, op,
-                                    float(prescale_factor), float(postscale_factor), (staged,),
+                                    float(prescale_factor), float(postscale_factor), (staged, output),
                                     device=staged.device, stream=staged.stream,
-                                    compression=runtime_spec(compression))
-    return _b.register(native, lambda: _from_output(native, tensor.dtype, tensor.device))
+                                    compression=runtime_spec(compression), output=address, output_bytes=size)
+    return _b.register(native, _result(native, tensor, output, address != 0, f"reducescatter of '{name}'"))
 
 
 def _reducescatter_grads(grads, op, prescale_factor, postscale_factor, process_set):
