@@ -40,10 +40,13 @@ case "$sanitize" in
 esac
 dir=${GRADCOMP_BUILD_DIR:-$dir}
 bash scripts/install_deps.sh
-# Benchmarks are left out (nothing runs them here); optimized with debug info, so the reports
-# have lines and the suites run at a useful speed.
+# Benchmarks are left out (nothing runs them here), and the Python module without --python;
+# optimized with debug info, so the reports have lines and the suites run at a useful speed.
+python_module=OFF
+[ "$python_too" = 1 ] && python_module=ON
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_WERROR=ON \
-  -DGRADCOMP_SANITIZE="$sanitize" -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_WITH_CUDA=OFF
+  -DGRADCOMP_SANITIZE="$sanitize" -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_WITH_CUDA=OFF \
+  -DGRADCOMP_BUILD_PYTHON="$python_module"
 cmake --build "$dir" -j "$(nproc)"
 
 supp="$ROOT/test/sanitizers"
