@@ -408,5 +408,38 @@ TEST(RuntimeOnDevice, GroupedPlacementsMustBeNoneOneOrOnePerTensor) {
   EXPECT_EQ(Failures(results), "");
 }
 
+TEST(RuntimeOnDevice, AHostOutputBufferForADeviceTensorIsRefusedByName) {
+  const std::vector<std::string> results = RunRanks(1, [&](Communicator& comm) {
+    RuntimeOptions options;
+    options.settings = Settings::FromMap({});
+    options.world = comm.Split(0, comm.rank());
+    Runtime rt(std::move(options));
+    Device& dev = TestDevice();
+    std::unique_ptr<Stream> stream = dev.NewStream();
+    const Placement placement{&dev, stream.get()};
+    void* in = dev.Allocate(64 * sizeof(float));
+    std::vector<float> out(64);
+    const OutputBuffer into{out.data(), out.size() * sizeof(float)};
+    std::string wrong;
+    for (const bool gather : {true, false}) {
+      try {
+        if (gather) {
+          rt.Allgather("g", DataType::kFloat32, {64}, in, nullptr, placement, into);
+        } else {
+          rt.Reducescatter("r", DataType::kFloat32, {64}, in, ReduceOp::kSum, 1, 1, nullptr, placement, into);
+        }
+        wrong += gather ? "allgather: no error; " : "reducescatter: no error; ";
+      } catch (const InvalidArgument& e) {
+        const std::string want = std::string(gather ? "allgather of 'g'" : "reducescatter of 'r'") +
+                                 ": the output buffer given is host memory, and the tensor is on a device";
+        if (std::string(e.what()).find(want) == std::string::npos) wrong += std::string(e.what()) + "; ";
+      }
+    }
+    dev.Free(in, 64 * sizeof(float));
+    return wrong;
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
 }  // namespace
 }  // namespace gradcomp
