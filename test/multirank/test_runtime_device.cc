@@ -70,23 +70,30 @@ std::vector<char> GradientBytes(const Tensor& t, int rank, int step) {
 // Every rank's results, step after step, tensor after tensor, as bytes.
 using Results = std::vector<std::vector<char>>;
 
-// With `device_comms` the runtime gets communicators that take the device's memory (as NCCL
-// would be for GPU tensors; test/support/device_comm.h). Rank r's device is device_of(r), else
-// the test device. The allreduces reduce with `op`.
+// A runtime's options for thread rank `comm`: a world of its own split from it, the settings of
+// `vars`, and with `device_comms` communicators that take the device's memory (as NCCL would be
+// for GPU tensors; test/support/device_comm.h).
+RuntimeOptions OptionsFor(Communicator& comm, const std::map<std::string, std::string>& vars = {},
+                          bool device_comms = false) {
+  RuntimeOptions options;
+  options.settings = Settings::FromMap(vars);
+  options.world = comm.Split(0, comm.rank());
+  if (device_comms) {
+    options.device_communicators = [](Communicator& host, Device& device, CommLevel) {
+      return DeviceMemoryCommunicator(host, device);
+    };
+  }
+  return options;
+}
+
+// With `device_comms` the runtime gets communicators that take the device's memory (OptionsFor).
+// Rank r's device is device_of(r), else the test device. The allreduces reduce with `op`.
 Results Train(int world, const std::map<std::string, std::string>& vars, Where where, bool device_comms = false,
               const std::function<Device&(int)>& device_of = nullptr, ReduceOp op = ReduceOp::kAverage) {
   const int steps = 3;
   Results results(static_cast<size_t>(world));
   const std::vector<std::string> failures = RunRanks(world, [&](Communicator& comm) {
-    RuntimeOptions options;
-    options.settings = Settings::FromMap(vars);
-    options.world = comm.Split(0, comm.rank());
-    if (device_comms) {
-      options.device_communicators = [](Communicator& host, Device& device, CommLevel) {
-        return DeviceMemoryCommunicator(host, device);
-      };
-    }
-    Runtime rt(std::move(options));
+    Runtime rt(OptionsFor(comm, vars, device_comms));
     Device& dev = device_of ? device_of(rt.rank()) : TestDevice();
     const auto& model = Model();
     std::unique_ptr<Stream> stream = dev.NewStream();
@@ -273,13 +280,7 @@ TEST(RuntimeOnDevice, RanksThatDisagreeOnWhereATensorIsStageThroughTheHost) {
   const size_t before = DeviceMemoryCommunicatorBytes();
   std::vector<std::vector<float>> out(2);
   RunRanks(2, [&](Communicator& comm) {
-    RuntimeOptions options;
-    options.settings = Settings::FromMap({{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_MIN_SIZE", "1"}});
-    options.world = comm.Split(0, comm.rank());
-    options.device_communicators = [](Communicator& host, Device& device, CommLevel) {
-      return DeviceMemoryCommunicator(host, device);
-    };
-    Runtime rt(std::move(options));
+    Runtime rt(OptionsFor(comm, {{"GRADCOMP_COMPRESSION", "maxmin"}, {"GRADCOMP_MIN_SIZE", "1"}}, true));
     std::vector<float> x = Gradient(1000, rt.rank(), 0.5);
     std::unique_ptr<Stream> stream = TestDevice().NewStream();
     void* buf = x.data();
@@ -309,15 +310,7 @@ TEST(RuntimeOnDevice, RanksThatDisagreeOnWhereATensorIsStageThroughTheHost) {
 Results Gather(int world, Where where, bool device_comms) {
   Results results(static_cast<size_t>(world));
   const std::vector<std::string> failures = RunRanks(world, [&](Communicator& comm) {
-    RuntimeOptions options;
-    options.settings = Settings::FromMap({});
-    options.world = comm.Split(0, comm.rank());
-    if (device_comms) {
-      options.device_communicators = [](Communicator& host, Device& device, CommLevel) {
-        return DeviceMemoryCommunicator(host, device);
-      };
-    }
-    Runtime rt(std::move(options));
+    Runtime rt(OptionsFor(comm, {}, device_comms));
     const int me = rt.rank(), n = rt.size();
     std::unique_ptr<Stream> stream = TestDevice().NewStream();
     const bool dev = where == Where::kDevice;
@@ -391,10 +384,7 @@ TEST(RuntimeOnDevice, AllgatherAlltoallReducescatterOutputsOnTheDeviceHaveTheHos
 
 TEST(RuntimeOnDevice, GroupedPlacementsMustBeNoneOneOrOnePerTensor) {
   const std::vector<std::string> results = RunRanks(1, [&](Communicator& comm) {
-    RuntimeOptions options;
-    options.settings = Settings::FromMap({});
-    options.world = comm.Split(0, comm.rank());
-    Runtime rt(std::move(options));
+    Runtime rt(OptionsFor(comm));
     float a = 1, b = 2, c = 3;
     try {
       rt.GroupedAllreduce({"a", "b", "c"}, DataType::kFloat32, {{1}, {1}, {1}}, {&a, &b, &c}, {&a, &b, &c},
@@ -410,10 +400,7 @@ TEST(RuntimeOnDevice, GroupedPlacementsMustBeNoneOneOrOnePerTensor) {
 
 TEST(RuntimeOnDevice, AHostOutputBufferForADeviceTensorIsRefusedByName) {
   const std::vector<std::string> results = RunRanks(1, [&](Communicator& comm) {
-    RuntimeOptions options;
-    options.settings = Settings::FromMap({});
-    options.world = comm.Split(0, comm.rank());
-    Runtime rt(std::move(options));
+    Runtime rt(OptionsFor(comm));
     Device& dev = TestDevice();
     std::unique_ptr<Stream> stream = dev.NewStream();
     const Placement placement{&dev, stream.get()};
