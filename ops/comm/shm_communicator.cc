@@ -56,8 +56,11 @@ ShmCommunicator::ShmCommunicator(MPI_Comm node, size_t staging_bytes)
   GC_MPI_CHECK(MPI_Info_create(&info));
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
   void* base = nullptr;
-  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(2 * staging_bytes_), 1, info, mpi_.handle(),
-                                         &base, &win_);
+  // Every segment: the two staging areas, then (rank 0's is used) the barrier's state, on a
+  // cache line of its own (segments start anywhere: the line is found from the address, the
+  // same in every process since mappings start on page boundaries).
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(2 * staging_bytes_ + 2 * ShmBarrier::kBytes), 1,
+                                         info, mpi_.handle(), &base, &win_);
   MPI_Info_free(&info);
   GC_MPI_CHECK(rc);
   segments_.resize(static_cast<size_t>(size()));
@@ -69,6 +72,12 @@ ShmCommunicator::ShmCommunicator(MPI_Comm node, size_t staging_bytes)
     segments_[static_cast<size_t>(r)] = static_cast<char*>(ptr);
   }
   GC_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+  const uintptr_t after_staging = reinterpret_cast<uintptr_t>(segments_[0] + 2 * staging_bytes_);
+  char* barrier_state = reinterpret_cast<char*>(CeilDiv(after_staging, ShmBarrier::kBytes) * ShmBarrier::kBytes);
+  if (rank_ == 0) ShmBarrier::Reset(barrier_state);
+  GC_MPI_CHECK(MPI_Win_sync(win_));
+  mpi_.Barrier();  // the state is zeroed before any rank waits on it
+  barrier_ = std::make_unique<ShmBarrier>(barrier_state, size());
 }
 
 ShmCommunicator::~ShmCommunicator() {
@@ -85,7 +94,7 @@ ShmCommunicator::~ShmCommunicator() {
 
 void ShmCommunicator::Sync() {
   GC_MPI_CHECK(MPI_Win_sync(win_));
-  mpi_.Barrier();
+  barrier_->Wait();
   GC_MPI_CHECK(MPI_Win_sync(win_));
 }
 

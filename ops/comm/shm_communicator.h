@@ -1,13 +1,16 @@
 // Node-local communicator over an MPI-3 shared-memory window (MPI_Win_allocate_shared).
 // Reductions and gathers copy through each rank's window segment and read peers' segments
-// directly; point-to-point, alltoall and splits go through MPI on the same ranks.
+// directly, and wait for each other on a barrier in the window (ShmBarrier: a waiting rank
+// sleeps); point-to-point, alltoall and splits go through MPI on the same ranks.
 #pragma once
 
 #include <mpi.h>
 
+#include <memory>
 #include <vector>
 
 #include "ops/comm/mpi_communicator.h"
+#include "ops/comm/shm_barrier.h"
 
 namespace gradcomp {
 
@@ -42,7 +45,8 @@ class ShmCommunicator final : public Communicator {
   std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override {
     return mpi_.Irecv(data, bytes, peer, tag);
   }
-  void Barrier() override { mpi_.Barrier(); }
+  /// In shared memory (ShmBarrier): a rank waiting for a late peer sleeps, where MPI's polls.
+  void Barrier() override { barrier_->Wait(); }
   void Allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
   /// Without a fusion buffer: each rank stages its slices of the concatenation straight from
   /// the pieces' inputs into its window area, reduces its own slice from every rank's area,
@@ -77,7 +81,8 @@ class ShmCommunicator final : public Communicator {
   /// The staged allreduce of AllreducePieces, in rounds of the staging area.
   void StagedAllreduce(const std::vector<BufferPiece>& pieces, DataType dtype, ReduceOp op, double prescale,
                        const FinishFn& finish);
-  /// Makes every rank's writes to its segment visible to all, and waits for all ranks.
+  /// Makes every rank's writes to its segment visible to all, and waits for all ranks (in
+  /// shared memory: a rank waiting for a late peer sleeps, where MPI_Barrier polls).
   void Sync();
   char* Stage(int r) const { return segments_[static_cast<size_t>(r)]; }
   char* Result(int r) const { return segments_[static_cast<size_t>(r)] + staging_bytes_; }
@@ -90,6 +95,7 @@ class ShmCommunicator final : public Communicator {
   size_t staging_bytes_;
   MPI_Win win_ = MPI_WIN_NULL;
   std::vector<char*> segments_;
+  std::unique_ptr<ShmBarrier> barrier_;  // its state in rank 0's segment, after the staging areas
 };
 
 }  // namespace gradcomp
