@@ -26,6 +26,16 @@ std::vector<size_t> CheckedBytes(const AllgatherOptions& o, int ranks, int rank)
   return bytes;
 }
 
+// The node-first allgather's staging buffers, kept by the thread that runs the collectives
+// (the background thread; a test's thread ranks each): FSDP gathers a unit's parameters at
+// every step, and new buffers of its size each time cost a zero fill and fresh pages.
+thread_local std::vector<char> tls_region, tls_packed;
+
+std::vector<char>& Grown(std::vector<char>& buffer, size_t bytes) {
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer;
+}
+
 }  // namespace
 
 std::vector<size_t> AllgatherCounts(Communicator& comm, size_t my_count) {
@@ -52,7 +62,8 @@ void HierarchicalAllgather(const Topology& topo, const AllgatherOptions& o) {
     std::vector<size_t> column_bytes;
     for (int r : columns[l]) column_bytes.push_back(bytes[static_cast<size_t>(r)]);
     const std::vector<size_t> region_bytes = RegionSizes(columns, bytes), region_at = Offsets(region_bytes);
-    std::vector<char> region(region_bytes[l]), packed(region_at.back() + region_bytes.back());
+    std::vector<char>& region = Grown(tls_region, region_bytes[l]);
+    std::vector<char>& packed = Grown(tls_packed, region_at.back() + region_bytes.back());
     topo.cross->Allgatherv(o.input, region.data(), column_bytes);
     topo.local->Allgatherv(region.data(), packed.data(), region_bytes);
     for (size_t k = 0; k < columns.size(); ++k) {

@@ -27,6 +27,16 @@ size_t Total(const std::vector<size_t>& counts) {
 
 ReduceOp Lowered(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
+// The node-first reduce-scatter's staging buffers, kept by the thread that runs the collectives
+// (as the node-first allgather's, allgather.cc): FSDP reduce-scatters a unit's gradients at
+// every step, and new buffers of its size each time cost a zero fill and fresh pages.
+thread_local std::vector<char> tls_packed, tls_node_sum;
+
+std::vector<char>& Grown(std::vector<char>& buffer, size_t bytes) {
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer;
+}
+
 }  // namespace
 
 void Reducescatter(Communicator& comm, const ReducescatterOptions& o) {
@@ -54,7 +64,7 @@ void HierarchicalReducescatter(const Topology& topo, const ReducescatterOptions&
     // The input packed by node column (local rank k's region: the slices of columns[k]'s ranks
     // in cross-rank order), scaled on the way.
     const size_t total = Total(o.counts);
-    std::vector<char> packed(total * esize);
+    std::vector<char>& packed = Grown(tls_packed, total * esize);
     size_t at = 0;
     for (const std::vector<int>& column : columns) {
       for (int r : column) {
@@ -68,7 +78,7 @@ void HierarchicalReducescatter(const Topology& topo, const ReducescatterOptions&
     }
     if (o.prescale != 1.0 && total > 0) ScaleInPlace(packed.data(), total, o.dtype, o.prescale);
     const std::vector<size_t> regions = RegionSizes(columns, o.counts);
-    std::vector<char> node_sum(regions[l] * esize);
+    std::vector<char>& node_sum = Grown(tls_node_sum, regions[l] * esize);
     topo.local->ReduceScatter(packed.data(), node_sum.data(), regions, o.dtype, Lowered(o.op));
     std::vector<size_t> column_counts;
     for (int r : columns[l]) column_counts.push_back(o.counts[static_cast<size_t>(r)]);
