@@ -232,10 +232,10 @@ std::unique_ptr<PendingTransfer> MpiCommunicator::Iallreduce(const void* in, voi
 }
 
 void MpiCommunicator::Barrier() {
-  // Polled like the small collectives: a rank that arrives first (the shared-memory allreduce's
-  // syncs wait out the peers' skew at every call) naps instead of spinning inside MPI_Barrier
-  // on a core training needs (one node, 2 ranks, ResNet-20: MPI_Barrier's spin was 43% of the
-  // background thread's CPU).
+  // Polled like the small collectives: a rank that arrives first naps instead of spinning inside
+  // MPI_Barrier on a core training needs (one node, 2 ranks, ResNet-20, when the shared-memory
+  // allreduce synced through it: MPI_Barrier's spin was 43% of the background thread's CPU; its
+  // syncs are ShmBarrier's now).
   MpiCollectiveTransfer t(rank_);
   GC_MPI_CHECK(MPI_Ibarrier(comm_, t.request()));
   PollUntil([&] { return t.Test(); });

@@ -295,10 +295,10 @@ TEST(Mpi, PolledAllreduceGivesExactMasksAndSums) {
 
 
 TEST(Mpi, SmallCollectivesWaitForALateRankWithoutHoldingACore) {
-  // A rank that arrives first waits out its peers' skew: the shared-memory allreduce's syncs
-  // (Barrier) at every call during a backward pass, the coordinator's gather and broadcast on
-  // every slow path. Inside MPI's blocking calls that wait spins on a core training needs;
-  // polled, it naps.
+  // A rank that arrives first waits out its peers' skew: the shared-memory allreduce's syncs at
+  // every call during a backward pass, the coordinator's gather and broadcast on every slow
+  // path. Inside MPI's blocking calls that wait spins on a core training needs; polled, it naps,
+  // and on ShmBarrier's futex it sleeps.
   auto world = CreateMpiWorld();
   ShmCommunicator shm(MPI_COMM_WORLD, 1 << 16);
   const int me = world->rank(), n = world->size();
