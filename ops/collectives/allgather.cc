@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ops/collectives/context.h"
+#include "ops/device/staging.h"
 
 namespace gradcomp {
 
@@ -29,12 +30,7 @@ std::vector<size_t> CheckedBytes(const AllgatherOptions& o, int ranks, int rank)
 // The node-first allgather's staging buffers, kept by the thread that runs the collectives
 // (the background thread; a test's thread ranks each): FSDP gathers a unit's parameters at
 // every step, and new buffers of its size each time cost a zero fill and fresh pages.
-thread_local std::vector<char> tls_region, tls_packed;
-
-std::vector<char>& Grown(std::vector<char>& buffer, size_t bytes) {
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return buffer;
-}
+thread_local Scratch tls_region, tls_packed;
 
 }  // namespace
 
@@ -62,15 +58,16 @@ void HierarchicalAllgather(const Topology& topo, const AllgatherOptions& o) {
     std::vector<size_t> column_bytes;
     for (int r : columns[l]) column_bytes.push_back(bytes[static_cast<size_t>(r)]);
     const std::vector<size_t> region_bytes = RegionSizes(columns, bytes), region_at = Offsets(region_bytes);
-    std::vector<char>& region = Grown(tls_region, region_bytes[l]);
-    std::vector<char>& packed = Grown(tls_packed, region_at.back() + region_bytes.back());
-    topo.cross->Allgatherv(o.input, region.data(), column_bytes);
-    topo.local->Allgatherv(region.data(), packed.data(), region_bytes);
+    char* region = static_cast<char*>(tls_region.Reserve(HostDevice(), region_bytes[l], true));
+    const size_t node_bytes = region_at.back() + region_bytes.back();
+    char* packed = static_cast<char*>(tls_packed.Reserve(HostDevice(), node_bytes, true));
+    topo.cross->Allgatherv(o.input, region, column_bytes);
+    topo.local->Allgatherv(region, packed, region_bytes);
     for (size_t k = 0; k < columns.size(); ++k) {
       size_t at = region_at[k];
       for (int r : columns[k]) {
         const size_t q = static_cast<size_t>(r);
-        if (bytes[q] > 0) std::memcpy(static_cast<char*>(o.output) + offsets[q], packed.data() + at, bytes[q]);
+        if (bytes[q] > 0) std::memcpy(static_cast<char*>(o.output) + offsets[q], packed + at, bytes[q]);
         at += bytes[q];
       }
     }

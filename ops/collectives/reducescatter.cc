@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ops/collectives/context.h"
+#include "ops/device/staging.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -30,12 +31,7 @@ ReduceOp Lowered(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum
 // The node-first reduce-scatter's staging buffers, kept by the thread that runs the collectives
 // (as the node-first allgather's, allgather.cc): FSDP reduce-scatters a unit's gradients at
 // every step, and new buffers of its size each time cost a zero fill and fresh pages.
-thread_local std::vector<char> tls_packed, tls_node_sum;
-
-std::vector<char>& Grown(std::vector<char>& buffer, size_t bytes) {
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return buffer;
-}
+thread_local Scratch tls_packed, tls_node_sum;
 
 }  // namespace
 
@@ -64,25 +60,25 @@ void HierarchicalReducescatter(const Topology& topo, const ReducescatterOptions&
     // The input packed by node column (local rank k's region: the slices of columns[k]'s ranks
     // in cross-rank order), scaled on the way.
     const size_t total = Total(o.counts);
-    std::vector<char>& packed = Grown(tls_packed, total * esize);
+    char* packed = static_cast<char*>(tls_packed.Reserve(HostDevice(), total * esize, true));
     size_t at = 0;
     for (const std::vector<int>& column : columns) {
       for (int r : column) {
         const size_t q = static_cast<size_t>(r);
         if (o.counts[q] > 0) {
-          std::memcpy(packed.data() + at * esize, static_cast<const char*>(o.input) + offsets[q] * esize,
+          std::memcpy(packed + at * esize, static_cast<const char*>(o.input) + offsets[q] * esize,
                       o.counts[q] * esize);
         }
         at += o.counts[q];
       }
     }
-    if (o.prescale != 1.0 && total > 0) ScaleInPlace(packed.data(), total, o.dtype, o.prescale);
+    if (o.prescale != 1.0 && total > 0) ScaleInPlace(packed, total, o.dtype, o.prescale);
     const std::vector<size_t> regions = RegionSizes(columns, o.counts);
-    std::vector<char>& node_sum = Grown(tls_node_sum, regions[l] * esize);
-    topo.local->ReduceScatter(packed.data(), node_sum.data(), regions, o.dtype, Lowered(o.op));
+    char* node_sum = static_cast<char*>(tls_node_sum.Reserve(HostDevice(), regions[l] * esize, true));
+    topo.local->ReduceScatter(packed, node_sum, regions, o.dtype, Lowered(o.op));
     std::vector<size_t> column_counts;
     for (int r : columns[l]) column_counts.push_back(o.counts[static_cast<size_t>(r)]);
-    topo.cross->ReduceScatter(node_sum.data(), o.output, column_counts, o.dtype, Lowered(o.op));
+    topo.cross->ReduceScatter(node_sum, o.output, column_counts, o.dtype, Lowered(o.op));
     FinishReduction(o.output, o.counts[static_cast<size_t>(topo.rank())], o.dtype, o.op, o.postscale, topo.size());
   });
 }
