@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "test/support/harness.h"
 
 namespace gradcomp {
 namespace {
@@ -36,12 +38,6 @@ int RunRounds(Shared* shared, int me, int participants, int rounds) {
     for (int j = 0; j < participants; ++j) wrong += shared->slots[k % 2][j] != 1000L * k + j;
   }
   return wrong;
-}
-
-double ThreadCpuSeconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 TEST(ShmBarrier, EveryRoundsWritesAreSeenByAllThreads) {
@@ -94,9 +90,9 @@ TEST(ShmBarrier, WaitersForALateParticipantSleep) {
       ShmBarrier barrier(shared.barrier, kParticipants);
       if (me == 0) std::this_thread::sleep_for(std::chrono::duration<double>(kLateSeconds));
       const auto start = std::chrono::steady_clock::now();
-      const double cpu_start = ThreadCpuSeconds();
+      const double cpu_start = testing::ThreadCpuSeconds();
       barrier.Wait();
-      cpu[static_cast<size_t>(me)] = ThreadCpuSeconds() - cpu_start;
+      cpu[static_cast<size_t>(me)] = testing::ThreadCpuSeconds() - cpu_start;
       wall[static_cast<size_t>(me)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
   }
@@ -110,11 +106,24 @@ TEST(ShmBarrier, WaitersForALateParticipantSleep) {
   }
 }
 
+// The message of constructing a barrier on `state` for `participants` ("" when it is accepted).
+std::string ErrorFor(void* state, int participants) {
+  try {
+    ShmBarrier barrier(state, participants);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(ShmBarrier, RefusesMisalignedStateAndNoParticipants) {
   Shared shared{};
-  EXPECT_THROW(ShmBarrier(shared.barrier + 4, 2), std::exception);
-  EXPECT_THROW(ShmBarrier(shared.barrier, 0), std::exception);
-  EXPECT_THROW(ShmBarrier(nullptr, 2), std::exception);
+  EXPECT_NE(ErrorFor(shared.barrier + 4, 2).find("is not aligned to 64 bytes"), std::string::npos)
+      << ErrorFor(shared.barrier + 4, 2);
+  EXPECT_NE(ErrorFor(shared.barrier, 0).find("needs at least one participant, got 0"), std::string::npos)
+      << ErrorFor(shared.barrier, 0);
+  EXPECT_NE(ErrorFor(nullptr, 2).find("needs its state's memory"), std::string::npos) << ErrorFor(nullptr, 2);
+  EXPECT_EQ(ErrorFor(shared.barrier, 1), "");
 }
 
 }  // namespace
