@@ -54,7 +54,10 @@ struct PyHandle {
   /// the adapter views them with the dtype and output_shape().
   py::array_t<uint8_t> output_bytes() const {
     wait();
-    py::array_t<uint8_t> out(static_cast<py::ssize_t>(handle->output_size()));
+    // Shape and strides spelled out: pybind11 3's array_t(count) made a stride of 0 under NumPy 2,
+    // an array no view() could give another dtype.
+    const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(handle->output_size())}, strides{1};
+    py::array_t<uint8_t> out(shape, strides);
     CopyOutputTo(out.mutable_data(), handle->output_size(), -1, 0);
     return out;
   }
