@@ -91,7 +91,7 @@ def main():
             loss = F.cross_entropy(model(x), ytr[idx])
             loss.backward()
             opt.step()
-            total += float(loss)
+            total += loss.item()
         model.eval()
         with torch.no_grad():
             correct = (model(xte[rank::size]).argmax(1) == yte[rank::size]).sum().double()

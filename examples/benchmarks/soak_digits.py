@@ -77,7 +77,7 @@ def soak(name, compression, args, x, y):
             samples.append((step, sample()))
             sync()
     del opt  # the optimizer's hooks and handles go with it
-    return samples, float(loss)
+    return samples, loss.item()
 
 
 def report(name, samples, loss, args):

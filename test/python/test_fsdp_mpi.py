@@ -18,6 +18,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import gradcomp.torch as hvd
+from gradcomp.torch import compat
 from mpi_fixtures import torch_runtime
 
 GRAD_CODEC = os.environ.get("GRADCOMP_COMPRESSION", "none")
@@ -107,9 +108,9 @@ def test_reduce_scatter_and_all_gather_follow_the_settings(gloo):
     torch.manual_seed(40 + me)
     grads = torch.randn(n * 294_912)
     rows = torch.empty(294_912)
-    dist.reduce_scatter_tensor(rows, grads, op=dist.ReduceOp.SUM)
+    compat.reduce_scatter_tensor(rows, grads, op=dist.ReduceOp.SUM)
     everyone = torch.empty(n * n * 294_912)
-    dist.all_gather_into_tensor(everyone, grads, group=gloo)
+    compat.all_gather_into_tensor(everyone, grads, group=gloo)
     mine = everyone.reshape(n, -1)[:, me * 294_912:(me + 1) * 294_912].double()
     exact = mine.sum(0)
     if GRAD_CODEC == "none":
@@ -123,9 +124,9 @@ def test_reduce_scatter_and_all_gather_follow_the_settings(gloo):
         assert (error <= bound).all() and error.max() > 0
     shard = torch.randn(249_856) + me
     gathered = torch.empty(n * 249_856)
-    dist.all_gather_into_tensor(gathered, shard)
+    compat.all_gather_into_tensor(gathered, shard)
     exact_gather = torch.empty(n * 249_856)
-    dist.all_gather_into_tensor(exact_gather, shard, group=gloo)
+    compat.all_gather_into_tensor(exact_gather, shard, group=gloo)
     ok, _ = same_on_every_rank(digest([gathered]), gloo)
     assert ok, "the gathered tensor differs between ranks"
     if WEIGHT_CODEC == "none":
@@ -138,7 +139,7 @@ def test_reduce_scatter_and_all_gather_follow_the_settings(gloo):
     # Integers and small tensors stay exact whatever the settings.
     ints = torch.arange(n * 1000, dtype=torch.int64) * (me + 1)
     out = torch.empty(1000, dtype=torch.int64)
-    dist.reduce_scatter_tensor(out, ints)
+    compat.reduce_scatter_tensor(out, ints)
     assert torch.equal(out, torch.arange(me * 1000, (me + 1) * 1000) * sum(range(1, n + 1)))
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import gradcomp.torch as hvd
+from gradcomp.torch import compat
 from gradcomp import _core, basics
 from mpi_fixtures import torch_runtime
 
@@ -899,7 +900,7 @@ def train(model, opt, steps, per_rank=8):
         loss = loss_fn(model(my_slice(x, per_rank)), my_slice(y, per_rank))
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     return losses
 
 
@@ -952,7 +953,7 @@ def test_auto_compression_trains_a_two_million_parameter_model_with_fewer_bytes_
             opt.step()  # waits for this step's allreduces
             if step in (4, 29):  # auto measures at step 5 (its 5th) and chooses at step 6
                 wire = hvd.stats()["compressed_bytes_on_wire"] - wire
-            losses.append(float(loss))
+            losses.append(loss.item())
         assert_same_on_every_rank(params_digest(net))
         assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), (label, losses)
         runs[label] = wire
@@ -1155,10 +1156,10 @@ def test_backend_collectives():
     assert torch.equal(out, torch.cat([torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) + 100 * p
                                        for p in range(n)]))
     flat = torch.empty(n * 3)
-    dist.all_gather_into_tensor(flat, torch.full((3,), float(me)))
+    compat.all_gather_into_tensor(flat, torch.full((3,), float(me)))
     assert torch.equal(flat, torch.arange(n, dtype=torch.float32).repeat_interleave(3))
     part = torch.empty(2)
-    dist.reduce_scatter_tensor(part, torch.arange(n * 2, dtype=torch.float32))
+    compat.reduce_scatter_tensor(part, torch.arange(n * 2, dtype=torch.float32))
     assert torch.equal(part, torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) * n)
     work = dist.all_reduce(torch.ones(2), async_op=True)
     assert work.wait() and work.is_completed() and work.is_success() and work.exception() is None
@@ -1201,7 +1202,7 @@ def test_backend_list_collectives():
             else f"alltoall output {last} on rank {me} holds 2 elements, rank {last} sent 0")
     with pytest.raises(ValueError, match=what):
         dist.all_to_all([torch.zeros(2) for _ in range(n)], ins)
-    with pytest.raises(ValueError, match=f"allgather_coalesced output 1\\[0\\] has 3 elements, rank 1's input 0 2"):
+    with pytest.raises(ValueError, match="allgather_coalesced output 1\\[0\\] has 3 elements, rank 1's input 0 2"):
         dist.all_gather_coalesced([[torch.zeros(2)], [torch.zeros(3)]] + [[torch.zeros(2)] for _ in range(n - 2)],
                                   [torch.ones(2)])
     x = torch.ones(2)

@@ -70,7 +70,7 @@ def test_ddp_trains_on_the_compressing_backend_and_ranks_agree():
         loss = torch.nn.functional.cross_entropy(ddp(x[mine]), y[mine])
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
     assert all(same_everywhere(p) for p in model.parameters())
 

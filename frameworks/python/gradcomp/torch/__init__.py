@@ -45,6 +45,7 @@ from gradcomp.elastic import HostsUpdatedInterrupt
 # caller's arguments (a peer lost, a stall shut down); gradcomp raises GradcompError then.
 HorovodInternalError = GradcompError
 
+compat.warn_if_untested()
 _backend.register()
 
 # torch.compile'd code that calls gradcomp calls it as an opaque library (compat.run_untraced).

@@ -463,7 +463,15 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         h = self._allgather_flat(input, output)
         return self._work([h], None, [output])
 
-    def _reduce_scatter_flat(self, output, flat, op, problem=None):
+    def _allgather_coalesced_tensors(self, outputs, inputs, opts=None):
+        """all_gather_into_tensor of several tensors in one Work (torch's coalescing manager)."""
+        if len(outputs) != len(inputs):
+            raise ValueError(f"backend gradcomp: a coalesced all_gather_into_tensor has {len(outputs)} outputs for "
+                             f"{len(inputs)} inputs")
+        return self._work([self._allgather_flat(i, o) for o, i in zip(outputs, inputs)], None, list(outputs))
+
+    def _reduce_scatter_parts(self, output, flat, op, problem=None):
+        """The handles of one reduce-scatter into `output` and what to run once they end."""
         if problem is None and flat.numel() != output.numel() * self.size():
             problem = f"reduce_scatter input has {flat.numel()} elements, expected {self.size()} x {output.numel()}"
         if problem is not None:
@@ -474,12 +482,12 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                                         process_set=self._process_set, compression=self._reduction_spec(flat, op),
                                         output=output if problem is None else None)
         if problem is None:
-            return self._work([h], None, [output])  # the shard lands in `output` (mpi_ops)
+            return [h], None  # the shard lands in `output` (mpi_ops)
+        return [], lambda: self._fail_on_every_rank(h, problem)
 
-        def finish():
-            self._fail_on_every_rank(h, problem)
-
-        return self._work([], finish, [output])
+    def _reduce_scatter_flat(self, output, flat, op, problem=None):
+        handles, finish = self._reduce_scatter_parts(output, flat, op, problem)
+        return self._work(handles, finish, [output])
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = self._single(output_tensors, "reduce_scatter")
@@ -492,6 +500,21 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat(output, input.detach().reshape(-1).contiguous(), _reduce_op(opts.reduceOp))
+
+    def _reduce_scatter_coalesced_tensors(self, outputs, inputs, opts=None):
+        """reduce_scatter_tensor of several tensors in one Work (torch's coalescing manager)."""
+        if len(outputs) != len(inputs):
+            raise ValueError(f"backend gradcomp: a coalesced reduce_scatter_tensor has {len(outputs)} outputs for "
+                             f"{len(inputs)} inputs")
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        parts = [self._reduce_scatter_parts(o, i.detach().reshape(-1).contiguous(), op) for o, i in zip(outputs, inputs)]
+
+        def finish():
+            for _, part_finish in parts:
+                if part_finish is not None:
+                    part_finish()
+
+        return self._work([h for handles, _ in parts for h in handles], finish, list(outputs))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         splits = list(input_split_sizes) if input_split_sizes else None
@@ -670,12 +693,22 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         mpi_ops.barrier(self._process_set)
         return self._work([], None, [])
 
+    # torch 2.13's c10d calls the one-tensor and coalesced collectives by these names (torch 2.x
+    # before it by the names above).
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+    all_to_all_single = alltoall_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced = _allgather_coalesced_tensors
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced = _reduce_scatter_coalesced_tensors
+
 
 # DDP calls these from its forward, which torch.compile traces: they run as gloo's C++ would.
 compat.run_untraced(ProcessGroupGradcomp, [
     "allreduce", "allreduce_coalesced", "broadcast", "allgather", "allgather_coalesced", "_allgather_base",
     "reduce_scatter", "_reduce_scatter_base", "alltoall_base", "alltoall", "reduce", "gather", "scatter", "send",
-    "recv", "recv_anysource", "barrier", "_start_coalescing", "_end_coalescing"])
+    "recv", "recv_anysource", "barrier", "_start_coalescing", "_end_coalescing", "all_gather_single",
+    "reduce_scatter_single", "all_to_all_single", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
+    "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced"])
 
 
 def _create(store, rank, size, timeout):

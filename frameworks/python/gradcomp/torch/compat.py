@@ -1,16 +1,40 @@
-"""What differs between the torch versions gradcomp runs on (1.13 through 2.x), in one place:
+"""What differs between the torch versions gradcomp runs on (1.13 through 2.13), in one place:
 the rest of the adapter calls these and never looks at torch's version itself.
 
-Checked against torch 2.0-2.6 and found to work unchanged on both, so not here: the backend's
+Checked against torch 2.0-2.13 and found to work unchanged on all, so not here: the backend's
 creator returning a ProcessGroup subclass (torch 2 keeps the group the creator returns as it is,
 without the ProcessGroup/Backend split of its own backends), Work subclasses and futures, the
 coalescing calls (_start_coalescing/_end_coalescing), DDP's comm-hook bucket API. torch.load of
 anything but tensors (torch 2.6's weights_only default) is avoided altogether (skeleton.py);
 gradcomp uses neither torch.cuda.amp nor TypedStorage."""
 import inspect
+import re
+import warnings
 
 import torch
 import torch.distributed as dist
+
+# The torch releases gradcomp is tested against (docs/install.md): Debian 12's 1.13, Debian 13's 2.6
+# and pip's 2.13, and so the range between them.
+TESTED_TORCH = ((1, 13), (2, 13))
+
+
+def untested_torch(version):
+    """The warning for a torch `version` string outside TESTED_TORCH, or None inside it."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match and TESTED_TORCH[0] <= (int(match.group(1)), int(match.group(2))) <= TESTED_TORCH[1]:
+        return None
+    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_TORCH
+    return (f"gradcomp.torch has been tested with torch {lo_major}.{lo_minor} to {hi_major}.{hi_minor}, not with "
+            f"torch {version}: it should work, but c10d's interface for backends changes between releases; "
+            "please report what breaks")
+
+
+def warn_if_untested():
+    """Warns, once (at gradcomp.torch's import), when the installed torch is outside TESTED_TORCH."""
+    message = untested_torch(torch.__version__)
+    if message is not None:
+        warnings.warn(message, stacklevel=3)
 
 # torch 2.0 made LRScheduler the base of the schedulers; _LRScheduler stayed as a subclass of it
 # that the built-in schedulers no longer derive from.
@@ -61,3 +85,17 @@ def run_untraced(owner, names):
         return
     for name in names:
         setattr(owner, name, disable(getattr(owner, name)))
+
+
+# torch 2.13 renamed the one-tensor collectives (all_gather_single, reduce_scatter_single) and
+# warns at each call of the old names, which torch 2.0-2.12 have alone.
+all_gather_into_tensor = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
+
+
+def sparse_coo_tensor(indices, values, size):
+    """torch.sparse_coo_tensor with its invariants checked (torch 2.13 warns at every tensor built
+    with the check left implicit; torch 1.13 has no check_invariants)."""
+    if "check_invariants" in (torch.sparse_coo_tensor.__doc__ or ""):
+        return torch.sparse_coo_tensor(indices, values, size, check_invariants=True)
+    return torch.sparse_coo_tensor(indices, values, size)

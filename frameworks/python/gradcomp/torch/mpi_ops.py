@@ -22,6 +22,7 @@ import torch
 from gradcomp import _core
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op, synchronize
+from gradcomp.torch import compat
 from gradcomp.torch.compression import Compression, PowerSGD, called, runtime_spec
 
 # torch dtype -> the core's DataType code (ops/common/dtype.h).
@@ -679,7 +680,7 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
         i = synchronize(indices)
         if op == Average:
             v = v / ranks
-        return torch.sparse_coo_tensor(i.t(), v, tensor.size())
+        return compat.sparse_coo_tensor(i.t(), v, tensor.size())
 
     return result
 
