@@ -5,8 +5,8 @@
     gcrun -np 2 /usr/bin/python3 examples/torch_digits.py --mode hvd --compression topk --topk-ratio 0.001
     gcrun -np 4 /usr/bin/python3 examples/torch_digits.py --use-adasum
 
-The seeds' "DDP on MNIST with gradient compression" example on the 8x8 digits that Debian's
-python3-sklearn ships (real MNIST from --data-dir when its idx files are there). Two modes:
+The seeds' "DDP on MNIST with gradient compression" example on the 8x8 digits that
+scikit-learn ships (real MNIST from --data-dir when its idx files are there). Two modes:
 
   hvd  gradcomp.torch.DistributedOptimizer (Horovod style). --compression none, fp16, maxmin,
        topk (DGC) or powersgd; without --compression the gcrun/GRADCOMP_* settings decide.
@@ -86,14 +86,18 @@ def load_data(data_dir):
             to_x = lambda a: torch.tensor(a, dtype=torch.float32).unsqueeze(1) / 255.0  # noqa: E731
             return (to_x(xtr), torch.tensor(ytr, dtype=torch.int64), to_x(xte), torch.tensor(yte, dtype=torch.int64),
                     f"MNIST from {data_dir}")
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        sys.exit("torch_digits.py: the digits come with scikit-learn (pip install scikit-learn, or Debian's "
+                 "python3-sklearn), or point --data-dir at MNIST's idx files")
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(digits.target, dtype=torch.int64)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
     test, train = order[:360], order[360:]
     note = " (no MNIST idx files in --data-dir)" if data_dir else ""
-    return x[train], y[train], x[test], y[test], "digits 8x8 from python3-sklearn" + note
+    return x[train], y[train], x[test], y[test], "digits 8x8 from scikit-learn" + note
 
 
 def accuracy_counts(output, target, topk=(1, 5)):
@@ -243,7 +247,7 @@ def train(args):
             loss = F.cross_entropy(net(xtr[idx]), ytr[idx])
             loss.backward()
             opt.step()
-            total_loss += float(loss)
+            total_loss += loss.item()
             step += 1
             if show:
                 progress(epoch, args.epochs, i + 1, steps_per_epoch, total_loss / (i + 1))

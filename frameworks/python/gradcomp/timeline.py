@@ -177,6 +177,11 @@ def main(argv=None):
         return 1
     report(trace, args.top)
     if args.png:
+        try:
+            import matplotlib  # noqa: F401 - draw's
+        except ImportError:
+            print("gradcomp.timeline: --png needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
         draw(trace, args.png)
         print(f"\nwrote {args.png}")
     return 0
