@@ -15,11 +15,10 @@ import uuid
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GCRUN = os.path.join(ROOT, "gcrun")
+from paths import GCRUN, PY, ROOT
+
 EXAMPLE = os.path.join(ROOT, "examples", "torch_elastic_digits.py")
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
-PY = "/usr/bin/python3"
 sys.path.insert(0, os.path.join(ROOT, "launcher"))
 import elastic  # noqa: E402
 import gcrun  # noqa: E402

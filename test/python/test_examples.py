@@ -10,9 +10,7 @@ import subprocess
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GCRUN = os.path.join(ROOT, "gcrun")
-PY = "/usr/bin/python3"
+from paths import GCRUN, PY, ROOT
 
 
 def run(args, cwd, timeout=300, env=None):

@@ -27,10 +27,10 @@ import uuid
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from paths import PY, ROOT
+
 WORKER = os.path.join(ROOT, "test", "faults", "fault_worker.py")
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
-PY = "/usr/bin/python3"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 TIMEOUT = 6          # GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS in these jobs
 SLACK = 6            # after the deadline: the exception reaching Python, exit (2 cores, 3 ranks)

@@ -13,12 +13,11 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GCRUN = os.path.join(ROOT, "gcrun")
+from paths import FORWARD_PACKAGE, GCRUN, PY, ROOT
+
 sys.path.insert(0, os.path.join(ROOT, "launcher"))
 import gcrun  # noqa: E402
 
-PY = "/usr/bin/python3"
 
 
 def build(argv, env=None, is_root=True, cpu_count=2):
@@ -301,7 +300,7 @@ def test_a_rank_pinned_to_one_core_is_warned_and_gcrun_does_not_pin():
     # init (its background thread would share that core with the training thread).
     code = "import gradcomp.numpy as g; g.init(); g.shutdown()"
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    pinned = subprocess.run(["mpirun", *root, "-np", "1", "--bind-to", "core", "-x", "PYTHONPATH", PY, "-c", code],
+    pinned = subprocess.run(["mpirun", *root, "-np", "1", "--bind-to", "core", *FORWARD_PACKAGE, PY, "-c", code],
                             capture_output=True, text=True, timeout=120)
     assert pinned.returncode == 0, pinned.stderr[-800:]
     warned = "may only run on CPU" in pinned.stdout + pinned.stderr
@@ -348,10 +347,8 @@ def test_digits_example_end_to_end_with_a_timeline(tmp_path):
 
     # The timeline tool on that trace.
     png = tmp_path / "timeline.png"
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "build", "python") + os.pathsep +
-               os.environ.get("PYTHONPATH", ""))
     t = subprocess.run([PY, "-m", "gradcomp.timeline", str(timeline), "--png", str(png)], capture_output=True,
-                       text=True, env=env, timeout=120)
+                       text=True, timeout=120)
     assert t.returncode == 0, t.stderr
     for section in ("Time per phase", "Per tensor", "Slowest negotiations"):
         assert section in t.stdout
@@ -377,7 +374,6 @@ def test_timeline_tool_on_a_handmade_trace(tmp_path):
     path = tmp_path / "t.json"
     # A trace cut off mid-write (no closing bracket) is read as far as it goes.
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
-    sys.path.insert(0, os.path.join(ROOT, "build", "python"))
     from gradcomp import timeline
     trace = timeline.load(str(path))
     assert timeline.negotiations(trace) == [("w", 3010, 2, 2999)]

@@ -21,10 +21,9 @@ import uuid
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from paths import FORWARD_PACKAGE, PY, ROOT
+
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
-BUILD = os.environ.get("GRADCOMP_BUILD_DIR", os.path.join(ROOT, "build"))
-PY = "/usr/bin/python3"
 NODES = 3
 SETUP = ("ip link add docker0 type veth peer name docker0p && ip addr add 172.17.0.1/16 dev docker0 && "
          "ip link add eth1 type veth peer name eth1p && ip addr add 10.198.$1.1/16 dev eth1 && "
@@ -75,9 +74,8 @@ def test_ranks_connect_over_the_network_their_nodes_share(cluster):
             "z = g.allreduce(w + r, name='q', op=g.Average, compression={'codec': 'maxmin', 'bits': 4}); "
             "err = np.linalg.norm(z - (w + 1)) / np.linalg.norm(w + 1); assert 0 < err < 0.1, err; "
             "print('sums ok', r, flush=True); g.shutdown()")
-    job = subprocess.run(prefix + ["-np", str(NODES), "-x", "GRADCOMP_LOG_LEVEL=info", "-x", "PYTHONPATH",
-                                   PY, "-c", code], capture_output=True, text=True, timeout=180,
-                         env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    job = subprocess.run(prefix + ["-np", str(NODES), "-x", "GRADCOMP_LOG_LEVEL=info", *FORWARD_PACKAGE,
+                                   PY, "-c", code], capture_output=True, text=True, timeout=180)
     out = job.stdout + job.stderr
     assert job.returncode == 0 and out.count("sums ok") == NODES, out[-3000:]
     assert out.count("between nodes over tcp; TCP to other hosts on eth0") == NODES, out[-3000:]
@@ -99,9 +97,8 @@ def test_ranks_sharing_a_network_under_other_host_names_connect():
             "assert (x == 3).all(), x[:4]; print('sum ok', r, flush=True); g.shutdown()")
     rank = (f'exec unshare --uts sh -c "hostname gcuts$OMPI_COMM_WORLD_RANK && exec {PY} -c \\"$0\\""')
     job = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
-                          "-x", "PYTHONPATH", "-x", "GRADCOMP_LOCAL_SIZE=1", "-x", "GRADCOMP_LOG_LEVEL=info",
-                          "sh", "-c", rank, code], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+                          *FORWARD_PACKAGE, "-x", "GRADCOMP_LOCAL_SIZE=1", "-x", "GRADCOMP_LOG_LEVEL=info",
+                          "sh", "-c", rank, code], capture_output=True, text=True, timeout=120)
     out = job.stdout + job.stderr
     assert job.returncode == 0 and out.count("sum ok") == 2, out[-3000:]
     assert out.count("negotiating over tcp, between nodes over tcp") == 2, out[-3000:]
