@@ -82,11 +82,25 @@ TEST(CudaCodecs, ADeviceIsPresent) {
   ASSERT_GT(devices, 0) << "this test needs a CUDA device";
 }
 
+/// Whether the sweep below runs (n, bits, bucket, variant). On a GPU: every case. On the emulated
+/// GPU (a fiber per CUDA thread) the million-value size, which is what spans many blocks and
+/// grid-stride loops, runs at the bit widths that pack differently (1: eight to a byte, 3: values
+/// straddling bytes, 8: a byte each), one bucket and two variants; at every other size every case
+/// runs. The full sweep at that size was 99% of the emulated test's 3 minutes.
+bool Swept(size_t n, int bits, size_t bucket, int variant) {
+#if GRADCOMP_CUDA_EMULATION
+  if (n > (1u << 16)) return (bits == 1 || bits == 3 || bits == 8) && bucket == 512 && (variant == 0 || variant == 3);
+#else
+  (void)n, (void)bits, (void)bucket, (void)variant;
+#endif
+  return true;
+}
+
 TEST(CudaCodecs, MaxMinBytesAndValuesEqualTheCpu) {
   const size_t sizes[] = {1, 7, 8, 9, 100, 513, 4097, (1u << 20) + 3};
   const size_t buckets[] = {64, 100, 512};
   const DataType dtypes[] = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16};
-  int cases = 0;
+  int cases = 0, skipped = 0;
   for (DataType dtype : dtypes) {
     for (size_t n : sizes) {
       const std::vector<float> values = Values(n, static_cast<uint32_t>(n), n % 2 == 1);
@@ -96,6 +110,10 @@ TEST(CudaCodecs, MaxMinBytesAndValuesEqualTheCpu) {
       for (int bits = 1; bits <= 8; ++bits) {
         for (size_t bucket : buckets) {
           for (int variant = 0; variant < 4; ++variant) {
+            if (!Swept(n, bits, bucket, variant)) {
+              ++skipped;
+              continue;
+            }
             MaxMinArgs a{bits, bucket, (variant & 1) != 0, (variant & 2) != 0, 42, 7,
                          variant == 3 ? (uint64_t{1} << 32) - 5 : uint64_t{123}};
             const std::string what = std::string(DataTypeName(dtype)) + " n=" + std::to_string(n) +
@@ -125,7 +143,12 @@ TEST(CudaCodecs, MaxMinBytesAndValuesEqualTheCpu) {
       }
     }
   }
-  EXPECT_EQ(cases, 3 * 8 * 8 * 3 * 4);
+  EXPECT_EQ(cases + skipped, 3 * 8 * 8 * 3 * 4);
+#if GRADCOMP_CUDA_EMULATION
+  EXPECT_EQ(skipped, 3 * (8 * 3 * 4 - 3 * 1 * 2));
+#else
+  EXPECT_EQ(skipped, 0);
+#endif
 }
 
 TEST(CudaCodecs, CastsEqualTheCpu) {

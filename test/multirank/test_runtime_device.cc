@@ -182,8 +182,16 @@ std::string FirstDifference(const std::vector<char>& got, const std::vector<char
 
 class RuntimeOnDevice : public ::testing::TestWithParam<std::map<std::string, std::string>> {};
 
+// Worlds 2 and 3 on the test device; on the emulated GPU (a fiber per CUDA thread, minutes) the
+// odd world alone, whose uneven shards are the harder case for the kernels and NCCL.
+#if GRADCOMP_CUDA_EMULATION
+constexpr int kWorlds[] = {3};
+#else
+constexpr int kWorlds[] = {2, 3};
+#endif
+
 TEST_P(RuntimeOnDevice, SameBytesAsOnTheHostAtEveryStep) {
-  for (int world : {2, 3}) {
+  for (int world : kWorlds) {
     const Results host = Train(world, GetParam(), Where::kHost);
     for (int r = 1; r < world; ++r) ASSERT_EQ(host[static_cast<size_t>(r)], host[0]) << "ranks differ on the host";
     const Results device = Train(world, GetParam(), Where::kDevice);
