@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
 # Sets gradcomp up on this machine: installs the Debian packages it needs, builds it into
-# build/ (extra arguments go to CMake), makes `import gradcomp` work for Debian's
-# /usr/bin/python3 (a .pth file pointing at build/python) and puts `gcrun` on PATH
-# (/usr/local/bin). The last two need root; without it they are skipped with a note, and
-# `PYTHONPATH=build/python` plus `./gcrun` do the same.
+# build/, makes `import gradcomp` work for Debian's /usr/bin/python3 (a .pth file pointing at
+# build/python) and puts `gcrun` on PATH (/usr/local/bin). The last two need root; without it
+# they are skipped with a note, and `PYTHONPATH=build/python` plus `./gcrun` do the same.
+#
+#   bash scripts/setup.sh [CMake args]           the library and the Python package: what a job runs
+#   bash scripts/setup.sh --tests [CMake args]   everything: tests, fuzz replays, benchmarks too
+#
+# The CUDA path is built where a GPU is (nvidia-smi lists one) or where asked for
+# (-DGRADCOMP_WITH_CUDA=ON); --tests builds it wherever the CUDA toolkit is, GPU or not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
+tests=0
+if [ "${1:-}" = --tests ]; then
+  tests=1
+  shift
+fi
 bash scripts/install_deps.sh
 BUILD_DIR=${GRADCOMP_BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+if [ "$tests" = 1 ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON \
+    -DGRADCOMP_BUILD_BENCHMARKS=ON -DGRADCOMP_WITH_CUDA=AUTO "$@"
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+else
+  cuda=OFF
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+    cuda=AUTO
+  fi
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF \
+    -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_WITH_CUDA="$cuda" "$@"
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target gradcomp_python
+fi
 
 if [ "$(id -u)" = 0 ]; then
   site=$(/usr/bin/python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")

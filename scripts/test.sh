@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 
 if [ -z "$sanitize" ]; then
-  bash scripts/setup.sh -DGRADCOMP_WERROR=ON
+  bash scripts/setup.sh --tests -DGRADCOMP_WERROR=ON
   cd "${GRADCOMP_BUILD_DIR:-build}"
   exec ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
 fi
