@@ -8,6 +8,7 @@ Every rank runs the same tests in the same order (they are collective)."""
 import copy
 import datetime
 import hashlib
+import inspect
 import os
 import threading
 import time
@@ -1130,6 +1131,39 @@ def test_sync_batch_norm_equals_batch_norm_on_the_full_batch(shape):
 
 
 # -- torch.distributed backend and DDP hook --------------------------------------------------------------
+
+
+def _has_coalescing_manager():
+    """torch 2's dist._coalescing_manager(group, device, async_ops) (torch 1.13's takes a request list)."""
+    manager = getattr(dist, "_coalescing_manager", None)
+    return manager is not None and "async_ops" in inspect.signature(manager).parameters
+
+
+@pytest.mark.skipif(not _has_coalescing_manager(), reason="torch 1.13 coalesces no all-gathers or reduce-scatters")
+def test_backend_coalesced_all_gathers_and_reduce_scatters():
+    # Inside torch's coalescing manager the one-tensor collectives reach the backend as one call
+    # (torch 2.13: all_gather_single_coalesced; torch 2.x before it: allgather_into_tensor_coalesced).
+    me, n = hvd.rank(), hvd.size()
+    gathered = [torch.empty(n * 3), torch.empty(n * 5)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        compat.all_gather_into_tensor(gathered[0], torch.full((3,), float(me)))
+        compat.all_gather_into_tensor(gathered[1], torch.full((5,), me + 0.5))
+    cm.wait()
+    assert torch.equal(gathered[0], torch.arange(n, dtype=torch.float32).repeat_interleave(3))
+    assert torch.equal(gathered[1], (torch.arange(n, dtype=torch.float32) + 0.5).repeat_interleave(5))
+    parts = [torch.empty(2), torch.empty(4)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        compat.reduce_scatter_tensor(parts[0], torch.arange(n * 2, dtype=torch.float32))
+        compat.reduce_scatter_tensor(parts[1], torch.full((n * 4,), me + 1.0))
+    cm.wait()
+    assert torch.equal(parts[0], torch.arange(me * 2, me * 2 + 2, dtype=torch.float32) * n)
+    assert torch.equal(parts[1], torch.full((4,), n * (n + 1) / 2))
+    # A coalesced reduce-scatter whose input does not split into the output's size fails on every
+    # rank, naming the sizes.
+    with pytest.raises(ValueError, match=f"reduce_scatter input has {n * 2 + 1} elements, expected {n} x 2"):
+        with dist._coalescing_manager(async_ops=True) as cm:
+            compat.reduce_scatter_tensor(torch.empty(2), torch.zeros(n * 2 + 1))
+        cm.wait()
 
 
 def test_backend_collectives():
