@@ -225,7 +225,8 @@ def test_a_job_says_once_that_it_set_the_threads_and_a_ddp_script_starts_from_en
     # missing from some builds), one thread per rank, and torchrun's one line about it.
     code = ("import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); "
             "t = torch.ones(3) * (dist.get_rank() + 1); dist.all_reduce(t); "
-            "print(f'ddp ok {dist.get_rank()} {torch.get_num_threads()} {t.tolist()}', flush=True)")
+            "print(f'ddp ok {dist.get_rank()} {torch.get_num_threads()} {t.tolist()}', flush=True); "
+            "dist.destroy_process_group()")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "USE_LIBUV")}
     r = run_gcrun(["-np", "2", PY, "-c", code], env=env)
     assert r.returncode == 0, r.stdout + r.stderr
