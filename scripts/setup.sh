@@ -21,18 +21,16 @@ fi
 bash scripts/install_deps.sh
 BUILD_DIR=${GRADCOMP_BUILD_DIR:-build}
 if [ "$tests" = 1 ]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON \
-    -DGRADCOMP_BUILD_BENCHMARKS=ON -DGRADCOMP_WITH_CUDA=AUTO "$@"
-  cmake --build "$BUILD_DIR" -j "$(nproc)"
+  everything=ON cuda=AUTO targets=()
 else
-  cuda=OFF
+  everything=OFF cuda=OFF targets=(--target gradcomp_python)
   if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
     cuda=AUTO
   fi
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF \
-    -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_WITH_CUDA="$cuda" "$@"
-  cmake --build "$BUILD_DIR" -j "$(nproc)" --target gradcomp_python
 fi
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS="$everything" \
+  -DGRADCOMP_BUILD_BENCHMARKS="$everything" -DGRADCOMP_WITH_CUDA="$cuda" "$@"
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"
 
 if [ "$(id -u)" = 0 ]; then
   site=$(/usr/bin/python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
