@@ -93,9 +93,11 @@ all_gather_into_tensor = getattr(dist, "all_gather_single", None) or getattr(dis
 reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
 
 
+# torch.sparse_coo_tensor's check_invariants (torch 2; a builtin, so read off its documentation).
+_SPARSE_CHECKS = {"check_invariants": True} if "check_invariants" in (torch.sparse_coo_tensor.__doc__ or "") else {}
+
+
 def sparse_coo_tensor(indices, values, size):
     """torch.sparse_coo_tensor with its invariants checked (torch 2.13 warns at every tensor built
     with the check left implicit; torch 1.13 has no check_invariants)."""
-    if "check_invariants" in (torch.sparse_coo_tensor.__doc__ or ""):
-        return torch.sparse_coo_tensor(indices, values, size, check_invariants=True)
-    return torch.sparse_coo_tensor(indices, values, size)
+    return torch.sparse_coo_tensor(indices, values, size, **_SPARSE_CHECKS)
