@@ -481,10 +481,11 @@ def compression_spec(compression):
     return dict(compression)
 
 
-def stats():
-    """Counters of this rank's runtime: cycles, cache hits, tensors executed, and the bytes
-    compressed allreduces took in and put on the wire."""
-    return dict(_rt().stats())
+def stats(process_set=None):
+    """Counters of this rank's runtime (the process set's, which a backend group of some ranks
+    has too: its `_process_set`): cycles, cache hits, tensors executed, and the bytes
+    compressed collectives took in and put on the wire."""
+    return dict(runtime(process_set).stats())
 
 
 def auto_name(kind, name, process_set=None):

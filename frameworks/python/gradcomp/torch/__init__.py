@@ -9,7 +9,8 @@
 
 Importing this module also registers the torch.distributed backend "gradcomp"
 (``dist.init_process_group("gradcomp")``), and ``ddp_hook`` / ``DDPHookState`` give DDP
-per-layer compression on any backend, ``fsdp_hook`` / ``FSDPHookState`` FSDP's gradients.
+per-layer compression on any backend, ``fsdp_hook`` / ``FSDPHookState`` FSDP's gradients, and
+``compress_fsdp`` names FSDP2's exchanges after their modules (error feedback per module).
 
 Differences from Horovod worth knowing: ``compression=None`` (the default everywhere) follows
 the GRADCOMP_* settings and the layer filter, so ``gcrun --compression maxmin --bits 4`` turns
@@ -56,6 +57,13 @@ compat.run_untraced(sys.modules[__name__], [
     "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
     "sparse_allreduce_async", "join", "barrier", "poll", "synchronize", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object"])
+
+
+def compress_fsdp(model, compression=None, allgather_compression=None, error_feedback=None):
+    """Names FSDP2's exchanges after their modules on backend gradcomp (gradcomp.torch.fsdp2,
+    imported here: torch's FSDP takes half a second to import)."""
+    from gradcomp.torch import fsdp2
+    return fsdp2.compress_fsdp(model, compression, allgather_compression, error_feedback)
 
 
 def mpi_built():
@@ -119,7 +127,7 @@ __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initializ
            "barrier", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "Adasum", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
-           "FSDPHookState", "fsdp_hook",
+           "FSDPHookState", "fsdp_hook", "compress_fsdp",
            "GradcompError", "HorovodInternalError", "stats", "compression_choices", "auto_summary", "mpi_built",
            "mpi_enabled", "mpi_threads_supported",
            "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built",

@@ -38,6 +38,7 @@ from gradcomp.basics import Average, Max, Min, Product, Sum
 from gradcomp.torch import compat, mpi_ops
 from gradcomp.torch.futures import failing_in_cpp
 
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # what the codecs take
 _live_groups = weakref.WeakSet()
 _groups_created = 0  # ProcessGroupGradcomp objects, in creation order
 
@@ -50,14 +51,52 @@ def _drain_at_exit():
 
 
 def _reduce_op(op):
+    """gradcomp's op for a c10d ReduceOp and the factor to scale each rank's values by first:
+    PREMUL_SUM(f) (FSDP2 after set_gradient_divide_factor) is Sum with prescale f."""
     table = [(dist.ReduceOp.SUM, Sum), (dist.ReduceOp.PRODUCT, Product), (dist.ReduceOp.MIN, Min),
              (dist.ReduceOp.MAX, Max)]
     if hasattr(dist.ReduceOp, "AVG"):
         table.append((dist.ReduceOp.AVG, Average))
     for c10d_op, ours in table:
         if op == c10d_op:
-            return ours
-    raise ValueError(f"backend gradcomp: reduce op {op} is not supported (SUM, AVG, PRODUCT, MIN, MAX)")
+            return ours, 1.0
+    if hasattr(dist.ReduceOp, "PREMUL_SUM") and op == dist.ReduceOp.PREMUL_SUM:
+        factor = getattr(op, "factor", None)
+        if factor is None:
+            raise ValueError("backend gradcomp: this torch's ReduceOp.PREMUL_SUM does not say its factor")
+        return Sum, float(factor.item() if isinstance(factor, torch.Tensor) else factor)
+    raise ValueError(f"backend gradcomp: reduce op {getattr(op, 'op', op)} is not supported (SUM, AVG, PREMUL_SUM, "
+                     "PRODUCT, MIN, MAX)")
+
+
+def _opts_op(opts):
+    """_reduce_op of a c10d options object's reduceOp (SUM where there are no options)."""
+    return _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+
+# Buffers that an FSDP2 module's comm allocated (gradcomp.torch.fsdp2), by address. FSDP2
+# all-reduces a module's reduce-scattered gradient over its replicas (HSDP, replicate()) through
+# c10d, which names nothing: an all_reduce of such a buffer runs under the module's name and with
+# its compression instead, so its error feedback stays the module's in whatever order modules come.
+_module_buffers = {}  # data_ptr -> (weak reference to the buffer, module's name, compression spec)
+
+
+def name_module_buffer(tensor, name, compress):
+    """Marks `tensor` (alive) as the gradient buffer of the FSDP2 module `name`."""
+    for ptr in [ptr for ptr, (ref, _, _) in _module_buffers.items() if ref() is None]:
+        del _module_buffers[ptr]
+    _module_buffers[tensor.data_ptr()] = (weakref.ref(tensor), name, compress)
+
+
+def _module_buffer(t):
+    """(name, compression) of the module whose live buffer `t` is, or None."""
+    entry = _module_buffers.get(t.data_ptr()) if t.numel() > 0 else None
+    if entry is None:
+        return None
+    buffer = entry[0]()
+    if buffer is None or buffer.numel() != t.numel() or buffer.dtype != t.dtype:
+        return None
+    return entry[1], entry[2]
 
 
 class _Pending:
@@ -260,10 +299,14 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                           "DistributedOptimizer(compression=Compression.topk(...)) for DGC)")
             spec = {"codec": "none"}
         if spec.get("error_feedback"):
-            warnings.warn("backend gradcomp: GRADCOMP_ERROR_FEEDBACK=1 is ignored by the torch.distributed backend "
-                          "(no tensor names across steps); ddp_hook and DistributedOptimizer support it")
+            warnings.warn("backend gradcomp: GRADCOMP_ERROR_FEEDBACK=1 is ignored by the torch.distributed backend's "
+                          "collectives, which c10d does not name; compress_fsdp (FSDP2), ddp_hook and "
+                          "DistributedOptimizer keep a residual per module or tensor")
             spec["error_feedback"] = False
         self._compress = spec if spec["codec"] != "none" else None
+        # A group within one node of a world of several (HSDP's shard groups, a node's ranks of
+        # a DeviceMesh) stays exact: compression pays on the links between nodes only.
+        self._within_node = process_set is not None and runtime.cross_size() == 1 < _b.cross_size()
         # Completes each Work's future as soon as its operations finish (DDP waits on futures).
         self._completer = queue.Queue()
         self._resolvers = set()  # threads resolving futures now
@@ -368,29 +411,32 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             raise ValueError(f"backend gradcomp: {what} takes one tensor per process, got {len(tensors)}")
         return tensors[0]
 
-    def _reduction_spec(self, t, op):
-        """The compression of a reduction of `t` (all_reduce, reduce_scatter): the settings'
-        codec for float tensors of at least GRADCOMP_MIN_SIZE elements under Sum or Average, one
-        dimension or several (CGX semantics: flat buffers, DDP's buckets and FSDP's flat
-        parameters, are compressed too); exact otherwise (None: the runtime's own rule)."""
-        if (self._compress is not None and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
-                and op in (Sum, Average) and t.numel() >= self._min_size):
-            return self._compress
+    def _reduction_spec(self, t, op, compress=None):
+        """The compression of a reduction of `t` (all_reduce, reduce_scatter): `compress` (an
+        FSDP2 module's) or the settings' codec, for float tensors of at least GRADCOMP_MIN_SIZE
+        elements under Sum or Average, one dimension or several (CGX semantics: flat buffers,
+        DDP's buckets and FSDP's flat parameters, are compressed too), outside a group within
+        one node; exact otherwise (None: the runtime's own rule)."""
+        compress = self._compress if compress is None else compress
+        if (compress is not None and not self._within_node and t.dtype in _FLOATS and op in (Sum, Average)
+                and t.numel() >= self._min_size):
+            return compress
         return {"codec": "none"} if t.dtype.is_floating_point else None
 
-    def _allreduce_one(self, t, op, kind):
-        return mpi_ops.allreduce_async_(t, name=self._name(kind), op=op, compression=self._reduction_spec(t, op),
-                                        process_set=self._process_set)
+    def _allreduce_one(self, t, opts, kind):
+        op, prescale = _opts_op(opts)
+        module = _module_buffer(t)  # an FSDP2 module's gradient across its replicas, under its name
+        name, compress = (self._name(kind), None) if module is None else (f"{module[0]}.replicas", module[1])
+        return mpi_ops.allreduce_async_(t, name=name, op=op, prescale_factor=prescale,
+                                        compression=self._reduction_spec(t, op, compress), process_set=self._process_set)
 
     def allreduce(self, tensors, opts=None):
         t = self._single(tensors, "allreduce")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        return self._work([self._allreduce_one(t, op, "allreduce")], None, tensors)
+        return self._work([self._allreduce_one(t, opts, "allreduce")], None, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         """Each tensor reduced as all_reduce reduces it (the runtime fuses those ready together)."""
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        return self._work([self._allreduce_one(t, op, "allreduce_coalesced") for t in tensors], None, tensors)
+        return self._work([self._allreduce_one(t, opts, "allreduce_coalesced") for t in tensors], None, tensors)
 
     def broadcast(self, tensors, opts=None):
         t = self._single(tensors, "broadcast")
@@ -405,7 +451,8 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         GRADCOMP_MIN_SIZE float values (FSDP's flat parameter shards), decoded alike on every rank
         (into `output`, where one is given, as mpi_ops.allgather_async's `output`)."""
         return mpi_ops.allgather_async(t.reshape(1, -1) if t.dim() == 0 else t.reshape(1, *t.shape),
-                                       self._name("allgather"), self._process_set, output=output)
+                                       self._name("allgather"), self._process_set, output=output,
+                                       compression={"codec": "none"} if self._within_node else None)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = self._single(input_tensors, "allgather")
@@ -470,24 +517,47 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
                              f"{len(inputs)} inputs")
         return self._work([self._allgather_flat(i, o) for o, i in zip(outputs, inputs)], None, list(outputs))
 
-    def _reduce_scatter_parts(self, output, flat, op, problem=None):
-        """The handles of one reduce-scatter into `output` and what to run once they end."""
+    def _reduce_scatter_parts(self, output, flat, opts, problem=None, name=None, compress=None):
+        """The handles of one reduce-scatter into `output` and what to run once they end (under
+        `name` and with `compress`, an FSDP2 module's, where given)."""
+        op, prescale = _opts_op(opts)
         if problem is None and flat.numel() != output.numel() * self.size():
             problem = f"reduce_scatter input has {flat.numel()} elements, expected {self.size()} x {output.numel()}"
         if problem is not None:
             # Rows one value wider than every rank's output: the operation fails on every rank
             # (a shape mismatch naming this rank's rows) instead of leaving the others waiting.
             flat = output.detach().new_zeros(self.size() * (output.numel() + 1))
-        h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, name=self._name("reduce_scatter"),
-                                        process_set=self._process_set, compression=self._reduction_spec(flat, op),
+        h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, prescale_factor=prescale,
+                                        name=name or self._name("reduce_scatter"), process_set=self._process_set,
+                                        compression=self._reduction_spec(flat, op, compress),
                                         output=output if problem is None else None)
         if problem is None:
             return [h], None  # the shard lands in `output` (mpi_ops)
         return [], lambda: self._fail_on_every_rank(h, problem)
 
-    def _reduce_scatter_flat(self, output, flat, op, problem=None):
-        handles, finish = self._reduce_scatter_parts(output, flat, op, problem)
+    def _reduce_scatter_flat(self, output, flat, opts, problem=None, name=None, compress=None):
+        handles, finish = self._reduce_scatter_parts(output, flat, opts, problem, name, compress)
         return self._work(handles, finish, [output])
+
+    def reduce_scatter_module(self, output, input, op, name, compress):
+        """reduce_scatter_tensor of an FSDP2 module's gradients (gradcomp.torch.fsdp2) under the
+        module's `name` (its error feedback's key) with its compression `compress` (auto's
+        reference where it says auto, which chooses for allreduces only)."""
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = op
+        if compress.get("codec") == "auto":
+            compress = dict(compress, codec="maxmin")
+        return self._reduce_scatter_flat(output, input.detach().reshape(-1).contiguous(), opts, None, name, compress)
+
+    def all_gather_module(self, output, input, name, compress):
+        """all_gather_into_tensor of an FSDP2 module's weights under `name`, with `compress` (None:
+        GRADCOMP_ALLGATHER_COMPRESSION through the layer filter) for float shards of at least
+        GRADCOMP_MIN_SIZE elements outside a group within one node."""
+        if self._within_node or (compress is not None and (input.dtype not in _FLOATS
+                                                           or input.numel() < self._min_size)):
+            compress = {"codec": "none"}
+        h = mpi_ops.allgather_async(input.reshape(1, -1), name, self._process_set, output=output, compression=compress)
+        return self._work([h], None, [output])
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = self._single(output_tensors, "reduce_scatter")
@@ -496,18 +566,18 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         if len(ins) != self.size():
             problem = f"reduce_scatter needs {self.size()} input tensors, got {len(ins)}"
         flat = torch.cat([x.detach().reshape(-1) for x in ins])
-        return self._reduce_scatter_flat(out, flat, _reduce_op(opts.reduceOp), problem)
+        return self._reduce_scatter_flat(out, flat, opts, problem)
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        return self._reduce_scatter_flat(output, input.detach().reshape(-1).contiguous(), _reduce_op(opts.reduceOp))
+        return self._reduce_scatter_flat(output, input.detach().reshape(-1).contiguous(), opts)
 
     def _reduce_scatter_coalesced_tensors(self, outputs, inputs, opts=None):
         """reduce_scatter_tensor of several tensors in one Work (torch's coalescing manager)."""
         if len(outputs) != len(inputs):
             raise ValueError(f"backend gradcomp: a coalesced reduce_scatter_tensor has {len(outputs)} outputs for "
                              f"{len(inputs)} inputs")
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        parts = [self._reduce_scatter_parts(o, i.detach().reshape(-1).contiguous(), op) for o, i in zip(outputs, inputs)]
+        parts = [self._reduce_scatter_parts(o, i.detach().reshape(-1).contiguous(), opts)
+                 for o, i in zip(outputs, inputs)]
 
         def finish():
             for _, part_finish in parts:
@@ -575,9 +645,9 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         metrics; DDP never calls it."""
         t = self._single(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
-        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        op, prescale = _opts_op(opts)
         target = t if self.rank() == root else t.detach().clone()
-        h = mpi_ops.allreduce_async_(target, name=self._name("reduce"), op=op,
+        h = mpi_ops.allreduce_async_(target, name=self._name("reduce"), op=op, prescale_factor=prescale,
                                      compression={"codec": "none"} if t.dtype.is_floating_point else None,
                                      process_set=self._process_set)
         return self._work([h], None, tensors)
