@@ -156,7 +156,11 @@ class Executor {
   void RunAllgather(const Response& r, EntryList& entries);
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
-  void RunReducescatter(const Response& r, EntryList& entries);
+  /// `through_codec`: the compressed form even for codec none (auto's flush of a residual).
+  void RunReducescatter(const Response& r, EntryList& entries, bool through_codec = false);
+  /// A reduce-scatter of an auto spec (an FSDP2 module's gradients): its setting chosen by
+  /// auto's stage as an allreduce's tensor's, by name.
+  void RunAutoReducescatter(const Response& r, EntryList& entries);
   // The compressed forms (executor_sharded.cc) of `input` (a joined rank's: the caller's zeros,
   // or null for an allgather): `counts` values of each rank's shard, `out_bytes` of this rank's output.
   void RunCompressedReducescatter(const Response& r, EntryList& entries, const void* input,

@@ -1,5 +1,6 @@
 // The executor's side of adaptive compression: the response's tensors as auto reads them, one
-// allreduce per setting auto resolves them to, and the probe its cost model times.
+// allreduce per setting auto resolves them to (a reduce-scatter's one tensor: its setting), and
+// the probe its cost model times.
 #include "core/executor.h"
 
 #include <chrono>
@@ -36,6 +37,15 @@ class Executor::AutoView final : public AutoTensors {
 void Executor::RunAutoAllreduce(const Response& r, EntryList& entries) {
   AutoView view(*this, r, entries);
   for (const AutoGroup& g : auto_->Resolve(r, view, *topo_.world)) RunAutoGroup(r, entries, g);
+}
+
+void Executor::RunAutoReducescatter(const Response& r, EntryList& entries) {
+  AutoView view(*this, r, entries);
+  const std::vector<AutoGroup> groups = auto_->Resolve(r, view, *topo_.world);
+  Response sub = r;  // one tensor: one group
+  sub.compression = groups.at(0).spec;
+  RunReducescatter(sub, entries, groups[0].flush);
+  if (groups[0].flush) memory_.Forget(r.names[0]);  // it moved to none: its residual went out exactly
 }
 
 void Executor::RunAutoGroup(const Response& r, EntryList& entries, const AutoGroup& g) {

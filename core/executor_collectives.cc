@@ -121,7 +121,8 @@ void Executor::RunAlltoall(const Response& r, EntryList& entries) {
   h.Complete();
 }
 
-void Executor::RunReducescatter(const Response& r, EntryList& entries) {
+void Executor::RunReducescatter(const Response& r, EntryList& entries, bool through_codec) {
+  if (r.compression.is_auto()) return RunAutoReducescatter(r, entries);
   const std::vector<int64_t>& shape = r.shapes[0];
   const size_t row = static_cast<size_t>(RowElements(shape));
   const std::vector<size_t> rows = EvenSplit(static_cast<size_t>(shape[0]), topo_.size());
@@ -140,7 +141,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries) {
     o.input = scratch_.data();
   }
   const size_t esize = DataTypeSize(r.dtype), out_bytes = o.counts[me] * esize;
-  if (r.compression.codec != "none") {
+  if (r.compression.codec != "none" || through_codec) {
     RunCompressedReducescatter(r, entries, o.input, o.counts, out_bytes);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     // Over a communicator on device memory the scale factors and Average's division are the

@@ -86,19 +86,22 @@ void CheckExplicitCompression(const CompressionSpec& spec, DataType dtype, Reduc
   ValidateSpec(spec, with);
 }
 
-// Sparse codecs and auto compress allreduces only.
+// Sparse codecs and auto compress allreduces only, unless given explicitly: a reducescatter
+// takes an explicit auto (its tensor named across steps, as compress_fsdp's modules are).
 bool AllreduceOnly(const CompressionSpec& spec) { return spec.is_auto() || FindCodec(spec.codec).sparse(); }
 
-// The compression a reducescatter or allgather runs with: `given` checked for this tensor, or
-// the settings' (`fallback`, already fit for it; exact where it compresses allreduces only).
+// The compression a reducescatter (`reduces`) or allgather runs with: `given` checked for this
+// tensor, or the settings' (`fallback`, already fit for it; exact where it compresses allreduces
+// only: a settings' auto would key its choices by the unnamed calls' fresh names).
 CompressionSpec ShardCompression(const CompressionSpec* given, const CompressionSpec& fallback, DataType dtype,
-                                 ReduceOp op, const std::string& what) {
+                                 ReduceOp op, const std::string& what, bool reduces) {
   if (given == nullptr) return AllreduceOnly(fallback) ? CompressionSpec{} : fallback;
   if (given->codec == "none") return *given;
-  if (AllreduceOnly(*given)) {
-    throw InvalidArgument(what + " with compression " + given->Describe() + ": a " +
-                          (given->is_auto() ? "per-tensor choice" : "sparse codec") +
-                          " compresses allreduces only; use none, fp16, bf16 or maxmin");
+  if (AllreduceOnly(*given) && !(reduces && given->is_auto())) {
+    throw InvalidArgument(what + " with compression " + given->Describe() + ": " +
+                          (given->is_auto() ? "a per-tensor choice compresses allreduces and reducescatters only"
+                                            : "a sparse codec compresses allreduces only") +
+                          "; use none, fp16, bf16 or maxmin" + (reduces ? " (or auto)" : ""));
   }
   CheckExplicitCompression(*given, dtype, op, what);
   return *given;
@@ -184,7 +187,7 @@ std::shared_ptr<Handle> Runtime::Allgather(const std::string& name, DataType dty
   Request r = NewRequest(RequestType::kAllgather, name, dtype, shape);
   if (shape.empty()) throw InvalidArgument("allgather of '" + name + "' needs a tensor with at least one dimension");
   r.compression = ShardCompression(compression, AllgatherCompressionFor(dtype, shape), dtype, ReduceOp::kSum,
-                                   "allgather of '" + name + "'");
+                                   "allgather of '" + name + "'", false);
   r.compression.error_feedback = false;  // every step gathers the owners' exact values again
   return SubmitShards(std::move(r), input, placement, into);
 }
@@ -249,7 +252,7 @@ std::shared_ptr<Handle> Runtime::Reducescatter(const std::string& name, DataType
   r.prescale = prescale;
   r.postscale = postscale;
   r.compression = ShardCompression(compression, CompressionFor(dtype, shape, op), dtype, op,
-                                   "reducescatter of '" + name + "'");
+                                   "reducescatter of '" + name + "'", true);
   return SubmitShards(std::move(r), input, placement, into);
 }
 

@@ -37,11 +37,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from charlm import Block, CharGPT, add_training_arguments, corpus, train_step, validation_loss  # noqa: E402
 
 
-def train(seed, args, text, held_out):
-    """One seed's run: FSDP on the default group, args.steps Adam steps; the validation loss."""
+def fsdp(model, args):
+    """`model` under FullyShardedDataParallel on the default group, one FSDP unit per block."""
+    del args
+    return FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+
+
+def train(seed, args, text, held_out, wrap):
+    """One seed's run: the model as `wrap` shards it, args.steps Adam steps; the validation loss."""
     torch.manual_seed(seed)
-    model = FSDP(CharGPT(args.layers, args.width, args.heads, args.context), device_id=torch.device("cpu"),
-                 auto_wrap_policy=ModuleWrapPolicy({Block}))
+    model = wrap(CharGPT(args.layers, args.width, args.heads, args.context), args)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
     for step in range(args.steps):
@@ -51,12 +56,16 @@ def train(seed, args, text, held_out):
     return validation_loss(model, held_out, args)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(wrap=fsdp, label="FSDP", doc=__doc__, arguments=None):
+    """Trains --seeds runs of the model as `wrap(model, args)` shards it (`arguments(parser)` adds
+    its flags) and prints their validation losses and the compressed bytes, `label` naming it."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--backend", choices=["gradcomp", "gloo"], default="gradcomp")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seeds", type=int, default=1)
     add_training_arguments(p)
+    if arguments is not None:
+        arguments(p)
     p.add_argument("--log-every", type=int, default=100, help="steps between two training-loss lines (0: none)")
     args = p.parse_args()
     hvd.init()  # the ranks come from MPI (gcrun / mpirun), for both backends
@@ -65,7 +74,7 @@ def main():
     dist.init_process_group(args.backend, rank=hvd.rank(), world_size=hvd.size())
     text, held_out = corpus(args.corpus_mb)
     before = hvd.stats()
-    losses = [train(seed, args, text, held_out) for seed in range(args.seeds)]
+    losses = [train(seed, args, text, held_out, wrap) for seed in range(args.seeds)]
     after = hvd.stats()
     if dist.get_rank() == 0:
         into = after["compressed_bytes_in"] - before["compressed_bytes_in"]
@@ -73,7 +82,7 @@ def main():
         params = sum(q.numel() for q in CharGPT(args.layers, args.width, args.heads, args.context).parameters())
         codecs = (f"weights {os.environ.get('GRADCOMP_ALLGATHER_COMPRESSION', 'none')}, gradients "
                   f"{os.environ.get('GRADCOMP_COMPRESSION', 'none')}" if args.backend == "gradcomp" else "exact")
-        print(f"FSDP on {args.backend} ({codecs}), {dist.get_world_size()} ranks, {params / 1e6:.2f}M parameters, "
+        print(f"{label} on {args.backend} ({codecs}), {dist.get_world_size()} ranks, {params / 1e6:.2f}M parameters, "
               f"{args.steps} steps of {args.batch_size} windows a rank")
         print("validation loss by seed: " + ", ".join(f"{v:.4f}" for v in losses))
         print(f"validation loss: {statistics.mean(losses):.4f} (mean of {len(losses)} seeds)")

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # FSDP step benchmark (fsdp_step_bench.py) on an emulated cluster (scripts/cluster.sh: one network
-# and UTS namespace per node, tc-shaped links, Open MPI over TCP, --bind-to none). Needs torch 2:
-# run it in the Debian 13 root.
+# and UTS namespace per node, tc-shaped links, Open MPI over TCP, --bind-to none). FSDP (--fsdp 1,
+# the default) needs torch 2: the Debian 13 root's, or pip's; FSDP2 (--fsdp 2) torch 2.9 or newer:
+# pip's, in a venv (GRADCOMP_PYTHON=that venv's python).
 #
 #   bash scripts/debian13.sh run bash examples/benchmarks/fsdp_cluster.sh [--rate 1gbit] [--nodes 2]
 #        [--ranks-per-node 1] [--rounds 2] [--variants compute,gloo,gc_none,gc_w8,gc_g4,gc_w8g4]
 #        [--steps 8] [--warmup 3] [--queue 20ms] [--no-ingress] [--out build/fsdp]
+#   GRADCOMP_PYTHON=venv/bin/python bash examples/benchmarks/fsdp_cluster.sh --fsdp 2 [...]
 #
 # One job a variant (the compression settings are read when the runtime starts), every variant in
 # turn, --rounds times over, in one cluster session: rounds put the machine's drift on every
@@ -13,10 +15,11 @@
 # run's records (medians over the rounds).
 set -euo pipefail
 
-RATE=1gbit NODES=2 RPN=1 ROUNDS=2 VARIANTS=compute,gloo,gc_none,gc_w8,gc_g4,gc_w8g4 STEPS=8 WARMUP=3 OUT=""
+RATE=1gbit NODES=2 RPN=1 ROUNDS=2 VARIANTS=compute,gloo,gc_none,gc_w8,gc_g4,gc_w8g4 STEPS=8 WARMUP=3 OUT="" FSDP=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
+    --fsdp) FSDP=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
     --ranks-per-node) RPN=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -36,8 +39,13 @@ BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
 PY=${GRADCOMP_PYTHON:-/usr/bin/python3}
 ls "$BUILD"/python/gradcomp/_core*.so >/dev/null 2>&1 ||
   { echo "fsdp_cluster: $BUILD/python has no gradcomp build (bash scripts/setup.sh)" >&2; exit 2; }
-"$PY" -c "import torch.distributed.fsdp, sys; sys.exit(int(torch.__version__.split('.')[0]) < 2)" 2>/dev/null ||
-  { echo "fsdp_cluster: $PY has no torch 2 (run it in the Debian 13 root: bash scripts/debian13.sh run ...)" >&2; exit 2; }
+if [ "$FSDP" = 2 ]; then
+  "$PY" -c "from torch.distributed.fsdp import FSDPModule; FSDPModule.set_custom_reduce_scatter" 2>/dev/null ||
+    { echo "fsdp_cluster: $PY has no torch with FSDP2's custom collectives (2.9 or newer: pip's, GRADCOMP_PYTHON=)" >&2; exit 2; }
+else
+  "$PY" -c "import torch.distributed.fsdp, sys; sys.exit(int(torch.__version__.split('.')[0]) < 2)" 2>/dev/null ||
+    { echo "fsdp_cluster: $PY has no torch 2 (run it in the Debian 13 root: bash scripts/debian13.sh run ...)" >&2; exit 2; }
+fi
 OUT=${OUT:-$BUILD/fsdp}
 mkdir -p "$OUT"
 
@@ -70,8 +78,8 @@ for round in $(seq 1 "$ROUNDS"); do
   for variant in ${VARIANTS//,/ }; do
     port=$((port + 1))
     "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np $((NODES * RPN)) "${ENVS[@]}" -x MASTER_PORT=$port \
-      "$PY" "$ROOT/examples/benchmarks/fsdp_step_bench.py" --variant "$variant" --steps "$STEPS" --warmup "$WARMUP" \
+      "$PY" "$ROOT/examples/benchmarks/fsdp_step_bench.py" --fsdp "$FSDP" --variant "$variant" --steps "$STEPS" --warmup "$WARMUP" \
       --link "$LINK" --json "$OUT/fsdp.jsonl" 2>&1 | grep --line-buffered -v -E '\[warning\]|\[c10d\] The hostname of the client socket' | tee -a "$OUT/fsdp.txt"
   done
 done
-"$PY" "$ROOT/examples/benchmarks/fsdp_step_bench.py" --table "$OUT/fsdp.jsonl" --link "$LINK" | tee -a "$OUT/fsdp.txt"
+PYTHONPATH="$BUILD/python" "$PY" "$ROOT/examples/benchmarks/fsdp_step_bench.py" --table "$OUT/fsdp.jsonl" --link "$LINK" --fsdp "$FSDP" | tee -a "$OUT/fsdp.txt"

@@ -1,12 +1,14 @@
 """FSDP training step time and scaling efficiency: a 22M-parameter transformer under torch's
-FullyShardedDataParallel on gloo and on backend gradcomp, uncompressed and compressed.
+FullyShardedDataParallel (--fsdp 1) or FSDP2's fully_shard (--fsdp 2, torch >= 2.9) on gloo and on
+backend gradcomp, uncompressed and compressed.
 
-    mpirun -np 2 python3 examples/benchmarks/fsdp_step_bench.py --variant gc_w8g4
-    bash scripts/debian13.sh run bash examples/benchmarks/fsdp_cluster.sh    # 2 emulated nodes, every variant
+    mpirun -np 2 python3 examples/benchmarks/fsdp_step_bench.py --variant gc_w8g4 [--fsdp 2]
+    bash examples/benchmarks/fsdp_cluster.sh --fsdp 2        # 2 emulated nodes, every variant
 
 One variant a job (the compression settings are the runtime's, read when it starts): the
 driver runs each in turn, in rounds. Each rank trains the character GPT of examples/charlm.py at
-7 layers of width 512 (22.2M parameters, one FSDP unit per block, FSDP's defaults otherwise) on
+7 layers of width 512 (22.2M parameters, one FSDP unit per block, FSDP's defaults otherwise; under
+FSDP2 each block fully_shard'ed, then the model, and compress_fsdp names each module's exchanges) on
 its own random windows, Adam; --warmup steps, then --steps timed steps (zero_grad, forward,
 backward, optimizer step; FSDP waits for the last reduce-scatter at the end of backward). A
 step's time is the slowest rank's; the figure is the median step.
@@ -17,7 +19,8 @@ Variants (--variant):
   gloo       FSDP on torch's gloo backend
   gc_none    FSDP on backend gradcomp, exact
   gc_w8      + weights allgathered at 8 bits (GRADCOMP_ALLGATHER_COMPRESSION=maxmin)
-  gc_g4      + gradients reduce-scattered at 4 bits (GRADCOMP_COMPRESSION=maxmin GRADCOMP_BITS=4)
+  gc_g4      + gradients reduce-scattered at 4 bits (GRADCOMP_COMPRESSION=maxmin GRADCOMP_BITS=4;
+             under FSDP2 with error feedback per module, GRADCOMP_ERROR_FEEDBACK=1)
   gc_w8g4    both
 
 --json FILE appends the variant's record (seconds, ranks, link, parameters, bytes); --table FILE
@@ -54,44 +57,48 @@ VARIANTS = {
     "gc_w8g4": {"GRADCOMP_ALLGATHER_COMPRESSION": "maxmin", "GRADCOMP_ALLGATHER_BITS": "8",
                 "GRADCOMP_COMPRESSION": "maxmin", "GRADCOMP_BITS": "4"},
 }
-SETTINGS = ("GRADCOMP_ALLGATHER_COMPRESSION", "GRADCOMP_ALLGATHER_BITS", "GRADCOMP_COMPRESSION", "GRADCOMP_BITS")
+SETTINGS = ("GRADCOMP_ALLGATHER_COMPRESSION", "GRADCOMP_ALLGATHER_BITS", "GRADCOMP_COMPRESSION", "GRADCOMP_BITS",
+            "GRADCOMP_ERROR_FEEDBACK")
 
 
-def table(path, only_link=""):
-    """The Markdown table of `path`'s records (those of `only_link` if given): one row a (link,
-    variant), medians over rounds."""
+def table(path, only_link="", fsdp=0):
+    """The Markdown table of `path`'s records (those of `only_link` and FSDP `fsdp` if given): one
+    row a (FSDP, link, variant), medians over rounds."""
     runs = collections.defaultdict(list)
     with open(path) as f:
         for line in f:
             r = json.loads(line)
-            if only_link and r["link"] != only_link:
+            if only_link and r["link"] != only_link or fsdp and r.get("fsdp", 1) != fsdp:
                 continue
-            runs[(r["link"], r["variant"])].append(r)
+            runs[(f"FSDP{r.get('fsdp', 1)}, {r['link']}", r["variant"])].append(r)
     for link in dict.fromkeys(k[0] for k in runs):
         median = {v: statistics.median(r["seconds"] for r in rs) for (lk, v), rs in runs.items() if lk == link}
         first = next(rs[0] for (lk, _), rs in runs.items() if lk == link)
-        print(f"\nFSDP, {first['params'] / 1e6:.1f}M parameters, {first['ranks']} ranks, {link}\n")
+        print(f"\n{first['params'] / 1e6:.1f}M parameters, {first['ranks']} ranks, {link}\n")
         print("| variant | s/step (median of rounds) | rounds | scaling efficiency | vs gloo | exchange s/step "
-              "(step - compute) | exchange vs gloo's | MiB on the wire a step (compressed / in) |\n"
-              "|---|---|---|---|---|---|---|---|")
+              "(step - compute) | exchange's share of the step | exchange vs gloo's | MiB on the wire a step "
+              "(compressed / in) |\n|---|---|---|---|---|---|---|---|---|")
         for variant in VARIANTS:
             if variant not in median:
                 continue
             rs = runs[(link, variant)]
             eff = f"{100 * median['compute'] / median[variant]:.0f}%" if "compute" in median else "n/a"
             vs = f"{median['gloo'] / median[variant]:.2f}x" if "gloo" in median else "n/a"
-            exchange, exchange_vs = "-", "-"
+            exchange, share, exchange_vs = "-", "-", "-"
             if "compute" in median and variant != "compute":
                 exchange = f"{median[variant] - median['compute']:.3f}"
+                share = f"{100 * (median[variant] - median['compute']) / median[variant]:.0f}%"
                 if "gloo" in median and median[variant] > median["compute"]:
                     exchange_vs = f"{(median['gloo'] - median['compute']) / (median[variant] - median['compute']):.2f}x"
             wire = (f"{rs[0]['wire_mib']:.1f} / {rs[0]['in_mib']:.1f}" if rs[0]["in_mib"] else "-")
-            print(f"| {variant} | {median[variant]:.3f} | {len(rs)} | {eff} | {vs} | {exchange} | {exchange_vs} | "
-                  f"{wire} |")
+            print(f"| {variant} | {median[variant]:.3f} | {len(rs)} | {eff} | {vs} | {exchange} | {share} | "
+                  f"{exchange_vs} | {wire} |")
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", choices=list(VARIANTS), default="gc_w8g4")
+    p.add_argument("--fsdp", type=int, choices=[1, 2], help="FullyShardedDataParallel (1, the default) or fully_shard "
+                   "(2); with --table, only that one's records")
     p.add_argument("--layers", type=int, default=7)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--context", type=int, default=128)
@@ -104,13 +111,31 @@ def main():
     p.add_argument("--table", default="", help="print the table of this file's records and exit")
     args = p.parse_args()
     if args.table:
-        table(args.table, args.link)
+        table(args.table, args.link, args.fsdp)
         return
     # The runtime reads its settings when it starts: this variant's, over the environment's.
     for name in SETTINGS:
         os.environ.pop(name, None)
     os.environ.update(VARIANTS[args.variant])
+    args.fsdp = args.fsdp or 1
+    if args.fsdp == 2 and "GRADCOMP_COMPRESSION" in VARIANTS[args.variant]:
+        os.environ["GRADCOMP_ERROR_FEEDBACK"] = "1"  # kept per module by compress_fsdp
     run(args)
+
+
+def shard(model, version):
+    """`model` under FSDP `version`, one unit per block: FullyShardedDataParallel, or fully_shard
+    on each block and the model with compress_fsdp on backend gradcomp."""
+    if version == 1:
+        return FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for module in [m for m in model.modules() if isinstance(m, Block)] + [model]:
+        fully_shard(module, mesh=mesh)
+    if dist.get_backend() == "gradcomp":
+        hvd.compress_fsdp(model)
+    return model
 
 
 def run(args):
@@ -124,7 +149,7 @@ def run(args):
     model = CharGPT(args.layers, args.width, args.width // 64, args.context)
     params = sum(q.numel() for q in model.parameters())
     if args.variant != "compute":
-        model = FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+        model = shard(model, args.fsdp)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(1 + hvd.rank())
     batches = [torch.randint(0, 256, (args.batch_size, args.context + 1), generator=g) for _ in range(2)]
@@ -153,7 +178,7 @@ def run(args):
               flush=True)
         if args.json:
             with open(args.json, "a") as f:
-                f.write(json.dumps({"variant": args.variant, "seconds": seconds, "ranks": hvd.size(),
+                f.write(json.dumps({"variant": args.variant, "fsdp": args.fsdp, "seconds": seconds, "ranks": hvd.size(),
                                     "link": args.link, "params": params, "in_mib": in_mib,
                                     "wire_mib": wire_mib}) + "\n")
     dist.destroy_process_group()

@@ -8,7 +8,8 @@ modules (four blocks and the root; shards uneven at -np 3).
 - Compressed through compress_fsdp (4-bit gradients with error feedback, 8-bit weights): fewer
   bytes, gloo's training within a margin, the same unsharded weights on every rank, replicas
   bit-identical, HSDP exact inside a node and compressed across nodes, each error memory the
-  module's whatever order the modules run in, a fresh memory where a gradient changes size.
+  module's whatever order the modules run in, a fresh memory where a gradient changes size,
+  auto's choices per module.
 
 Run by ctest as: mpirun -np N python -m pytest test/python/test_fsdp2_mpi.py (torch >= 2.9).
 Every rank runs the same tests in the same order (they are collective)."""
@@ -281,6 +282,22 @@ def test_compressed_replicate_keeps_replicas_identical(meshes, gloo):
     assert max(abs(a - b) for a, b in zip(losses, reference)) < 0.05 * reference[0], (losses, reference)
     seen = everyones(digest([p.to_local() for p in model.parameters()]), gloo)
     assert all(d == seen[0] for d in seen), "replicas differ"
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_auto_chooses_a_setting_per_module(meshes, dims):
+    """compress_fsdp with auto: each module's reduce-scatter (1-D) or its replicas' all-reduce
+    (HSDP) gets a setting of its own, measured and chosen by its name."""
+    mesh = meshes[("gradcomp", dims)]
+    group = mesh.get_group("replicate") if dims == 2 else mesh.get_group()
+    model = wrap(make_model(), mesh)
+    auto = hvd.Compression.auto(reference=hvd.Compression.maxmin(bits=4, error_feedback=True), interval=2)
+    names = hvd.compress_fsdp(model, compression=auto)
+    losses = train(model)
+    choices = hvd.compression_choices(group._process_set)
+    suffix = ".replicas" if dims == 2 else ""
+    assert all(choices[name + suffix]["measured_at"] > 0 for name in names), sorted(choices)
+    assert losses[-1] < 0.8 * losses[0], losses
 
 
 class TwoBranches(torch.nn.Module):

@@ -422,8 +422,8 @@ def auto_spec(candidates=None, reference=None, interval=25, relaxed=BY_OPTIMIZER
     return spec
 
 
-def compression_choices():
-    """Auto compression on this rank: {tensor name: {"setting": its current setting, "choice":
+def compression_choices(process_set=None):
+    """Auto compression on this rank (in the process set's runtime, as stats()): {tensor name: {"setting": its current setting, "choice":
     which choice set it (counting from 1, as stats()["auto_choices"]), "measured_at": the step
     of the tensor its errors were measured on, "relative_error": {candidate: error over all
     ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
@@ -433,7 +433,7 @@ def compression_choices():
     critical; with relaxed, one bit fewer each calm choice since, down to the relaxed bits),
     "norm_change": how far the norm of its gradient summed between choices moved since the
     choice before, as a fraction (-1: none before)}} (empty before the first choice)."""
-    return dict(_rt().compression_choices())
+    return dict(runtime(process_set).compression_choices())
 
 
 def auto_summary():

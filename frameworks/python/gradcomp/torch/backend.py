@@ -287,21 +287,24 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             _groups_created += 1
         self._seq_lock = threading.Lock()  # hooks may issue collectives from callback threads
         self._retained = collections.deque()  # Works kept alive for C++ callers (_retain)
+        # What the settings ask that c10d's unnamed collectives cannot keep across steps: said at
+        # the first collective it concerns (an FSDP2 model given compress_fsdp names its own).
+        self._unkeyed = []
         spec, self._min_size = _b.runtime().default_compression()
         if spec["codec"] == "auto":
-            warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=auto chooses per tensor from measurements across "
-                          "steps, which c10d's unnamed collectives cannot key; the backend's all_reduce uses its "
-                          "reference, maxmin with GRADCOMP_BITS (DistributedOptimizer applies auto)")
+            self._unkeyed.append("GRADCOMP_COMPRESSION=auto chooses per tensor from measurements across steps, which "
+                                 "c10d's unnamed collectives cannot key; the backend's all_reduce uses its reference, "
+                                 "maxmin with GRADCOMP_BITS (DistributedOptimizer and compress_fsdp apply auto)")
             spec["codec"] = "maxmin"
         if _b.codec_info()[spec["codec"]]["sparse"]:
-            warnings.warn("backend gradcomp: GRADCOMP_COMPRESSION=topk needs a per-tensor accumulator across steps, "
-                          "which c10d's unnamed collectives cannot key; the backend's all_reduce stays exact (use "
-                          "DistributedOptimizer(compression=Compression.topk(...)) for DGC)")
+            self._unkeyed.append("GRADCOMP_COMPRESSION=topk needs a per-tensor accumulator across steps, which c10d's "
+                                 "unnamed collectives cannot key; the backend's all_reduce stays exact (use "
+                                 "DistributedOptimizer(compression=Compression.topk(...)) for DGC)")
             spec = {"codec": "none"}
         if spec.get("error_feedback"):
-            warnings.warn("backend gradcomp: GRADCOMP_ERROR_FEEDBACK=1 is ignored by the torch.distributed backend's "
-                          "collectives, which c10d does not name; compress_fsdp (FSDP2), ddp_hook and "
-                          "DistributedOptimizer keep a residual per module or tensor")
+            self._unkeyed.append("GRADCOMP_ERROR_FEEDBACK=1 is ignored by the torch.distributed backend's collectives, "
+                                 "which c10d does not name; compress_fsdp (FSDP2), ddp_hook and DistributedOptimizer "
+                                 "keep a residual per module or tensor")
             spec["error_feedback"] = False
         self._compress = spec if spec["codec"] != "none" else None
         # A group within one node of a world of several (HSDP's shard groups, a node's ranks of
@@ -417,9 +420,13 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         elements under Sum or Average, one dimension or several (CGX semantics: flat buffers,
         DDP's buckets and FSDP's flat parameters, are compressed too), outside a group within
         one node; exact otherwise (None: the runtime's own rule)."""
+        eligible = not self._within_node and t.dtype in _FLOATS and op in (Sum, Average) and t.numel() >= self._min_size
+        if compress is None and eligible and self._unkeyed:
+            for message in self._unkeyed:
+                warnings.warn(f"backend gradcomp: {message}")
+            self._unkeyed = []
         compress = self._compress if compress is None else compress
-        if (compress is not None and not self._within_node and t.dtype in _FLOATS and op in (Sum, Average)
-                and t.numel() >= self._min_size):
+        if compress is not None and eligible:
             return compress
         return {"codec": "none"} if t.dtype.is_floating_point else None
 
@@ -541,12 +548,10 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
     def reduce_scatter_module(self, output, input, op, name, compress):
         """reduce_scatter_tensor of an FSDP2 module's gradients (gradcomp.torch.fsdp2) under the
-        module's `name` (its error feedback's key) with its compression `compress` (auto's
-        reference where it says auto, which chooses for allreduces only)."""
+        module's `name` (the key of its error feedback and of auto's choices) with its compression
+        `compress`."""
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = op
-        if compress.get("codec") == "auto":
-            compress = dict(compress, codec="maxmin")
         return self._reduce_scatter_flat(output, input.detach().reshape(-1).contiguous(), opts, None, name, compress)
 
     def all_gather_module(self, output, input, name, compress):

@@ -15,9 +15,10 @@ the module's path in the model (`fsdp.layers.3`; `fsdp` for the root; `fsdp#1.la
 next model given them):
 
 - the gradients' reduce-scatter `fsdp.<path>`, with `compression` (None: GRADCOMP_COMPRESSION
-  through the layer filter GRADCOMP_MIN_SIZE; auto's reference, maxmin at GRADCOMP_BITS, for a
-  reduce-scatter) and `error_feedback` (None: GRADCOMP_ERROR_FEEDBACK). The residual is kept by
-  that name, so it follows the module whatever order the modules' gradients come in;
+  through the layer filter GRADCOMP_MIN_SIZE; auto chooses each module's setting as it does an
+  allreduced tensor's) and `error_feedback` (None: GRADCOMP_ERROR_FEEDBACK). The residual and
+  auto's measurements are kept by that name, so they follow the module whatever order the
+  modules' gradients come in;
 - HSDP's and replicate()'s all-reduce of the reduced shard over the replicas `fsdp.<path>.replicas`,
   with the same compression (auto included) and its own residual: FSDP2 issues it through c10d,
   which the backend recognizes by the buffer this module's reduce-scatter allocated;

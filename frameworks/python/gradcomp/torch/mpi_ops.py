@@ -589,17 +589,18 @@ class _ReducescatterFunction(torch.autograd.Function):
 def _cast_for_reducescatter(compression, what):
     """(the Compressor whose compress()/decompress() wrap a reducescatter, as Horovod's does, the
     runtime spec or None): none, fp16, bf16 or a Horovod-style compressor of the caller's own
-    cast around it; Compression.maxmin(...) runs in the runtime (compressed_shards.h). topk,
-    auto and PowerSGD compress allreduces only."""
+    cast around it; Compression.maxmin(...) and auto(...) (a setting per name, chosen as for an
+    allreduce's tensor) run in the runtime (compressed_shards.h). topk and PowerSGD compress
+    allreduces only."""
     if compression is None:
         return Compression.none, None
     compression = called(compression)
     spec = getattr(compression, "spec", None)
-    if spec is not None and spec.get("codec") == "maxmin":
+    if spec is not None and spec.get("codec") in ("maxmin", "auto"):
         return Compression.none, dict(spec)
     if isinstance(compression, PowerSGD) or (spec is not None and spec.get("codec") not in ("none", "fp16", "bf16")):
         raise ValueError(f"{what}: compression {compression!r} compresses allreduces only; a reducescatter takes "
-                         "Compression.none, fp16, bf16 or maxmin(...)")
+                         "Compression.none, fp16, bf16, maxmin(...) or auto(...)")
     if not callable(getattr(compression, "compress", None)) or not callable(getattr(compression, "decompress", None)):
         raise ValueError(f"{what}: compression must be a gradcomp.torch.Compression choice or have compress() and "
                          f"decompress(), got {compression!r}")
