@@ -7,7 +7,10 @@
 #   bash scripts/debian13.sh run bash examples/benchmarks/fsdp_cluster.sh [--rate 1gbit] [--nodes 2]
 #        [--ranks-per-node 1] [--rounds 2] [--variants compute,gloo,gc_none,gc_w8,gc_g4,gc_w8g4]
 #        [--steps 8] [--warmup 3] [--queue 20ms] [--no-ingress] [--out build/fsdp]
-#   GRADCOMP_PYTHON=venv/bin/python bash examples/benchmarks/fsdp_cluster.sh --fsdp 2 [...]
+#   GRADCOMP_PYTHON=venv/bin/python bash examples/benchmarks/fsdp_cluster.sh --fsdp 2 [--hsdp] [...]
+#
+# --hsdp (FSDP2): HSDP with one replica a node (each node's ranks shard the model; the replicas'
+# all-reduce alone crosses nodes).
 #
 # One job a variant (the compression settings are read when the runtime starts), every variant in
 # turn, --rounds times over, in one cluster session: rounds put the machine's drift on every
@@ -16,10 +19,12 @@
 set -euo pipefail
 
 RATE=1gbit NODES=2 RPN=1 ROUNDS=2 VARIANTS=compute,gloo,gc_none,gc_w8,gc_g4,gc_w8g4 STEPS=8 WARMUP=3 OUT="" FSDP=1
+REPLICAS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
     --fsdp) FSDP=$2; shift 2 ;;
+    --hsdp) REPLICAS=hsdp; shift ;;
     --nodes) NODES=$2; shift 2 ;;
     --ranks-per-node) RPN=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -33,6 +38,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$RPN" -ge 1 ] || { echo "fsdp_cluster: --ranks-per-node must be >= 1, got $RPN" >&2; exit 2; }
+if [ "$REPLICAS" = hsdp ]; then
+  [ "$FSDP" = 2 ] || { echo "fsdp_cluster: --hsdp is FSDP2's (--fsdp 2)" >&2; exit 2; }
+  REPLICAS=$NODES
+fi
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
@@ -78,7 +87,8 @@ for round in $(seq 1 "$ROUNDS"); do
   for variant in ${VARIANTS//,/ }; do
     port=$((port + 1))
     "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np $((NODES * RPN)) "${ENVS[@]}" -x MASTER_PORT=$port \
-      "$PY" "$ROOT/examples/benchmarks/fsdp_step_bench.py" --fsdp "$FSDP" --variant "$variant" --steps "$STEPS" --warmup "$WARMUP" \
+      "$PY" "$ROOT/examples/benchmarks/fsdp_step_bench.py" --fsdp "$FSDP" --replicas "$REPLICAS" --variant "$variant" \
+      --steps "$STEPS" --warmup "$WARMUP" \
       --link "$LINK" --json "$OUT/fsdp.jsonl" 2>&1 | grep --line-buffered -v -E '\[warning\]|\[c10d\] The hostname of the client socket' | tee -a "$OUT/fsdp.txt"
   done
 done

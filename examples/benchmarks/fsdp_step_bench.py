@@ -70,7 +70,8 @@ def table(path, only_link="", fsdp=0):
             r = json.loads(line)
             if only_link and r["link"] != only_link or fsdp and r.get("fsdp", 1) != fsdp:
                 continue
-            runs[(f"FSDP{r.get('fsdp', 1)}, {r['link']}", r["variant"])].append(r)
+            hsdp = f" HSDP {r['replicas']} replicas" if r.get("replicas", 1) > 1 else ""
+            runs[(f"FSDP{r.get('fsdp', 1)}{hsdp}, {r['link']}", r["variant"])].append(r)
     for link in dict.fromkeys(k[0] for k in runs):
         median = {v: statistics.median(r["seconds"] for r in rs) for (lk, v), rs in runs.items() if lk == link}
         first = next(rs[0] for (lk, _), rs in runs.items() if lk == link)
@@ -99,6 +100,8 @@ def main():
     p.add_argument("--variant", choices=list(VARIANTS), default="gc_w8g4")
     p.add_argument("--fsdp", type=int, choices=[1, 2], help="FullyShardedDataParallel (1, the default) or fully_shard "
                    "(2); with --table, only that one's records")
+    p.add_argument("--replicas", type=int, default=1, help="FSDP2: HSDP with this many replicas (a 2-D mesh, "
+                   "replicas x ranks/replicas: the shard groups are nodes when the replicas are the nodes)")
     p.add_argument("--layers", type=int, default=7)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--context", type=int, default=128)
@@ -123,19 +126,31 @@ def main():
     run(args)
 
 
-def shard(model, version):
+def shard(model, version, replicas):
     """`model` under FSDP `version`, one unit per block: FullyShardedDataParallel, or fully_shard
-    on each block and the model with compress_fsdp on backend gradcomp."""
+    on each block and the model (HSDP with `replicas` > 1) with compress_fsdp on backend gradcomp;
+    and the gradcomp process sets its exchanges run on (None: the world's)."""
     if version == 1:
-        return FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+        return FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block})), [None]
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    n = dist.get_world_size()
+    mesh = (init_device_mesh("cpu", (replicas, n // replicas), mesh_dim_names=("replicate", "shard"))
+            if replicas > 1 else init_device_mesh("cpu", (n,)))
     for module in [m for m in model.modules() if isinstance(m, Block)] + [model]:
         fully_shard(module, mesh=mesh)
-    if dist.get_backend() == "gradcomp":
-        hvd.compress_fsdp(model)
-    return model
+    if dist.get_backend() != "gradcomp":
+        return model, [None]
+    hvd.compress_fsdp(model)
+    if replicas == 1:
+        return model, [None]
+    return model, [mesh.get_group(dim).process_set for dim in ("replicate", "shard")]
+
+
+def compressed_mib(process_sets):
+    """(MiB in, MiB on the wire) of the codecs so far, over these process sets' runtimes."""
+    return tuple(sum(hvd.stats(ps)[key] for ps in process_sets) / 2**20
+                 for key in ("compressed_bytes_in", "compressed_bytes_on_wire"))
 
 
 def run(args):
@@ -148,17 +163,18 @@ def run(args):
     torch.manual_seed(0)
     model = CharGPT(args.layers, args.width, args.width // 64, args.context)
     params = sum(q.numel() for q in model.parameters())
+    process_sets = [None]
     if args.variant != "compute":
-        model = shard(model, args.fsdp)
+        model, process_sets = shard(model, args.fsdp, args.replicas)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(1 + hvd.rank())
     batches = [torch.randint(0, 256, (args.batch_size, args.context + 1), generator=g) for _ in range(2)]
     times = []
-    before = hvd.stats()
+    before = compressed_mib(process_sets)
     hvd.barrier()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
-            before = hvd.stats()
+            before = compressed_mib(process_sets)
         start = time.perf_counter()
         batch = batches[step % 2]
         opt.zero_grad()
@@ -167,18 +183,18 @@ def run(args):
         opt.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
-    after = hvd.stats()
+    after = compressed_mib(process_sets)
     every = hvd.allgather_object(times)
     seconds = statistics.median(max(rank[i] for rank in every) for i in range(len(times)))
-    in_mib, wire_mib = ((after[k] - before[k]) / args.steps / 2**20
-                        for k in ("compressed_bytes_in", "compressed_bytes_on_wire"))
+    in_mib, wire_mib = ((a - b) / args.steps for a, b in zip(after, before))
     if hvd.rank() == 0:
         print(f"  {args.variant:8s} {seconds:7.3f} s/step  ({params / 1e6:.1f}M parameters, {hvd.size()} ranks, "
               f"batch {args.batch_size}x{args.context} a rank; compressed {wire_mib:.1f} of {in_mib:.1f} MiB a step)",
               flush=True)
         if args.json:
             with open(args.json, "a") as f:
-                f.write(json.dumps({"variant": args.variant, "fsdp": args.fsdp, "seconds": seconds, "ranks": hvd.size(),
+                f.write(json.dumps({"variant": args.variant, "fsdp": args.fsdp, "replicas": args.replicas,
+                                    "seconds": seconds, "ranks": hvd.size(),
                                     "link": args.link, "params": params, "in_mib": in_mib,
                                     "wire_mib": wire_mib}) + "\n")
     dist.destroy_process_group()

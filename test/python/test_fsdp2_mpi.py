@@ -13,8 +13,6 @@ modules (four blocks and the root; shards uneven at -np 3).
 
 Run by ctest as: mpirun -np N python -m pytest test/python/test_fsdp2_mpi.py (torch >= 2.9).
 Every rank runs the same tests in the same order (they are collective)."""
-import hashlib
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +21,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 import gradcomp.torch as hvd
 from gradcomp.torch import backend, compat
+import fsdp_model
+from fsdp_model import Block, digest
 from mpi_fixtures import torch_runtime
 
 WIDTH, HIDDEN, BLOCKS, PER_RANK, STEPS = 512, 1000, 4, 16, 6
@@ -61,30 +61,12 @@ def gloo():
     return dist.new_group(backend="gloo")
 
 
-class Block(torch.nn.Module):
-    """A residual MLP block, 1.03M parameters: one FSDP module."""
-
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.up = torch.nn.Linear(WIDTH, HIDDEN)
-        self.down = torch.nn.Linear(HIDDEN, WIDTH)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
 def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(*[Block() for _ in range(BLOCKS)], torch.nn.Linear(WIDTH, 10))
+    return fsdp_model.make_model(WIDTH, HIDDEN, BLOCKS, seed)
 
 
 def batch():
-    """This rank's rows (the same every step); the label is which of the first 10 inputs is largest."""
-    g = torch.Generator().manual_seed(900)
-    x = torch.randn(PER_RANK * hvd.size(), WIDTH, generator=g)
-    rows = slice(hvd.rank() * PER_RANK, (hvd.rank() + 1) * PER_RANK)
-    return x[rows], x[rows, :10].argmax(1)
+    return fsdp_model.batch(WIDTH, PER_RANK)
 
 
 def wrap(model, mesh, how="fully_shard", **kwargs):
@@ -191,13 +173,6 @@ def test_hsdp_and_replicate_give_gloos_losses(meshes, how):
     _, losses = run("gradcomp", meshes, dims, how)
     _, reference = run("gloo", meshes, dims, how)
     assert losses == pytest.approx(reference, rel=1e-5), (losses, reference)
-
-
-def digest(tensors):
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().float().clone().numpy().tobytes())
-    return h.hexdigest()
 
 
 def everyones(value, gloo):
@@ -308,7 +283,7 @@ class TwoBranches(torch.nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(3)
-        self.a, self.b = Block(), Block()
+        self.a, self.b = Block(WIDTH, HIDDEN), Block(WIDTH, HIDDEN)
         self.into = torch.nn.Linear(WIDTH, WIDTH)  # the branches' input needs a gradient for FSDP2 to
         self.flip = False                          # reduce each branch as soon as its backward ends
 

@@ -8,7 +8,6 @@ on the wire, train as well as gloo within a margin, and unshard the same weights
 
 Run by ctest as: mpirun -np N python3 -m pytest test/python/test_fsdp_mpi.py (torch >= 2).
 Every rank runs the same tests in the same order (they are collective)."""
-import hashlib
 import os
 
 import pytest
@@ -19,6 +18,8 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import gradcomp.torch as hvd
 from gradcomp.torch import compat
+import fsdp_model
+from fsdp_model import Block, digest
 from mpi_fixtures import torch_runtime
 
 GRAD_CODEC = os.environ.get("GRADCOMP_COMPRESSION", "none")
@@ -40,33 +41,13 @@ def gloo():
     return dist.new_group(backend="gloo")
 
 
-class Block(torch.nn.Module):
-    """A residual MLP block, 1.05M parameters: one FSDP unit (two flat parameters' worth of
-    tensors, weights and biases)."""
-
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.up = torch.nn.Linear(WIDTH, HIDDEN)
-        self.down = torch.nn.Linear(HIDDEN, WIDTH)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
 def make_model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(*[Block() for _ in range(BLOCKS)], torch.nn.Linear(WIDTH, 10))
+    return fsdp_model.make_model(WIDTH, HIDDEN, BLOCKS, seed)
 
 
 def batch(step):
-    """This rank's rows of the batch (the same every step: a loss that falls in a few steps); the
-    label is which of the first 10 inputs is largest."""
-    del step
-    g = torch.Generator().manual_seed(900)
-    x = torch.randn(PER_RANK * hvd.size(), WIDTH, generator=g)
-    rows = slice(hvd.rank() * PER_RANK, (hvd.rank() + 1) * PER_RANK)
-    return x[rows], x[rows, :10].argmax(1)
+    del step  # the same rows every step
+    return fsdp_model.batch(WIDTH, PER_RANK)
 
 
 def train(group, wrap, steps=STEPS):
@@ -86,13 +67,6 @@ def train(group, wrap, steps=STEPS):
 
 def fsdp1(module, group):
     return FSDP(module, process_group=group, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
-
-
-def digest(tensors):
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().clone().numpy().tobytes())  # a copy: a numpy view pins the storage's size
-    return h.hexdigest()
 
 
 def same_on_every_rank(value, gloo):

@@ -361,6 +361,12 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         self._group_name = name
 
     @property
+    def process_set(self):
+        """The gradcomp process set this group runs on (None: the world's runtime), for
+        hvd.stats(process_set) and hvd.compression_choices(process_set)."""
+        return self._process_set
+
+    @property
     def group_name(self):
         return getattr(self, "_group_name", self._prefix)
 
@@ -783,7 +789,8 @@ compat.run_untraced(ProcessGroupGradcomp, [
     "reduce_scatter", "_reduce_scatter_base", "alltoall_base", "alltoall", "reduce", "gather", "scatter", "send",
     "recv", "recv_anysource", "barrier", "_start_coalescing", "_end_coalescing", "all_gather_single",
     "reduce_scatter_single", "all_to_all_single", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
-    "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced"])
+    "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_module",
+    "all_gather_module"])
 
 
 def _create(store, rank, size, timeout):
