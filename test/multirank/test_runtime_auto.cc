@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -609,6 +610,77 @@ TEST(RuntimeAutotune, EveryRankEndsOnRankZerosBestSettingAndResultsStayExact) {
   EXPECT_EQ(fusion[0], best_fusion);
   EXPECT_EQ(cycle[0], best_cycle);
   std::remove(log.c_str());
+}
+
+// A reducescatter given auto explicitly (what compress_fsdp gives an FSDP2 module's gradients):
+// each named tensor gets a setting of its own, measured and chosen as an allreduced tensor's,
+// the same on every rank; an allgather refuses auto, naming it.
+TEST(RuntimeAuto, ANamedReducescatterTakesASettingOfItsOwn) {
+  const int world = 3, steps = 5;
+  std::vector<std::map<std::string, AutoTensorReport>> choices(world);
+  std::vector<std::vector<float>> flat_shards(world);
+  const auto results = RunRanks(world, [&](Communicator& comm) {
+    Runtime rt(Options(comm, {{"GRADCOMP_AUTO_COST_MODEL", "0"}}));
+    CompressionSpec spec;
+    spec.codec = "auto";
+    spec.auto_candidates = "fp16,maxmin8,maxmin4,maxmin2";
+    spec.auto_interval = 2;
+    spec.auto_relaxed_bits = 0;
+    spec.auto_normalized = false;
+    const int r = rt.rank();
+    for (int s = 0; s < steps; ++s) {
+      for (size_t l : {size_t{1}, size_t{2}}) {  // the heavy tails, the piecewise constant layer
+        const size_t n = static_cast<size_t>(kLayers[l].shape[0] * kLayers[l].shape[1]);
+        const std::vector<float> g = Values(l, n, r, s);
+        auto h = rt.Reducescatter(kLayers[l].name, DataType::kFloat32, kLayers[l].shape, g.data(), ReduceOp::kSum, 1,
+                                  1, &spec);
+        h->Wait();
+        if (l == 2 && s + 1 == steps) {
+          flat_shards[r].resize(h->output().size() / sizeof(float));
+          std::memcpy(flat_shards[r].data(), h->output().data(), h->output().size());
+        }
+      }
+    }
+    choices[r] = rt.CompressionChoices();
+    float w[4] = {1, 2, 3, 4};
+    try {
+      rt.Allgather("weights", DataType::kFloat32, {1, 4}, w, &spec);
+      return std::string("an allgather took auto");
+    } catch (const InvalidArgument& e) {
+      if (std::string(e.what()).find("allgather of 'weights' with compression auto") == std::string::npos ||
+          std::string(e.what()).find("a per-tensor choice compresses allreduces and reducescatters only") ==
+              std::string::npos) {
+        return std::string("allgather: ") + e.what();
+      }
+    }
+    return std::string();
+  });
+  ASSERT_EQ(Failures(results), "");
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(choices[r].size(), 2u) << "rank " << r;
+    for (const auto& [name, rep] : choices[r]) {
+      EXPECT_EQ(rep.setting, choices[0].at(name).setting) << name << " on rank " << r;
+      EXPECT_EQ(rep.measured_at, 4u) << name;
+    }
+  }
+  // The piecewise-constant layer is exact at any width: it takes the fewest bits, the heavy
+  // tails more; its shards are exact.
+  EXPECT_EQ(choices[0].at("flat").setting, "maxmin(bits=2, bucket=512)");
+  EXPECT_NE(choices[0].at("tails").setting, "maxmin(bits=2, bucket=512)");
+  const size_t n = static_cast<size_t>(kLayers[2].shape[0] * kLayers[2].shape[1]);
+  std::vector<std::vector<float>> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(Values(2, n, r, steps - 1));
+  const std::vector<double> exact = ExactSum(parts, 1.0);
+  const size_t row = static_cast<size_t>(kLayers[2].shape[1]), rows = static_cast<size_t>(kLayers[2].shape[0]);
+  size_t from = 0;  // ranks below rows % world hold one row more
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(flat_shards[r].size(), (rows / world + (static_cast<size_t>(r) < rows % world ? 1 : 0)) * row);
+    for (size_t i = 0; i < flat_shards[r].size(); ++i) {
+      ASSERT_EQ(flat_shards[r][i], exact[from + i]) << "rank " << r << ", value " << i;
+    }
+    from += flat_shards[r].size();
+  }
+  EXPECT_EQ(from, n);
 }
 
 TEST(RuntimeAuto, BadSettingsAndSpecsAreNamed) {
