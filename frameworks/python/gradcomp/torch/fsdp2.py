@@ -43,6 +43,7 @@ try:  # torch >= 2.9 has FSDP2's custom collectives (torch 1.13's fsdp fails to 
 except Exception:  # noqa: BLE001 - an older torch; compress_fsdp says so
     FSDPModule = AllGather = ReduceScatter = None
 
+
 def _gradcomp_group(group, what):
     """The backend gradcomp process group FSDP2 hands a module's collective."""
     if not isinstance(group, backend.ProcessGroupGradcomp):

@@ -545,9 +545,10 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     (ranks below first_dim % size get one row more).
 
     `compression` is None (the settings' GRADCOMP_COMPRESSION through the layer filter; topk and
-    auto leave reducescatters exact) or Compression.none, fp16, bf16 or maxmin(...): each rank's
-    pieces of its peers' slices are encoded, and each slice is summed in float32 by its owner
-    (error feedback by name with GRADCOMP_ERROR_FEEDBACK or the spec's error_feedback).
+    auto leave reducescatters exact) or Compression.none, fp16, bf16, maxmin(...) or auto(...) (a
+    setting for this name, chosen as an allreduced tensor's): each rank's pieces of its peers'
+    slices are encoded, and each slice is summed in float32 by its owner (error feedback by name
+    with GRADCOMP_ERROR_FEEDBACK or the spec's error_feedback).
     `output`, a tensor with the slice's elements and dtype, receives it as allgather_async's does."""
     op = check_op(op)
     if op == _b.Adasum:  # Horovod raises a RuntimeError here too
