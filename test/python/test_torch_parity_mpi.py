@@ -272,9 +272,14 @@ def test_reducescatter_casts_as_horovods_compression_quantizes_with_maxmin_and_r
     bound = (sum(units) / 2).double().repeat_interleave(64).reshape(4, 1024) + 1e-5
     assert ((rows.double() - exact).abs() <= bound).all()
     assert (rows.double() - exact).abs().max() > 0  # quantized, not exact
+    # auto in the runtime, a setting for this name: until its first choice, its reference (4 bits).
+    auto = hvd.reducescatter(g, name="rs.auto", compression=hvd.Compression.auto(interval=2), op=hvd.Sum)
+    error = float((auto.double() - exact).norm() / exact.norm())
+    assert 0 < error < 0.2, error
     for codec in (hvd.Compression.topk(0.1), hvd.Compression.powersgd(1)):
         with pytest.raises(ValueError, match=r"reducescatter of 'rs\.codec': compression .* compresses allreduces "
-                                             r"only; a reducescatter takes Compression\.none, fp16, bf16 or maxmin"):
+                                             r"only; a reducescatter takes Compression\.none, fp16, bf16, maxmin\(\.\.\.\) "
+                                             r"or auto\(\.\.\.\)"):
             hvd.reducescatter(x, name="rs.codec", compression=codec)
     with pytest.raises(ValueError, match=r"grouped reducescatter 'grs\.codec': compression Compression\.topk"):
         hvd.grouped_reducescatter([x], name="grs.codec", compression=hvd.Compression.topk(0.1))
