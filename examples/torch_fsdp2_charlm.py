@@ -24,18 +24,18 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_fsdp_charlm import Block, main  # noqa: E402
-
 try:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
-except ImportError:
+except Exception:  # noqa: BLE001 - torch 1.13's fsdp fails to import on Python 3.11
     FSDPModule = None
 if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
     sys.exit(f"torch_fsdp2_charlm: needs torch 2.9 or newer (FSDP2 on the CPU); this is torch {torch.__version__}")
 
 import gradcomp.torch as hvd  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_fsdp_charlm import Block, main  # noqa: E402
 
 
 def arguments(parser):
@@ -68,5 +68,11 @@ def fsdp2(model, args):
     return model
 
 
+def process_sets():
+    """The runtimes the meshes' groups run on: the world's (None) and HSDP's groups'."""
+    groups = [mesh.get_group(dim) for mesh in _meshes.values() if mesh.ndim == 2 for dim in (0, 1)]
+    return [None] + [g.process_set for g in groups if getattr(g, "process_set", None) is not None]
+
+
 if __name__ == "__main__":
-    main(fsdp2, "FSDP2", __doc__, arguments)
+    main(fsdp2, "FSDP2", __doc__, arguments, process_sets)

@@ -56,9 +56,10 @@ def train(seed, args, text, held_out, wrap):
     return validation_loss(model, held_out, args)
 
 
-def main(wrap=fsdp, label="FSDP", doc=__doc__, arguments=None):
+def main(wrap=fsdp, label="FSDP", doc=__doc__, arguments=None, process_sets=lambda: [None]):
     """Trains --seeds runs of the model as `wrap(model, args)` shards it (`arguments(parser)` adds
-    its flags) and prints their validation losses and the compressed bytes, `label` naming it."""
+    its flags) and prints their validation losses and the bytes the codecs took in and sent in
+    the runtimes of `process_sets()` (None: the world's), `label` naming it."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--backend", choices=["gradcomp", "gloo"], default="gradcomp")
     p.add_argument("--steps", type=int, default=300)
@@ -75,10 +76,9 @@ def main(wrap=fsdp, label="FSDP", doc=__doc__, arguments=None):
     text, held_out = corpus(args.corpus_mb)
     before = hvd.stats()
     losses = [train(seed, args, text, held_out, wrap) for seed in range(args.seeds)]
-    after = hvd.stats()
+    into, wire = (sum(hvd.stats(ps)[key] for ps in process_sets()) - before[key]
+                  for key in ("compressed_bytes_in", "compressed_bytes_on_wire"))
     if dist.get_rank() == 0:
-        into = after["compressed_bytes_in"] - before["compressed_bytes_in"]
-        wire = after["compressed_bytes_on_wire"] - before["compressed_bytes_on_wire"]
         params = sum(q.numel() for q in CharGPT(args.layers, args.width, args.heads, args.context).parameters())
         codecs = (f"weights {os.environ.get('GRADCOMP_ALLGATHER_COMPRESSION', 'none')}, gradients "
                   f"{os.environ.get('GRADCOMP_COMPRESSION', 'none')}" if args.backend == "gradcomp" else "exact")

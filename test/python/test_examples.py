@@ -8,6 +8,7 @@ import struct
 import subprocess
 
 import numpy as np
+import pytest
 import torch
 
 from paths import GCRUN, PY, ROOT
@@ -73,19 +74,27 @@ def test_torch_digits_trains_with_adasum(tmp_path):
     assert r.returncode != 0 and "--use-adasum needs --mode hvd and --compression none or fp16" in r.stderr
 
 
-def test_torch_fsdp_charlm_trains_compressed_as_on_gloo(tmp_path):
-    """torch_fsdp_charlm on torch 2: FSDP with 8-bit weights and 4-bit gradients on backend
-    gradcomp reaches gloo's validation loss within 2% in 60 steps, a quarter of the bytes or less on
-    the wire. On torch 1 it says at once that it needs torch 2."""
-    script = [PY, os.path.join(ROOT, "examples", "torch_fsdp_charlm.py"), "--steps", "60", "--log-every", "0"]
-    if int(torch.__version__.split(".")[0]) < 2:
+TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+
+
+@pytest.mark.parametrize("example, label, needs, settings", [
+    ("torch_fsdp_charlm.py", "FSDP", (2, 0), {}),
+    ("torch_fsdp2_charlm.py", "FSDP2", (2, 9), {"GRADCOMP_ERROR_FEEDBACK": "1"}),
+])
+def test_fsdp_charlms_train_compressed_as_on_gloo(tmp_path, example, label, needs, settings):
+    """torch_fsdp_charlm (FSDP, torch 2) and torch_fsdp2_charlm (FSDP2 with compress_fsdp, torch
+    2.9+): 8-bit weights and 4-bit gradients on backend gradcomp reach gloo's validation loss
+    within 2% in 60 steps, a quarter of the bytes or less on the wire. On an older torch each
+    says at once what it needs."""
+    script = [PY, os.path.join(ROOT, "examples", example), "--steps", "60", "--log-every", "0"]
+    if TORCH < needs:
         r = subprocess.run([GCRUN, "-np", "1"] + script, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert r.returncode != 0 and "needs torch 2" in r.stderr, r.stderr
+        assert r.returncode != 0 and f"needs torch {needs[0]}" in r.stderr, r.stderr
         return
     exact = run(script + ["--backend", "gloo"], tmp_path)
     compressed = run(script, tmp_path, env={"GRADCOMP_ALLGATHER_COMPRESSION": "maxmin", "GRADCOMP_COMPRESSION": "maxmin",
-                                            "GRADCOMP_BITS": "4"})
-    assert "FSDP on gradcomp (weights maxmin, gradients maxmin), 2 ranks" in compressed, compressed
+                                            "GRADCOMP_BITS": "4", **settings})
+    assert f"{label} on gradcomp (weights maxmin, gradients maxmin), 2 ranks" in compressed, compressed
 
     def loss(out):
         return float(out.split("validation loss: ")[1].split()[0])
