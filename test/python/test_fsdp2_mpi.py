@@ -186,8 +186,8 @@ def all_stats():
     (the world's and each group of some ranks')."""
     total = {"compressed_bytes_in": 0, "compressed_bytes_on_wire": 0, "compression_memories": 0}
     for group in list(backend._live_groups):
-        if group._process_set is not None or group is dist.group.WORLD:
-            stats = hvd.stats(group._process_set)
+        if group.process_set is not None or group is dist.group.WORLD:
+            stats = hvd.stats(group.process_set)
             for key in total:
                 total[key] += stats[key]
     return total
@@ -228,12 +228,12 @@ def test_compressed_hsdp_is_exact_in_a_node_and_replicas_stay_identical(meshes, 
     replicas hold the same bytes."""
     mesh = meshes[("gradcomp", 2)]
     shard_group, replica_group = mesh.get_group("shard"), mesh.get_group("replicate")
-    stats = {g: hvd.stats(getattr(g, "_process_set", None)) for g in (shard_group, replica_group)}
+    stats = {g: hvd.stats(g.process_set) for g in (shard_group, replica_group)}
     model = wrap(make_model(), mesh)
     hvd.compress_fsdp(model, compression=GRADIENTS)
     losses = train(model)
     _, reference = run("gloo", meshes, 2)
-    after = {g: hvd.stats(getattr(g, "_process_set", None)) for g in stats}
+    after = {g: hvd.stats(g.process_set) for g in stats}
     gained = {g: after[g]["compressed_bytes_on_wire"] - stats[g]["compressed_bytes_on_wire"] for g in stats}
     if replica_group.size() > 1:
         assert gained[replica_group] > 0
@@ -269,7 +269,7 @@ def test_auto_chooses_a_setting_per_module(meshes, dims):
     auto = hvd.Compression.auto(reference=hvd.Compression.maxmin(bits=4, error_feedback=True), interval=2)
     names = hvd.compress_fsdp(model, compression=auto)
     losses = train(model)
-    choices = hvd.compression_choices(group._process_set)
+    choices = hvd.compression_choices(group.process_set)
     suffix = ".replicas" if dims == 2 else ""
     assert all(choices[name + suffix]["measured_at"] > 0 for name in names), sorted(choices)
     assert losses[-1] < 0.8 * losses[0], losses

@@ -423,9 +423,9 @@ def auto_spec(candidates=None, reference=None, interval=25, relaxed=BY_OPTIMIZER
 
 
 def compression_choices(process_set=None):
-    """Auto compression on this rank (in the process set's runtime, as stats()): {tensor name: {"setting": its current setting, "choice":
-    which choice set it (counting from 1, as stats()["auto_choices"]), "measured_at": the step
-    of the tensor its errors were measured on, "relative_error": {candidate: error over all
+    """Auto compression on this rank (in the process set's runtime, as stats()): {tensor name:
+    {"setting": its current setting, "choice": which choice set it (counting from 1, as
+    stats()["auto_choices"]), "measured_at": the step of the tensor its errors were measured on, "relative_error": {candidate: error over all
     ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
     gradient plus the residual the tensor carries (empty for a spec without error feedback),
     "critical": whether the choice found it in a critical regime (always True without relaxed),
@@ -483,7 +483,7 @@ def compression_spec(compression):
 
 def stats(process_set=None):
     """Counters of this rank's runtime (the process set's, which a backend group of some ranks
-    has too: its `_process_set`): cycles, cache hits, tensors executed, and the bytes
+    has too: its `process_set`): cycles, cache hits, tensors executed, and the bytes
     compressed collectives took in and put on the wire."""
     return dict(runtime(process_set).stats())
 
