@@ -425,8 +425,8 @@ def auto_spec(candidates=None, reference=None, interval=25, relaxed=BY_OPTIMIZER
 def compression_choices(process_set=None):
     """Auto compression on this rank (in the process set's runtime, as stats()): {tensor name:
     {"setting": its current setting, "choice": which choice set it (counting from 1, as
-    stats()["auto_choices"]), "measured_at": the step of the tensor its errors were measured on, "relative_error": {candidate: error over all
-    ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
+    stats()["auto_choices"]), "measured_at": the step of the tensor its errors were measured on,
+    "relative_error": {candidate: error over all ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
     gradient plus the residual the tensor carries (empty for a spec without error feedback),
     "critical": whether the choice found it in a critical regime (always True without relaxed),
     "budget_bits": the maxmin width whose error bounded its choice (the reference's while
