@@ -426,13 +426,14 @@ def compression_choices(process_set=None):
     """Auto compression on this rank (in the process set's runtime, as stats()): {tensor name:
     {"setting": its current setting, "choice": which choice set it (counting from 1, as
     stats()["auto_choices"]), "measured_at": the step of the tensor its errors were measured on,
-    "relative_error": {candidate: error over all ranks, "reference": error}, "relative_error_ef": the same with error feedback, measured on the
-    gradient plus the residual the tensor carries (empty for a spec without error feedback),
-    "critical": whether the choice found it in a critical regime (always True without relaxed),
-    "budget_bits": the maxmin width whose error bounded its choice (the reference's while
-    critical; with relaxed, one bit fewer each calm choice since, down to the relaxed bits),
-    "norm_change": how far the norm of its gradient summed between choices moved since the
-    choice before, as a fraction (-1: none before)}} (empty before the first choice)."""
+    "relative_error": {candidate: error over all ranks, "reference": error}, "relative_error_ef":
+    the same with error feedback, measured on the gradient plus the residual the tensor carries
+    (empty for a spec without error feedback), "critical": whether the choice found it in a
+    critical regime (always True without relaxed), "budget_bits": the maxmin width whose error
+    bounded its choice (the reference's while critical; with relaxed, one bit fewer each calm
+    choice since, down to the relaxed bits), "norm_change": how far the norm of its gradient
+    summed between choices moved since the choice before, as a fraction (-1: none before)}}
+    (empty before the first choice)."""
     return dict(runtime(process_set).compression_choices())
 
 
