@@ -88,7 +88,8 @@ DeviceCommunicatorFactory DeviceCommunicatorsFrom(const RuntimeOptions& options)
 }
 
 Topology MakeTopology(RuntimeOptions& options, Watchdog& watchdog) {
-  watchdog.Begin("init (starting MPI, then waiting for every rank to call init())");
+  watchdog.Begin(options.world ? "init (waiting for every rank's part of the world's topology)"
+                                : "init (starting MPI, then waiting for every rank to call init())");
   std::unique_ptr<Communicator> world = options.world ? std::move(options.world) : CreateMpiWorld();
   return BuildTopology(std::move(world), static_cast<int>(options.settings.local_size),
                        TransportFrom(options.settings), static_cast<size_t>(options.settings.shm_buffer_mb) << 20);
@@ -176,6 +177,18 @@ std::unique_ptr<Communicator> Runtime::ConnectTcp() {
   const std::string& choice = settings_.controller;
   const bool tcp_control = choice == "tcp" || choice == "gloo";
   const bool tcp_data = settings_.cross_communicator == "tcp";  // asked for: failing to connect is an error
+  // A world without MPI (an env:// launch, ops/comm/store_communicator.h) is the TCP mesh already.
+  if (std::string(world.kind()) == "tcp") {
+    for (const auto& [value, name] : {std::make_pair(choice, "GRADCOMP_CONTROLLER"),
+                                      std::make_pair(settings_.cross_communicator, "GRADCOMP_CROSS_COMMUNICATOR")}) {
+      if (value == "mpi") {
+        throw InvalidArgument(std::string(name) + "=mpi needs an MPI world, and this one was started without MPI (an "
+                              "env:// launcher: RANK, WORLD_SIZE, MASTER_ADDR); use auto or tcp, or launch with "
+                              "gcrun or mpirun");
+      }
+    }
+    return nullptr;
+  }
   if (world.size() == 1) return nullptr;
   if (!tcp_data && (choice == "mpi" || (choice == "auto" && !mpi_world_))) return nullptr;
   // The same on every rank: several nodes (size > local_size holds on every rank or on none),

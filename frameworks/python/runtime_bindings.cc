@@ -20,9 +20,11 @@
 #include "core/runtime.h"
 #include "ops/comm/mpi_environment.h"
 #include "ops/comm/mpi_point_to_point.h"
+#include "ops/comm/store_communicator.h"
 #include "gradcomp/config.h"
 #include "ops/common/enforce.h"
 #include "placement.h"
+#include "py_store.h"
 
 namespace py = pybind11;
 
@@ -153,10 +155,31 @@ std::map<std::string, std::string> EnvironmentWith(const std::map<std::string, s
   return vars;
 }
 
-std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& overrides) {
+// Where a runtime's ranks find each other without MPI (an env:// launch): a store of Python's,
+// this rank's place, and a key prefix fresh for each world.
+struct StoreWorld {
+  py::object store;  // None: MPI's world
+  int rank = -1;
+  int size = 0;
+  std::string prefix;
+  double timeout_seconds = 300;
+};
+
+// The TCP world connected through the store (called with the GIL released: the store takes it).
+std::unique_ptr<Communicator> ConnectThrough(const StoreWorld& where, const Settings& settings) {
+  PyStore store(where.store);
+  TcpOptions tcp;
+  tcp.iface = settings.controller_iface;
+  return ConnectStoreWorld(store, where.prefix, where.rank, where.size, where.timeout_seconds, tcp);
+}
+
+std::unique_ptr<Runtime> MakeRuntime(const std::map<std::string, std::string>& overrides, const py::object& store,
+                                     int rank, int size, const std::string& prefix, double timeout) {
   RuntimeOptions options;
   options.settings = Settings::FromMap(EnvironmentWith(overrides));
+  const StoreWorld where{store, rank, size, prefix, timeout};
   py::gil_scoped_release release;  // construction is collective: let other Python threads run
+  if (!where.store.is_none()) options.world = ConnectThrough(where, options.settings);
   return std::make_unique<Runtime>(std::move(options));
 }
 
@@ -181,7 +204,8 @@ int64_t ProcessSetLocalSize(const std::vector<int>& ranks, int64_t world_local_s
 // runtime's rank 0 writes).
 std::unique_ptr<Runtime> MakeProcessSetRuntime(const std::vector<int>& ranks,
                                                const std::map<std::string, std::string>& overrides, bool members_only,
-                                               int tag) {
+                                               int tag, const py::object& store, int world_rank,
+                                               const std::string& prefix, double timeout) {
   if (ranks.empty()) throw InvalidArgument("a process set needs at least one rank");
   if (!std::is_sorted(ranks.begin(), ranks.end()) || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
     throw InvalidArgument("a process set's ranks must be sorted and distinct");
@@ -192,6 +216,17 @@ std::unique_ptr<Runtime> MakeProcessSetRuntime(const std::vector<int>& ranks,
   options.settings.autotune = false;
   options.settings.autotune_log.clear();
   options.settings.local_size = ProcessSetLocalSize(ranks, options.settings.local_size);
+  if (!store.is_none()) {
+    // A world without MPI: the set's members connect a TCP world of their own through the store.
+    const auto mine = std::find(ranks.begin(), ranks.end(), world_rank);
+    if (mine == ranks.end()) return nullptr;
+    const StoreWorld where{store, static_cast<int>(mine - ranks.begin()), static_cast<int>(ranks.size()), prefix,
+                           timeout};
+    py::gil_scoped_release release;  // collective: let other Python threads run
+    options.world = ConnectThrough(where, options.settings);
+    options.rank_names = ranks;
+    return std::make_unique<Runtime>(std::move(options));
+  }
   py::gil_scoped_release release;  // collective: let other Python threads run
   options.world = members_only ? CreateMpiGroupWorld(ranks, tag) : CreateMpiSubworld(ranks);
   if (options.world == nullptr) return nullptr;
@@ -443,9 +478,12 @@ void BindInspection(py::class_<Runtime>& cls) {
 void BindRuntime(py::module& m) {
   m.def("process_set_runtime", &MakeProcessSetRuntime, py::arg("ranks"),
         py::arg("settings") = std::map<std::string, std::string>{}, py::arg("members_only") = false,
-        py::arg("tag") = 0,
+        py::arg("tag") = 0, py::arg("store") = py::none(), py::arg("world_rank") = -1, py::arg("prefix") = "",
+        py::arg("timeout") = 300.0,
         "Collective over MPI's world (over `ranks` only with members_only, whose members pass the same `tag`): a "
-        "runtime over `ranks` (sorted, the same on every rank) for its members, None for the other ranks");
+        "runtime over `ranks` (sorted, the same on every rank) for its members, None for the other ranks. With a "
+        "`store` (a world without MPI), the members connect through it under `prefix`, `world_rank` being this "
+        "rank's");
   m.def("cuda_data_path", [] {
     // Every setting is parsed (a bad value named) in CPU-only builds as well.
     const bool wanted = Settings::FromMap(EnvironmentWith({})).cuda_data_path;
@@ -453,10 +491,14 @@ void BindRuntime(py::module& m) {
   }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
   BindPointToPoint(m);
   BindHandle(m);
-  py::class_<Runtime> cls(m, "Runtime", "gradcomp's runtime over MPI's world, or over a process set's ranks");
+  py::class_<Runtime> cls(m, "Runtime", "gradcomp's runtime over the world (MPI's, or a TCP world connected through a store), or over a process set's ranks");
   cls
       .def(py::init(&MakeRuntime), py::arg("settings") = std::map<std::string, std::string>{},
-           "Collective: starts gradcomp with settings from the environment, overridden by `settings`")
+           py::arg("store") = py::none(), py::arg("rank") = -1, py::arg("size") = 0, py::arg("prefix") = "",
+           py::arg("timeout") = 300.0,
+           "Collective: starts gradcomp with settings from the environment, overridden by `settings`, on MPI's "
+           "world, or with a `store` (set(key, bytes), get(key, timeout) -> bytes or None) on a TCP world of "
+           "`size` ranks connected through it under `prefix` (an env:// launch)")
       .def("shutdown", [](Runtime& rt) {
         py::gil_scoped_release release;
         rt.Shutdown();

@@ -1,10 +1,10 @@
 #include "ops/comm/shm_communicator.h"
 
-#include "ops/comm/mpi_exit.h"
-
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
+#include "ops/common/enforce.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -49,53 +49,30 @@ class PieceRange {
 };
 }  // namespace
 
-ShmCommunicator::ShmCommunicator(MPI_Comm node, size_t staging_bytes)
-    : mpi_(node), rank_(mpi_.rank()), staging_bytes_(staging_bytes) {
+ShmCommunicator::ShmCommunicator(std::unique_ptr<Communicator> messages, std::unique_ptr<SharedSegments> segments,
+                                 size_t staging_bytes)
+    : messages_(std::move(messages)), shared_(std::move(segments)), rank_(messages_->rank()),
+      staging_bytes_(staging_bytes) {
   GC_ENFORCE(staging_bytes_ >= 64, "shared-memory staging area too small: ", staging_bytes_);
-  MPI_Info info;
-  GC_MPI_CHECK(MPI_Info_create(&info));
-  MPI_Info_set(info, "alloc_shared_noncontig", "true");
-  void* base = nullptr;
+  segments_.resize(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) segments_[static_cast<size_t>(r)] = shared_->segment(r);
   // Every segment: the two staging areas, then (rank 0's is used) the barrier's state, on a
   // cache line of its own (segments start anywhere: the line is found from the address, the
   // same in every process since mappings start on page boundaries).
-  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(2 * staging_bytes_ + 2 * ShmBarrier::kBytes), 1,
-                                         info, mpi_.handle(), &base, &win_);
-  MPI_Info_free(&info);
-  GC_MPI_CHECK(rc);
-  segments_.resize(static_cast<size_t>(size()));
-  for (int r = 0; r < size(); ++r) {
-    MPI_Aint bytes = 0;
-    int disp_unit = 0;
-    void* ptr = nullptr;
-    GC_MPI_CHECK(MPI_Win_shared_query(win_, r, &bytes, &disp_unit, &ptr));
-    segments_[static_cast<size_t>(r)] = static_cast<char*>(ptr);
-  }
-  GC_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
   const uintptr_t after_staging = reinterpret_cast<uintptr_t>(segments_[0] + 2 * staging_bytes_);
   char* barrier_state = reinterpret_cast<char*>(CeilDiv(after_staging, ShmBarrier::kBytes) * ShmBarrier::kBytes);
   if (rank_ == 0) ShmBarrier::Reset(barrier_state);
-  GC_MPI_CHECK(MPI_Win_sync(win_));
-  mpi_.Barrier();  // the state is zeroed before any rank waits on it
+  shared_->Fence();
+  messages_->Barrier();  // the state is zeroed before any rank waits on it
   barrier_ = std::make_unique<ShmBarrier>(barrier_state, size());
 }
 
-ShmCommunicator::~ShmCommunicator() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized || win_ == MPI_WIN_NULL) return;
-  // MPI_Win_free is collective: after a peer failed it would wait for that peer forever.
-  // The process is about to exit; the launcher removes the segment with the job.
-  if (MpiAbandoned()) return;
-  MpiTeardownStep step("MPI_Win_free");
-  MPI_Win_unlock_all(win_);
-  MPI_Win_free(&win_);
-}
+ShmCommunicator::~ShmCommunicator() { shared_.reset(); }
 
 void ShmCommunicator::Sync() {
-  GC_MPI_CHECK(MPI_Win_sync(win_));
+  shared_->Fence();
   barrier_->Wait();
-  GC_MPI_CHECK(MPI_Win_sync(win_));
+  shared_->Fence();
 }
 
 void ShmCommunicator::ReduceRound(const char* in, const std::vector<size_t>& counts,
@@ -138,7 +115,7 @@ void ShmCommunicator::AllreducePieces(const std::vector<BufferPiece>& pieces, Da
   size_t total = 0;
   for (const BufferPiece& p : pieces) total += p.count;
   if (total * DataTypeSize(dtype) < kMinStagedBytes) {
-    mpi_.AllreducePieces(pieces, dtype, op, prescale, finish, fusion);
+    messages_->AllreducePieces(pieces, dtype, op, prescale, finish, fusion);
     return;
   }
   StagedAllreduce(pieces, dtype, op, prescale, finish);

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "ops/comm/mpi_communicator.h"
+#include "ops/comm/shm_posix_window.h"
 #if !defined(GRADCOMP_SIMULATION)
-#include "ops/comm/shm_communicator.h"
+#include "ops/comm/shm_mpi_window.h"
 #endif
 #include "ops/common/enforce.h"
 
@@ -23,17 +25,18 @@ Topology BuildTopology(std::unique_ptr<Communicator> world, int forced_local_siz
   Topology topo;
   topo.local = world->SplitLocal(forced_local_size);
   if (transport == LocalTransport::kSharedMemory) {
-    // Over MPI, the node's ranks exchange through a shared-memory window (other kinds of
-    // communicator, the tests' in-process one, share memory already).
+    // Over MPI, the node's ranks exchange through a shared-memory window, over TCP through a
+    // POSIX shared-memory object (the tests' in-process ranks share memory already).
     if (const auto* node = dynamic_cast<const MpiCommunicator*>(topo.local.get())) {
 #if defined(GRADCOMP_SIMULATION)
       (void)node;
-      (void)shm_staging_bytes;
       GC_THROW("the shared-memory node transport does not exist under SimGrid's SMPI (no MPI-3 shared windows): ",
                "simulate nodes with LocalTransport::kMessages");
 #else
-      topo.local = std::make_unique<ShmCommunicator>(node->handle(), shm_staging_bytes);
+      topo.local = MakeMpiShmCommunicator(node->handle(), shm_staging_bytes);
 #endif
+    } else if (std::string(topo.local->kind()) == "tcp") {
+      topo.local = MakePosixShmCommunicator(std::move(topo.local), shm_staging_bytes);
     }
   }
   topo.cross = world->Split(topo.local->rank(), world->rank());

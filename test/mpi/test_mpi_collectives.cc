@@ -23,7 +23,7 @@
 #include "ops/collectives/reducescatter.h"
 #include "ops/comm/inprocess_communicator.h"
 #include "ops/comm/mpi_environment.h"
-#include "ops/comm/shm_communicator.h"
+#include "ops/comm/shm_mpi_window.h"
 #include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
 #include "test/support/harness.h"
@@ -85,7 +85,8 @@ TEST(Mpi, TopologyPassesTheStagingSizeToTheWindow) {
 
 TEST(Mpi, SharedMemoryWindowInManyRounds) {
   // 256-byte staging areas: a 4097-element buffer takes dozens of rounds per operation.
-  ShmCommunicator shm(MPI_COMM_WORLD, 256);
+  const auto node = MakeMpiShmCommunicator(MPI_COMM_WORLD, 256);
+  Communicator& shm = *node;
   const int world = shm.size(), rank = shm.rank();
   SweepAllreduce(world, rank, {0, 1, 7, 4097}, [&](const AllreduceOptions& o) { Allreduce(shm, o); });
   for (const ReduceCase& c : AllReduceCases({0, 5, 4097})) {
@@ -194,7 +195,7 @@ TEST(Mpi, NonblockingSendsAndReceivesArriveInOrderPerTag) {
   // sends and completed by polling; on the world and on the shared-memory communicator.
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.push_back(CreateMpiWorld());
-  comms.push_back(std::make_unique<ShmCommunicator>(MPI_COMM_WORLD, 256));
+  comms.push_back(MakeMpiShmCommunicator(MPI_COMM_WORLD, 256));
   for (auto& comm : comms) {
     const int n = comm->size(), me = comm->rank();
     const auto message = [](int from, int to, int k) {
@@ -300,7 +301,8 @@ TEST(Mpi, SmallCollectivesWaitForALateRankWithoutHoldingACore) {
   // path. Inside MPI's blocking calls that wait spins on a core training needs; polled, it naps,
   // and on ShmBarrier's futex it sleeps.
   auto world = CreateMpiWorld();
-  ShmCommunicator shm(MPI_COMM_WORLD, 1 << 16);
+  const auto node = MakeMpiShmCommunicator(MPI_COMM_WORLD, 1 << 16);
+  Communicator& shm = *node;
   const int me = world->rank(), n = world->size();
   constexpr double kLate = 0.3;  // seconds rank 0 arrives after the others
   std::vector<float> in(1 << 16, 1.0f), out(in.size());

@@ -15,6 +15,7 @@ import threading
 import zlib
 
 from gradcomp import _core
+from gradcomp import world as _world
 from gradcomp._core import GradcompError
 
 # Reduction ops (the C++ ReduceOp codes, from the bindings).
@@ -43,6 +44,8 @@ class _State:
         self.next_set_id = 1
         self.members_only_sets = 0  # members_only_process_set's, numbered -1, -2, ...
         self.set_calls = 0  # add/remove_process_set calls so far (they name their checks)
+        self.store = None  # a world without MPI: the store its ranks met through (world.StoreAdapter)
+        self.worlds = 0  # runtimes started through a store so far (their keys' prefixes)
 
 
 _state = _State()
@@ -137,7 +140,7 @@ def add_process_set(process_set):
                  if other.ranks == ps.ranks and other.process_set_id >= 0), None)
     if same is not None:
         raise ValueError(f"{what}: a process set with these ranks is already registered: {same!r}")
-    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides)
+    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides, **_store_world(f"set{_state.set_calls}"))
     ps.process_set_id = _state.next_set_id
     _state.next_set_id += 1
     _state.process_sets[ps.process_set_id] = ps
@@ -150,15 +153,18 @@ def group_tag(ranks):
     return zlib.crc32(repr(sorted(ranks)).encode()) % 32000
 
 
-def members_only_process_set(ranks):
+def members_only_process_set(ranks, store=None):
     """A process set that only its members create, each with the same sorted `ranks` (what
     torch.distributed's new_group does: the backend's groups of some ranks). Registered under
     a negative id, apart from add_process_set's (its ranks may register the same ranks again);
-    shutdown() stops it with the others."""
+    shutdown() stops it with the others. In a world without MPI its members connect through
+    `store` (a world.StoreAdapter over the group's store), or the world's."""
     ps = ProcessSet(ranks)
     if rank() not in ps.ranks:
         raise ValueError(f"rank {rank()} creates a group of ranks {ps.ranks} it is not in")
-    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides, members_only=True, tag=group_tag(ps.ranks))
+    where = _store_world(f"group{group_tag(ps.ranks)}", store)
+    ps._runtime = _core.process_set_runtime(ps.ranks, _state.overrides, members_only=True, tag=group_tag(ps.ranks),
+                                            **where)
     _state.members_only_sets += 1
     ps.process_set_id = -_state.members_only_sets
     _state.process_sets[ps.process_set_id] = ps
@@ -197,11 +203,30 @@ def _settings_from_kwargs(kwargs):
     return out
 
 
+def _store_world(what, store=None):
+    """The keyword arguments that start a process set's runtime through the world's store (or
+    `store`) in a world without MPI; none in MPI's world."""
+    if _state.store is None:
+        return {}
+    return {"store": store or _state.store, "world_rank": rank(), "prefix": _world.prefix(f"{_state.worlds}/{what}"),
+            "timeout": _world.DEFAULT_TIMEOUT_SECONDS}
+
+
 def init(process_sets=None, **settings):
     """Starts gradcomp on every rank (collective). Keyword arguments override GRADCOMP_*
     variables. `process_sets`: ProcessSets or lists of ranks to register at once (as
     add_process_set does; "dynamic", Horovod's switch for adding them later, is accepted: sets
-    can always be added). Calling init() again after shutdown() starts a fresh runtime."""
+    can always be added). Calling init() again after shutdown() starts a fresh runtime.
+
+    Under gcrun or mpirun the world is MPI's. Started by torchrun or another env:// launcher
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) without MPI, the ranks meet through
+    torch.distributed's store and run on gradcomp's own TCP connections and shared memory."""
+    start(None, process_sets, **settings)
+
+
+def start(store, process_sets=None, **settings):
+    """init() with the world's store given (world.StoreAdapter, or None: found from the
+    launch): the torch.distributed backend passes its group's."""
     overrides = _settings_from_kwargs(settings)
     if process_sets is not None and process_sets != "dynamic" and not isinstance(process_sets, (list, tuple)):
         raise ValueError(f"init(process_sets=...) takes a list of ProcessSets or rank lists, or 'dynamic'; "
@@ -211,7 +236,17 @@ def init(process_sets=None, **settings):
             if isinstance(process_sets, (list, tuple)) and process_sets:
                 raise ValueError("init(process_sets=...) on a running gradcomp: register them with add_process_set")
             return
-        _state.runtime = _core.Runtime(overrides)
+        where = _world.env_world()
+        if where is not None and store is None:
+            store = _world.torch_store(*where)
+        if where is None:
+            _state.runtime = _core.Runtime(overrides)
+        else:
+            _state.worlds += 1
+            _state.runtime = _core.Runtime(overrides, store=store, rank=where[0], size=where[1],
+                                           prefix=_world.prefix(f"{_state.worlds}/world"),
+                                           timeout=_world.DEFAULT_TIMEOUT_SECONDS)
+        _state.store = store if where is not None else None
         _state.overrides = overrides
         _state.handles.clear()
         _state.name_counters.clear()
@@ -238,6 +273,11 @@ def shutdown():
         sys.stdout.flush()
         sys.stderr.flush()
         rt.shutdown()
+
+
+def started_through_store():
+    """Whether the running world was started without MPI (an env:// launch: torchrun)."""
+    return _state.store is not None
 
 
 def is_initialized():

@@ -34,6 +34,7 @@ from torch.futures import Future
 
 from gradcomp import _core
 from gradcomp import basics as _b
+from gradcomp import world as _world
 from gradcomp.basics import Average, Max, Min, Product, Sum
 from gradcomp.torch import compat, mpi_ops
 from gradcomp.torch.futures import failing_in_cpp
@@ -260,21 +261,22 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
     def __init__(self, store, rank, size, timeout, process_set=None):
         super().__init__(rank, size)
-        del store
         if not _b.is_initialized():
-            _b.init()
+            # Without MPI (torchrun), the world's ranks meet through the default group's store.
+            _b.start(_world.StoreAdapter(store))
         # A group of some of the ranks runs on a process set of its own (its own runtime).
         self._process_set = process_set
         runtime = _b.runtime(process_set)
         if runtime.rank() != rank or runtime.size() != size:
-            raise ValueError(f"backend gradcomp: torch.distributed says rank {rank} of {size}, but MPI says rank "
-                             f"{runtime.rank()} of {runtime.size()}; launch with gcrun or mpirun and let "
-                             "RANK/WORLD_SIZE come from it")
+            raise ValueError(f"backend gradcomp: torch.distributed says rank {rank} of {size}, but gradcomp's world "
+                             f"says rank {runtime.rank()} of {runtime.size()}: under gcrun or mpirun, let RANK and "
+                             "WORLD_SIZE come from MPI; under torchrun, from torchrun")
         # send / recv: MPI messages of the group's own that no runtime negotiates, bounded by
-        # the group's timeout (torch's default for gloo: 30 minutes).
+        # the group's timeout (torch's default for gloo: 30 minutes). A world without MPI has none.
         self._timeout = timeout.total_seconds() if timeout is not None else 1800.0
-        self._p2p = _core.PointToPoint(process_set.ranks if process_set is not None else [],
-                                       _b.group_tag(process_set.ranks) if process_set is not None else 0)
+        self._p2p = None if _b.started_through_store() else _core.PointToPoint(
+            process_set.ranks if process_set is not None else [],
+            _b.group_tag(process_set.ranks) if process_set is not None else 0)
         self._p2p_live = []  # messages not done yet (_coalesce)
         self._seq = 0
         if process_set is not None:
@@ -721,6 +723,10 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
     def _p2p_post(self, tensors, peer, tag, what, send):
         t = self._single(tensors, what)
+        if self._p2p is None:
+            raise ValueError(f"backend gradcomp: {what} on a world started without MPI (torchrun or another env:// "
+                             "launcher): its send and recv need MPI for now; launch with gcrun or mpirun, or send "
+                             "through a gloo group (dist.new_group(backend='gloo'))")
         if not 0 <= tag <= self._p2p.max_tag():
             raise ValueError(f"backend gradcomp: {what} tag {tag} is outside 0..{self._p2p.max_tag()} (MPI_TAG_UB)")
         direct = t.device.type == "cpu" and t.is_contiguous()
@@ -802,7 +808,8 @@ def _create(store, rank, size, timeout):
         ranks = [int(store.get(f"gradcomp.world_rank.{r}")) for r in range(size)]
         if ranks != sorted(ranks) or ranks[rank] != _b.rank():
             raise ValueError(f"backend gradcomp: a group's ranks {ranks} are not in world rank order")
-        return ProcessGroupGradcomp(store, rank, size, timeout, _b.members_only_process_set(ranks))
+        return ProcessGroupGradcomp(store, rank, size, timeout,
+                                    _b.members_only_process_set(ranks, _world.StoreAdapter(store)))
     return ProcessGroupGradcomp(store, rank, size, timeout)
 
 
