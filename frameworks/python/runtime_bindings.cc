@@ -21,6 +21,7 @@
 #include "ops/comm/mpi_environment.h"
 #include "ops/comm/mpi_point_to_point.h"
 #include "ops/comm/store_communicator.h"
+#include "ops/comm/tcp_point_to_point.h"
 #include "gradcomp/config.h"
 #include "ops/common/enforce.h"
 #include "placement.h"
@@ -302,6 +303,21 @@ py::dict StatsDict(const Runtime& rt) {
   return d;
 }
 
+// A group's messages, over MPI (PointToPoint) or TCP (TcpPointToPoint): the same methods.
+template <typename Messages>
+void BindMessages(py::class_<Messages>& cls) {
+  cls.def("rank", &Messages::rank)
+      .def("size", &Messages::size)
+      .def("max_tag", &Messages::max_tag)
+      .def("send",
+           [](Messages& p, uintptr_t address, size_t bytes, int peer, int tag) {
+             return p.Send(Ptr(address), bytes, peer, tag);
+           })
+      .def("recv", [](Messages& p, uintptr_t address, size_t bytes, int peer, int tag) {
+        return p.Receive(MutablePtr(address), bytes, peer, tag);
+      }, "peer -1: from any rank");
+}
+
 // torch.distributed's send and recv: posted requests and a group's point-to-point messages.
 void BindPointToPoint(py::module& m) {
   py::class_<PointToPointRequest>(m, "PointToPointRequest", "A posted send or receive (keep its buffer alive)")
@@ -322,22 +338,24 @@ void BindPointToPoint(py::module& m) {
            py::arg("timeout"), "waits up to `timeout` seconds; True once complete (raises its error)")
       .def("cancel_receive", &PointToPointRequest::CancelReceive)
       .def("source", &PointToPointRequest::source);
-  py::class_<PointToPoint>(m, "PointToPoint",
-                           "Point-to-point messages of a group (torch.distributed's send and recv), on an MPI "
-                           "communicator of their own")
-      .def(py::init<const std::vector<int>&, int>(), py::arg("ranks"), py::arg("tag") = 0,
-           "Collective over MPI's world (`ranks` empty) or over the sorted world `ranks` only, which pass the "
-           "same `tag`")
-      .def("rank", &PointToPoint::rank)
-      .def("size", &PointToPoint::size)
-      .def("max_tag", &PointToPoint::max_tag)
-      .def("send",
-           [](PointToPoint& p, uintptr_t address, size_t bytes, int peer, int tag) {
-             return p.Send(Ptr(address), bytes, peer, tag);
-           })
-      .def("recv", [](PointToPoint& p, uintptr_t address, size_t bytes, int peer, int tag) {
-        return p.Receive(MutablePtr(address), bytes, peer, tag);
-      }, "peer -1: from any rank");
+  py::class_<PointToPoint> mpi(m, "PointToPoint",
+                               "Point-to-point messages of a group (torch.distributed's send and recv), on an MPI "
+                               "communicator of their own");
+  mpi.def(py::init<const std::vector<int>&, int>(), py::arg("ranks"), py::arg("tag") = 0,
+          "Collective over MPI's world (`ranks` empty) or over the sorted world `ranks` only, which pass the "
+          "same `tag`");
+  BindMessages(mpi);
+  py::class_<TcpPointToPoint> tcp(m, "TcpPointToPoint",
+                                  "Point-to-point messages of a group in a world without MPI, on TCP connections of "
+                                  "their own");
+  tcp.def(py::init([](const py::object& store, int rank, int size, const std::string& prefix, double timeout) {
+            const StoreWorld where{store, rank, size, prefix, timeout};
+            py::gil_scoped_release release;  // collective: let other Python threads run
+            return std::make_unique<TcpPointToPoint>(ConnectThrough(where, Settings::FromMap(EnvironmentWith({}))));
+          }),
+          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("prefix"), py::arg("timeout") = 300.0,
+          "Collective over the group's `size` ranks, which connect through `store` under `prefix`");
+  BindMessages(tcp);
 }
 
 void BindHandle(py::module& m) {

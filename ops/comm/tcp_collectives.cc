@@ -69,6 +69,13 @@ class TcpCommunicator : public Communicator {
   std::unique_ptr<PendingTransfer> Irecv(void* data, size_t bytes, int peer, int tag) override {
     return std::make_unique<TcpTransfer>(mesh_, mesh_->PostRecv(World(peer), context_, tag, data, bytes));
   }
+  /// The first rank from which a point-to-point message on `tag` has arrived unasked, or -1.
+  int ArrivedFrom(int tag) const {
+    for (int r = 0; r < size(); ++r) {
+      if (mesh_->Arrived(members_[static_cast<size_t>(r)], context_, tag)) return r;
+    }
+    return -1;
+  }
 
   void Barrier() override {
     uint8_t flag = 1;
@@ -301,7 +308,38 @@ class TcpCommunicator : public Communicator {
   int rank_;
 };
 
+// IrecvFromAny's transfer: polls the mesh until some rank's message has arrived, then receives it.
+class AnySourceTransfer : public PendingTransfer {
+ public:
+  AnySourceTransfer(TcpCommunicator& comm, void* data, size_t bytes, int tag, int* source)
+      : comm_(comm), data_(data), bytes_(bytes), tag_(tag), source_(source) {}
+  bool Test() override {
+    if (!chosen_) {
+      comm_.WaitForProgress(0, -1);
+      const int from = comm_.ArrivedFrom(tag_);
+      if (from < 0) return false;
+      *source_ = from;
+      chosen_ = comm_.Irecv(data_, bytes_, from, tag_);
+    }
+    return chosen_->Test();
+  }
+
+ private:
+  TcpCommunicator& comm_;
+  void* data_;
+  size_t bytes_;
+  int tag_;
+  int* source_;
+  std::unique_ptr<PendingTransfer> chosen_;
+};
+
 }  // namespace
+
+std::unique_ptr<PendingTransfer> IrecvFromAny(Communicator& comm, void* data, size_t bytes, int tag, int* source) {
+  auto* tcp = dynamic_cast<TcpCommunicator*>(&comm);
+  GC_ENFORCE(tcp != nullptr, "a receive from any rank needs a TCP communicator, not ", comm.kind());
+  return std::make_unique<AnySourceTransfer>(*tcp, data, bytes, tag, source);
+}
 
 std::unique_ptr<Communicator> MakeCommunicator(std::shared_ptr<Mesh> mesh, uint32_t context,
                                                std::vector<int> members, int rank) {

@@ -20,5 +20,10 @@ std::unique_ptr<Communicator> MakeCommunicator(std::shared_ptr<Mesh> mesh, uint3
 /// The mesh under a communicator of MakeCommunicator (nullptr for any other communicator).
 Mesh* MeshOf(Communicator& comm);
 
+/// A receive of `bytes` bytes on `tag` from whichever rank of `comm` (a MakeCommunicator one)
+/// sends first (MPI_ANY_SOURCE): once a message has arrived from some rank, that rank's receive
+/// is posted, and *source (alive until completion) holds the rank.
+std::unique_ptr<PendingTransfer> IrecvFromAny(Communicator& comm, void* data, size_t bytes, int tag, int* source);
+
 }  // namespace tcp
 }  // namespace gradcomp

@@ -70,6 +70,13 @@ bool Mesh::Test(const Op& op) {
   return op.complete;
 }
 
+bool Mesh::Arrived(int peer, uint32_t context, int tag) const {
+  for (const Unexpected& u : peers_[static_cast<size_t>(peer)].unexpected) {
+    if (!u.claimed && u.context == context && u.tag == tag) return true;
+  }
+  return false;
+}
+
 void Mesh::WaitForProgress(double seconds, int wake_fd) {
   CheckFailed();
   Pump(seconds, wake_fd);

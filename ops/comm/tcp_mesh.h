@@ -57,6 +57,10 @@ class Mesh {
   /// Advances every connection without blocking; true once `op` completed.
   bool Test(const Op& op);
 
+  /// Whether a message on (context, tag) from world rank `peer` has arrived (or is arriving)
+  /// that no receive was posted for: a receive from any rank takes the first such peer.
+  bool Arrived(int peer, uint32_t context, int tag) const;
+
   /// Waits up to `seconds` for a connection to become readable (or writable, with sends
   /// pending) or `wake_fd` readable (then read), moving what it can: a polling loop's nap that
   /// ends when bytes arrive or the loop's pipeline finishes a task.

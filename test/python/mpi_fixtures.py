@@ -1,21 +1,20 @@
-"""Set-up shared by the mpirun PyTorch suites: gradcomp's runtime and a torch.distributed
-process group on a port derived from the MPI job (so concurrent jobs do not collide)."""
+"""Set-up shared by the multi-rank suites, under mpirun or torchrun: gradcomp's runtime and a
+torch.distributed process group, on a port derived from the MPI job (so concurrent jobs do not
+collide) or on torchrun's own store."""
 import hashlib
 import os
 
 import torch.distributed as dist
 
 import gradcomp.torch as hvd
-
-
-def job_id():
-    """This MPI job's name, which no job running at the same time shares: Open MPI 4's
-    OMPI_MCA_ess_base_jobid, Open MPI 5's PMIX_NAMESPACE."""
-    return os.environ.get("OMPI_MCA_ess_base_jobid") or os.environ.get("PMIX_NAMESPACE", "0")
+from launched import job_id, torchrun  # noqa: F401 (job_id: for the suites)
 
 
 def use_job_port(salt=""):
-    """torch.distributed's env:// on 127.0.0.1 and a port of this job's own."""
+    """torch.distributed's env:// on 127.0.0.1 and a port of this job's own (torchrun's store
+    under torchrun)."""
+    if torchrun():
+        return
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1((salt + job_id()).encode()).hexdigest(), 16) % 20000)
 

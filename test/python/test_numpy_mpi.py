@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gradcomp.numpy as gc
+from launched import launched_rank_and_size
 
 
 DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64]
@@ -31,8 +32,7 @@ def rank_data(dtype, shape, rank):
 
 
 def test_topology():
-    assert gc.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    assert gc.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert (gc.rank(), gc.size()) == launched_rank_and_size()
     assert gc.local_size() * gc.cross_size() == gc.size() and gc.is_homogeneous()
     assert 0 <= gc.local_rank() < gc.local_size()
 

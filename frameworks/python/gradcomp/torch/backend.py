@@ -271,12 +271,16 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             raise ValueError(f"backend gradcomp: torch.distributed says rank {rank} of {size}, but gradcomp's world "
                              f"says rank {runtime.rank()} of {runtime.size()}: under gcrun or mpirun, let RANK and "
                              "WORLD_SIZE come from MPI; under torchrun, from torchrun")
-        # send / recv: MPI messages of the group's own that no runtime negotiates, bounded by
-        # the group's timeout (torch's default for gloo: 30 minutes). A world without MPI has none.
+        # send / recv: messages of the group's own that no runtime negotiates (MPI's, or in a world
+        # without MPI TCP connections of their own), bounded by the group's timeout (torch's
+        # default for gloo: 30 minutes).
         self._timeout = timeout.total_seconds() if timeout is not None else 1800.0
-        self._p2p = None if _b.started_through_store() else _core.PointToPoint(
-            process_set.ranks if process_set is not None else [],
-            _b.group_tag(process_set.ranks) if process_set is not None else 0)
+        if _b.started_through_store():
+            self._p2p = _core.TcpPointToPoint(_world.StoreAdapter(store), rank, size, "gradcomp/p2p",
+                                              _world.DEFAULT_TIMEOUT_SECONDS)
+        else:
+            self._p2p = _core.PointToPoint(process_set.ranks if process_set is not None else [],
+                                           _b.group_tag(process_set.ranks) if process_set is not None else 0)
         self._p2p_live = []  # messages not done yet (_coalesce)
         self._seq = 0
         if process_set is not None:
@@ -723,12 +727,9 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
 
     def _p2p_post(self, tensors, peer, tag, what, send):
         t = self._single(tensors, what)
-        if self._p2p is None:
-            raise ValueError(f"backend gradcomp: {what} on a world started without MPI (torchrun or another env:// "
-                             "launcher): its send and recv need MPI for now; launch with gcrun or mpirun, or send "
-                             "through a gloo group (dist.new_group(backend='gloo'))")
         if not 0 <= tag <= self._p2p.max_tag():
-            raise ValueError(f"backend gradcomp: {what} tag {tag} is outside 0..{self._p2p.max_tag()} (MPI_TAG_UB)")
+            raise ValueError(f"backend gradcomp: {what} tag {tag} is outside 0..{self._p2p.max_tag()} (the largest "
+                             "tag of the group's messages: MPI_TAG_UB under MPI)")
         direct = t.device.type == "cpu" and t.is_contiguous()
         if send:
             buffer = t.detach() if direct else t.detach().contiguous().cpu()
