@@ -91,7 +91,7 @@ def main():
     acc = evaluate(model, xte, yte)
     if hvd.rank() == 0:
         result = {"accuracy": acc, "ranks": hvd.size(), "epochs": state.epoch, "batches": state.batches,
-                  "commits": state.commits, "resets": int(os.environ.get("GRADCOMP_ELASTIC_RESETS", "0")),
+                  "commits": state.commits, "resets": hvd.elastic.resets(),
                   "data": source}
         print("RESULT " + json.dumps(result), flush=True)
         if args.result:

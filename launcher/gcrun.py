@@ -57,6 +57,7 @@ FLAGS = {
     "--mpi-args": ("mpi_args", "str", "extra arguments for mpirun, quoted: --mpi-args='--mca btl tcp,self'"),
     "--mpirun": ("mpirun", "str", "the mpirun to use (default: the one on PATH)"),
     "--dry-run": ("dry_run", "bool", "print the mpirun command and exit"),
+    "--torchrun": ("torchrun", "bool", "print the torchrun command that runs the same job without MPI, and exit"),
     "--elastic": ("elastic", "bool", "relaunch on the hosts available when ranks fail or hosts change"),
     "--min-np": ("min_np", "int", "with --elastic: fewest ranks to run with (default -np)"),
     "--max-np": ("max_np", "int", "with --elastic: most ranks to run with (default -np)"),
@@ -323,6 +324,12 @@ def run(argv):
         return 0
     for note in opts.get("notes", []):
         print(f"gcrun: note: {note}", file=sys.stderr, flush=True)
+    if opts.get("torchrun"):
+        if not command:
+            raise LaunchError("no command to run (gcrun -np N --torchrun COMMAND ...)")
+        import gcrun_torchrun  # the sibling module: launcher/gcrun_torchrun.py
+        print(gcrun_torchrun.torchrun_line(opts, command, LaunchError))
+        return 0
     announced = []
 
     def build_and_announce(opts, command):

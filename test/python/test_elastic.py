@@ -3,7 +3,8 @@ own, then whole jobs of examples/torch_elastic_digits.py: a host added by the di
 joins at the next commit; on an emulated cluster (root, network namespaces) a SIGKILLed rank's
 host is left out and the job goes on from the last commit on the other two, reaching the
 accuracy of an undisturbed run; a node whose link is cut and that discovery drops is left
-behind. Run by ctest with plain pytest (gcrun starts mpirun itself)."""
+behind; under torchrun (no MPI), a killed rank's restart resumes from the last commit. Run by ctest
+with plain pytest (gcrun starts mpirun itself)."""
 import json
 import os
 import re
@@ -128,11 +129,11 @@ def test_a_blacklisted_host_leaves_too_few_slots_and_gcrun_says_so():
 
 
 class Job:
-    """gcrun running in the background; its output collected line by line."""
+    """gcrun (or torchrun) running in the background; its output collected line by line."""
 
-    def __init__(self, argv, prefix=(), env=None):
+    def __init__(self, argv, prefix=(), env=None, launcher=(PY, GCRUN)):
         self.lines = []
-        self.proc = subprocess.Popen(list(prefix) + [PY, GCRUN] + argv, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(list(prefix) + list(launcher) + argv, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                      env=dict(os.environ, **(env or {})))
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -210,6 +211,25 @@ def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, undisturbe
     assert_same_band(result, undisturbed)
 
 
+def test_torchrun_restarts_every_rank_from_the_last_commit_when_one_is_killed(undisturbed):
+    """torchrun --max-restarts, no MPI: the agent restarts every rank when one dies; the State API
+    brings the training back from the newest commit, as gcrun --elastic's relaunch does."""
+    job = Job(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", "--max-restarts=1", EXAMPLE,
+               "--epochs", str(EPOCHS)], launcher=(PY,), env={"OMP_NUM_THREADS": "1"})
+    job.wait_for(r"epoch 3/\d+: 3 ranks")
+    time.sleep(0.2)  # into epoch 4
+    pid = rank_pid(2, "RANK")
+    assert pid, job.output[-6000:]
+    os.kill(pid, 9)
+    assert job.finish() == 0, job.output[-6000:]
+    out = job.output
+    restored = re.search(r"restored commit (\d+) \(made by 3 ranks\)", out)
+    assert restored and int(restored.group(1)) >= 3, out[-6000:]
+    result = job.result()
+    assert result["ranks"] == 3 and result["resets"] == 1, result
+    assert_same_band(result, undisturbed)
+
+
 # -- on an emulated cluster (one node per rank) ------------------------------------------------
 
 
@@ -226,8 +246,9 @@ def cluster():
     subprocess.run(["bash", CLUSTER, "down", tag], check=True)
 
 
-def rank_pid(rank):
-    """The pid of the example's process of that rank (the ranks share this machine's pid space)."""
+def rank_pid(rank, variable="OMPI_COMM_WORLD_RANK"):
+    """The pid of the example's process of that rank (the ranks share this machine's pid space),
+    told by the launcher's `variable` (mpirun's, or torchrun's RANK)."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -238,7 +259,7 @@ def rank_pid(rank):
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if b"torch_elastic_digits" in cmd and b"python" in cmd and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+        if b"torch_elastic_digits" in cmd and b"python" in cmd and f"{variable}={rank}".encode() in env:
             return int(pid)
     return None
 

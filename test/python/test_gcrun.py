@@ -278,6 +278,30 @@ def test_errors(argv, message):
     assert "gcrun: error: " in r.stderr and message in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["-np", "4", "--compression", "maxmin", "--bits", "4", "--torchrun", "python3", "train.py", "--epochs", "2"],
+     "GRADCOMP_BITS=4 GRADCOMP_COMPRESSION=maxmin python3 -m torch.distributed.run --nproc_per_node=4 --standalone "
+     "train.py --epochs 2"),
+    (["-np", "8", "-H", "a:4,b:4", "--network-interface", "eth1", "--torchrun", "python", "-m", "pkg.train"],
+     "# on each of a, b:\nGRADCOMP_CONTROLLER_IFACE=eth1 NCCL_SOCKET_IFNAME=eth1 python -m torch.distributed.run "
+     "--nproc_per_node=4 --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=a:29400 --rdzv-id=gradcomp-job -m pkg.train"),
+    (["-np", "8", "-H", "a:4,b:4", "--elastic", "--min-np", "4", "--max-np", "12", "--reset-limit", "3",
+      "--torchrun", "/venv/bin/python3.12", "train.py"],
+     "# on each of a, b:\n/venv/bin/python3.12 -m torch.distributed.run --nproc_per_node=4 --nnodes=1:3 "
+     "--max-restarts=3 --rdzv-backend=c10d --rdzv-endpoint=a:29400 --rdzv-id=gradcomp-job train.py"),
+    (["-np", "2", "--torchrun", "./job.sh", "x"], "torchrun --no-python --nproc_per_node=2 --standalone ./job.sh x"),
+])
+def test_torchrun_prints_the_same_job_without_mpi(argv, expected):
+    r = run_gcrun(argv)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expected
+
+
+def test_torchrun_refuses_nodes_of_different_sizes():
+    r = run_gcrun(["-np", "6", "-H", "a:4,b:4", "--torchrun", "python3", "train.py"])
+    assert r.returncode == 2 and "-np 6 over a:4, b:2 is not" in r.stderr, r.stderr
+
+
 def test_no_mpirun_on_path():
     env = dict(os.environ, PATH="/nonexistent")
     r = subprocess.run([PY, GCRUN, "-np", "2", PY, "x.py"], capture_output=True, text=True, env=env, timeout=60)

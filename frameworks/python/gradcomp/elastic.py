@@ -14,14 +14,16 @@ state comes back from the last commit. The script is a Horovod elastic script:
 
     train(state)
 
-- commit() keeps a copy of the state in memory and, under `gcrun --elastic`, writes it to
-  GRADCOMP_ELASTIC_DIR on each host (by the host's first rank; a file per host name), then
+- commit() keeps a copy of the state in memory and, under `gcrun --elastic` or torchrun, writes
+  it to commit_directory() on each host (by the host's first rank; a file per host name), then
   checks with every rank whether gcrun has announced a change of hosts (SIGUSR1, forwarded by
   mpirun): if any rank heard it, every rank raises HostsUpdatedInterrupt at this commit.
 - run(): on HostsUpdatedInterrupt under gcrun --elastic the ranks exit with RESTART_EXIT and
   gcrun relaunches them on the new hosts; without gcrun nothing can change the world and the
   function is called again from the commit. A failed peer (GradcompError) ends the rank:
-  gcrun relaunches the job without the failed host.
+  gcrun relaunches the job without the failed host. torchrun's agent restarts every rank
+  itself (a rank failed, or a node joined its rendezvous): the restarted ranks start from the
+  newest commit, as a relaunch does.
 - sync() at the start of a relaunched job: the ranks agree on the newest commit found on any
   host (the hosts that survived hold it), load it from the lowest rank that has it and
   broadcast it, so every replica starts bit-identical; on a first start, rank 0's state is
@@ -34,6 +36,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 
 from gradcomp import basics as _b
@@ -56,6 +59,27 @@ class HostsUpdatedInterrupt(RuntimeError):
 def under_gcrun():
     """Whether this rank runs under gcrun --elastic."""
     return os.environ.get("GRADCOMP_ELASTIC") == "1"
+
+
+def under_torchrun():
+    """Whether torchrun's elastic agent started this rank (and restarts every rank when one
+    fails or nodes join: --max-restarts, --nnodes=MIN:MAX)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ
+
+
+def commit_directory():
+    """Where commits persist: GRADCOMP_ELASTIC_DIR (gcrun --elastic sets it), else under torchrun
+    a directory of the run's own in the temporary directory (each host keeps its own file, as
+    under gcrun; give GRADCOMP_ELASTIC_DIR a shared or lasting path to keep them elsewhere)."""
+    directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
+    if not directory and under_torchrun():
+        directory = os.path.join(tempfile.gettempdir(), f"gradcomp-elastic-{os.environ['TORCHELASTIC_RUN_ID']}")
+    return directory
+
+
+def resets():
+    """How many times this job was relaunched (gcrun --elastic) or restarted (torchrun)."""
+    return int(os.environ.get("GRADCOMP_ELASTIC_RESETS") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0")
 
 
 def notify_hosts_updated():
@@ -163,7 +187,7 @@ class State:
         """Writes the commit just saved in the background: training goes on while it is
         serialized (save() made new copies, which no later save() changes). One write at a time;
         the next commit, a relaunch's exit and the interpreter's exit wait for it."""
-        directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
+        directory = commit_directory()
         if not directory:
             return
         blob = {"commit": self._commits, "world": _b.size(), "state": self.snapshot()}
@@ -190,7 +214,7 @@ class State:
 
     def _restore_persisted(self):
         """Loads the newest commit any host holds; False when there is none."""
-        directory = os.environ.get("GRADCOMP_ELASTIC_DIR")
+        directory = commit_directory()
         wait_for_writes()
         blob, mine = None, -1
         path = commit_path(directory) if directory else None
@@ -265,7 +289,7 @@ def run_fn(func):
     def wrapper(state, *args, **kwargs):
         if under_gcrun():
             _listen()
-        relaunched = int(os.environ.get("GRADCOMP_ELASTIC_RESETS", "0")) > 0
+        relaunched = resets() > 0
         skip_sync = False
         while True:
             if not skip_sync:

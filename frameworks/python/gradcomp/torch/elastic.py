@@ -11,7 +11,7 @@ import torch
 
 from gradcomp import basics as _b
 from gradcomp.elastic import (RESTART_EXIT, HostsUpdatedInterrupt, ObjectState, State, notify_hosts_updated,
-                              run_fn)
+                              resets, run_fn)
 from gradcomp.torch import compat, skeleton
 from gradcomp.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                       broadcast_parameters)
@@ -178,4 +178,4 @@ class TorchState(ObjectState):
 
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "RESTART_EXIT", "State", "TorchState",
-           "notify_hosts_updated", "run"]
+           "notify_hosts_updated", "resets", "run"]
