@@ -51,11 +51,11 @@ def torchrun_line(opts, command, error):
         hi = (opts.get("max_np") or np_) // per_node
         args.append(f"--nnodes={max(lo, 1)}:{max(hi, 1)}")
         if opts.get("reset_limit") is not None:
-            args.append(f"--max-restarts={opts['reset_limit']}")
+            args.append(f"--max_restarts={opts['reset_limit']}")
     elif len(nodes) > 1:
         args.append(f"--nnodes={len(nodes)}")
     if len(nodes) > 1 or opts.get("elastic"):
-        args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={nodes[0]}:29400", "--rdzv-id=gradcomp-job"]
+        args += ["--rdzv_backend=c10d", f"--rdzv_endpoint={nodes[0]}:29400", "--rdzv_id=gradcomp-job"]
     else:
         args.append("--standalone")
     line = " ".join([f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())] + [shlex.quote(a) for a in args + rest])

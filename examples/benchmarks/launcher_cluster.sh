@@ -52,14 +52,17 @@ by_mpirun() {  # by_mpirun SCRIPT ARGS...
     "$PY" "$@" 2>&1 | grep --line-buffered -v '\[warning\]'
 }
 
+# (is_host and local_addr: the node names are not in /etc/hosts, where torchrun would look up
+# whether its node hosts the rendezvous, and its node's address for the workers' store)
 by_torchrun() {  # by_torchrun SCRIPT ARGS...: one torchrun per node, in its namespace
   local i pids=()
   port=$((port + 1))
   for i in $(seq 1 "$NODES"); do
     ip netns exec "$CLUSTER_TAG-n$i" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$CLUSTER_TAG-n$i" \
       env PYTHONPATH="$BUILD/python" GLOO_SOCKET_IFNAME=eth0 "$PY" -m torch.distributed.run --nnodes="$NODES" \
-      --nproc_per_node="$RPN" --rdzv-backend=c10d --rdzv-endpoint="$CLUSTER_SUBNET.11:$port" --rdzv-id="gc$port" \
-      "$@" 2>&1 | grep --line-buffered -v -E '\[warning\]|^W[0-9]{4} |OMP_NUM_THREADS|^\*+$' &
+      --nproc_per_node="$RPN" --rdzv_backend=c10d --rdzv_endpoint="$CLUSTER_SUBNET.11:$port" --rdzv_id="gc$port" \
+      --rdzv_conf="is_host=$([ "$i" = 1 ] && echo 1 || echo 0)" --local_addr="$CLUSTER_SUBNET.$((10 + i))" \
+      "$@" 2>&1 | grep --line-buffered -v -E '\[warning\]|^\[?W[0-9]{4} |OMP_NUM_THREADS|^\*+$' &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i"; done

@@ -1,4 +1,4 @@
-"""One rank of a fault-matrix run (test/python/test_faults.py starts it under mpirun).
+"""One rank of a fault-matrix run (test/python/test_faults.py starts it under mpirun or torchrun).
 
     fault_worker.py --fault kill --at init|negotiation|allreduce|ddp [--victim R]
     fault_worker.py --fault stop [--victim R]     # the victim stops calling gradcomp
@@ -31,7 +31,7 @@ p.add_argument("--elements", type=int, default=1 << 20)
 p.add_argument("--kill-after", type=float, default=0.3, help="--at allreduce: seconds after the submit")
 args = p.parse_args()
 
-world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))  # mpirun's, or torchrun's
 victim = world_rank == args.victim
 
 

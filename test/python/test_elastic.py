@@ -212,9 +212,9 @@ def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path, undisturbe
 
 
 def test_torchrun_restarts_every_rank_from_the_last_commit_when_one_is_killed(undisturbed):
-    """torchrun --max-restarts, no MPI: the agent restarts every rank when one dies; the State API
+    """torchrun --max_restarts, no MPI: the agent restarts every rank when one dies; the State API
     brings the training back from the newest commit, as gcrun --elastic's relaunch does."""
-    job = Job(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", "--max-restarts=1", EXAMPLE,
+    job = Job(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", "--max_restarts=1", EXAMPLE,
                "--epochs", str(EPOCHS)], launcher=(PY,), env={"OMP_NUM_THREADS": "1"})
     job.wait_for(r"epoch 3/\d+: 3 ranks")
     time.sleep(0.2)  # into epoch 4

@@ -4,6 +4,7 @@ torch_dgc_resnet (tiny fakes in the real formats)."""
 import gzip
 import os
 import pickle
+import re
 import struct
 import subprocess
 
@@ -59,6 +60,28 @@ def test_torch_digits_ddp_modes(tmp_path):
     r = subprocess.run([GCRUN, "-np", "1", PY, os.path.join(ROOT, "examples", "torch_digits.py"), "--mode", "ddp",
                         "--compression", "powersgd_fp16"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode != 0 and "which torch does not implement on CPU; use --compression powersgd" in r.stderr
+
+
+def test_torch_digits_under_torchrun_trains_as_under_gcrun(tmp_path):
+    """The quick start's job started by torchrun (no MPI: a world connected through torch's store)
+    reaches the accuracy of the same job under gcrun and sends the same compressed bytes."""
+    job = [os.path.join(ROOT, "examples", "torch_digits.py"), "--epochs", "2", "--no-progress", "--log-dir",
+           str(tmp_path)]
+    settings = {"GRADCOMP_COMPRESSION": "maxmin", "GRADCOMP_BITS": "4"}
+    outs = {"gcrun": run([PY] + job, cwd=tmp_path, env=settings)}
+    r = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + job,
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, **settings))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    outs["torchrun"] = r.stdout
+    got = {}
+    for launcher, out in outs.items():
+        acc = re.search(r"final test accuracy: top-1 ([\d.]+)%", out)
+        sent = re.search(r"([\d.]+) MB reduced, ([\d.]+) MB sent", out)
+        assert acc and sent, (launcher, out[-3000:])
+        got[launcher] = (float(acc.group(1)), float(sent.group(1)), float(sent.group(2)))
+    (acc_m, in_m, wire_m), (acc_t, in_t, wire_t) = got["gcrun"], got["torchrun"]
+    assert acc_m > 90 and abs(acc_t - acc_m) <= 1.0, got
+    assert in_t == in_m and abs(wire_t - wire_m) <= 0.01 * wire_m, got
 
 
 def test_torch_digits_trains_with_adasum(tmp_path):

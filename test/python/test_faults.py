@@ -1,7 +1,7 @@
 """The fault matrix of docs/errors.md, as tests: 3-rank jobs under mpirun (and on an emulated
 cluster where a link is needed) in which one rank is SIGKILLed (before init completes, during
 negotiation, during an allreduce, inside a DDP step), stops calling gradcomp, or has its
-node's link cut during an allreduce.
+node's link cut during an allreduce; and the killed rank under torchrun (no MPI).
 
 Two launch modes for a killed rank:
 - plain mpirun (what gcrun runs): mpirun sees the death and ends the job at once, naming the
@@ -195,6 +195,47 @@ def test_killed_rank_survivors_exit_on_their_own(tmp_path, at, controller):
         for r in (0, 2):
             assert "RuntimeError" in job.logs[r] and "Segmentation" not in job.logs[r], job.describe()
     assert_clean(job, tmp_path)
+
+
+def run_torchrun(tmp_path, worker_args, monitor_interval):
+    """The 3 ranks started by torchrun (no MPI: a world connected through torch's store), each
+    wrapped as under mpirun. torchrun's agent ends the others monitor_interval seconds after a
+    rank failed: a long one leaves the survivors to end on their own."""
+    wrapper = WRAPPER.replace("$OMPI_COMM_WORLD_RANK", "$RANK")
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
+           f"--monitor_interval={monitor_interval}", "--no_python", "sh", "-c", wrapper, str(tmp_path), PY, WORKER]
+    env = dict(os.environ, GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS=str(TIMEOUT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd + list(worker_args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    return finish(tmp_path, proc, time.time())
+
+
+@pytest.mark.parametrize("at", ["negotiation", "allreduce", "ddp"])
+def test_killed_rank_under_torchrun_survivors_fail_at_once_naming_it(tmp_path, at):
+    """Without MPI every byte between the ranks is on gradcomp's TCP connections: the dead
+    rank's sockets close with it, and wherever a survivor waits it fails at once, naming it."""
+    job = run_torchrun(tmp_path, ["--fault", "kill", "--at", at], monitor_interval=60)
+    killed = job.event(1, "SIGKILL")
+    assert killed, job.describe()
+    for r in (0, 2):
+        assert_exits_on_its_own(job, r, killed, LOST)
+        assert job.exit(r)[1] - killed <= SLACK, job.describe()
+    if at == "ddp":  # the error surfaces from loss.backward() as an exception, not a crash
+        for r in (0, 2):
+            assert "RuntimeError" in job.logs[r] and "Segmentation" not in job.logs[r], job.describe()
+    assert job.rc != 0, job.describe()
+    assert not subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout, job.describe()
+
+
+def test_a_rank_killed_before_init_under_torchrun_ends_the_job_in_seconds(tmp_path):
+    """A rank that dies before it joined the world: its peers wait for it in the store, and
+    torchrun's agent, which saw it die, ends the job and names it."""
+    job = run_torchrun(tmp_path, ["--fault", "kill", "--at", "init"], monitor_interval=1)
+    assert job.event(1, "SIGKILL"), job.describe()
+    assert job.rc != 0 and job.elapsed < 30, job.describe()
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", job.output), job.describe()
+    for r in (0, 2):
+        assert job.event(r, "finished") is None, job.describe()
 
 
 @pytest.mark.parametrize("at", ["negotiation", "ddp"])

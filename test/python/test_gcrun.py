@@ -284,11 +284,11 @@ def test_errors(argv, message):
      "train.py --epochs 2"),
     (["-np", "8", "-H", "a:4,b:4", "--network-interface", "eth1", "--torchrun", "python", "-m", "pkg.train"],
      "# on each of a, b:\nGRADCOMP_CONTROLLER_IFACE=eth1 NCCL_SOCKET_IFNAME=eth1 python -m torch.distributed.run "
-     "--nproc_per_node=4 --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=a:29400 --rdzv-id=gradcomp-job -m pkg.train"),
+     "--nproc_per_node=4 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=a:29400 --rdzv_id=gradcomp-job -m pkg.train"),
     (["-np", "8", "-H", "a:4,b:4", "--elastic", "--min-np", "4", "--max-np", "12", "--reset-limit", "3",
       "--torchrun", "/venv/bin/python3.12", "train.py"],
      "# on each of a, b:\n/venv/bin/python3.12 -m torch.distributed.run --nproc_per_node=4 --nnodes=1:3 "
-     "--max-restarts=3 --rdzv-backend=c10d --rdzv-endpoint=a:29400 --rdzv-id=gradcomp-job train.py"),
+     "--max_restarts=3 --rdzv_backend=c10d --rdzv_endpoint=a:29400 --rdzv_id=gradcomp-job train.py"),
     (["-np", "2", "--torchrun", "./job.sh", "x"], "torchrun --no-python --nproc_per_node=2 --standalone ./job.sh x"),
 ])
 def test_torchrun_prints_the_same_job_without_mpi(argv, expected):

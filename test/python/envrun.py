@@ -1,0 +1,50 @@
+"""An env:// launcher as Kubernetes' PyTorchJob or `srun` is one: N processes of a command, each
+given RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, nothing else
+(no torchrun agent, no MPI); rank 0's torch.distributed hosts the store on MASTER_PORT. A rank
+that fails ends the others after a grace period, as a job controller would; the exit code is
+the first failure's.
+
+    python envrun.py -n 3 python -m pytest test_torch_mpi.py
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", type=int, required=True, help="ranks")
+    p.add_argument("--grace", type=float, default=30, help="seconds the others get after a rank failed")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args()
+    port = str(free_port())
+    procs = []
+    for r in range(args.n):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.n), LOCAL_WORLD_SIZE=str(args.n),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen(args.command, env=env))
+    failed, deadline = 0, None
+    while any(proc.poll() is None for proc in procs):
+        for proc in procs:
+            if proc.poll() not in (None, 0) and not failed:
+                failed, deadline = proc.returncode, time.time() + args.grace
+        if deadline is not None and time.time() > deadline:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        time.sleep(0.1)
+    codes = [proc.returncode for proc in procs]
+    return failed or next((c for c in codes if c != 0), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
