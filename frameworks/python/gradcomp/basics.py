@@ -224,9 +224,10 @@ def init(process_sets=None, **settings):
     start(None, process_sets, **settings)
 
 
-def start(store, process_sets=None, **settings):
+def start(store, process_sets=None, place=None, **settings):
     """init() with the world's store given (world.StoreAdapter, or None: found from the
-    launch): the torch.distributed backend passes its group's."""
+    launch): the torch.distributed backend passes its group's, and its (rank, size) as `place`
+    for a world without MPI whose variables do not say (init_method tcp:// or file://)."""
     overrides = _settings_from_kwargs(settings)
     if process_sets is not None and process_sets != "dynamic" and not isinstance(process_sets, (list, tuple)):
         raise ValueError(f"init(process_sets=...) takes a list of ProcessSets or rank lists, or 'dynamic'; "
@@ -237,6 +238,8 @@ def start(store, process_sets=None, **settings):
                 raise ValueError("init(process_sets=...) on a running gradcomp: register them with add_process_set")
             return
         where = _world.env_world()
+        if where is None and store is not None and place is not None and not _world.mpi_launched():
+            where = place
         if where is not None and store is None:
             store = _world.torch_store(*where)
         if where is None:

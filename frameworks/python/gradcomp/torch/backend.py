@@ -263,7 +263,7 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
         super().__init__(rank, size)
         if not _b.is_initialized():
             # Without MPI (torchrun), the world's ranks meet through the default group's store.
-            _b.start(_world.StoreAdapter(store))
+            _b.start(_world.StoreAdapter(store), place=(rank, size))
         # A group of some of the ranks runs on a process set of its own (its own runtime).
         self._process_set = process_set
         runtime = _b.runtime(process_set)
