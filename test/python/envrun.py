@@ -31,6 +31,7 @@ def main():
     for r in range(args.n):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.n), LOCAL_WORLD_SIZE=str(args.n),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it: the ranks share the cores
         procs.append(subprocess.Popen(args.command, env=env))
     failed, deadline = 0, None
     while any(proc.poll() is None for proc in procs):
