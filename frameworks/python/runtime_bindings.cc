@@ -509,7 +509,9 @@ void BindRuntime(py::module& m) {
   }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
   BindPointToPoint(m);
   BindHandle(m);
-  py::class_<Runtime> cls(m, "Runtime", "gradcomp's runtime over the world (MPI's, or a TCP world connected through a store), or over a process set's ranks");
+  py::class_<Runtime> cls(m, "Runtime",
+                          "gradcomp's runtime over the world (MPI's, or a TCP world connected through a store), or "
+                          "over a process set's ranks");
   cls
       .def(py::init(&MakeRuntime), py::arg("settings") = std::map<std::string, std::string>{},
            py::arg("store") = py::none(), py::arg("rank") = -1, py::arg("size") = 0, py::arg("prefix") = "",

@@ -19,7 +19,8 @@ namespace {
 
 class TcpRequest final : public PointToPointRequest {
  public:
-  TcpRequest(std::shared_ptr<TcpPointToPoint::Shared> shared, std::unique_ptr<PendingTransfer> transfer, bool send, int peer, int tag)
+  TcpRequest(std::shared_ptr<TcpPointToPoint::Shared> shared, std::unique_ptr<PendingTransfer> transfer, bool send,
+             int peer, int tag)
       : shared_(std::move(shared)), transfer_(std::move(transfer)), send_(send), peer_(peer), tag_(tag),
         source_(peer) {}
   ~TcpRequest() override {
@@ -80,10 +81,12 @@ class TcpRequest final : public PointToPointRequest {
 
 }  // namespace
 
-TcpPointToPoint::TcpPointToPoint(std::unique_ptr<Communicator> group)
-    : shared_(std::make_shared<Shared>()), group_(group.get()) {
+TcpPointToPoint::TcpPointToPoint(std::unique_ptr<Communicator> group) : shared_(std::make_shared<Shared>()) {
   shared_->group = std::move(group);
 }
+
+int TcpPointToPoint::rank() const { return shared_->group->rank(); }
+int TcpPointToPoint::size() const { return shared_->group->size(); }
 
 std::unique_ptr<PointToPointRequest> TcpPointToPoint::Send(const void* data, size_t bytes, int peer, int tag) {
   if (peer < 0 || peer >= size() || tag < 0) {
@@ -92,7 +95,7 @@ std::unique_ptr<PointToPointRequest> TcpPointToPoint::Send(const void* data, siz
                           " and the tag at least 0");
   }
   std::lock_guard<std::mutex> lock(shared_->mu);
-  auto transfer = group_->Isend(data, bytes, peer, tag);
+  auto transfer = shared_->group->Isend(data, bytes, peer, tag);
   return std::make_unique<TcpRequest>(shared_, std::move(transfer), true, peer, tag);
 }
 
@@ -104,8 +107,8 @@ std::unique_ptr<PointToPointRequest> TcpPointToPoint::Receive(void* data, size_t
   }
   std::lock_guard<std::mutex> lock(shared_->mu);
   auto request = std::make_unique<TcpRequest>(shared_, nullptr, false, peer, tag);
-  request->Start(peer < 0 ? tcp::IrecvFromAny(*group_, data, bytes, tag, request->source_slot())
-                          : group_->Irecv(data, bytes, peer, tag));
+  request->Start(peer < 0 ? tcp::IrecvFromAny(*shared_->group, data, bytes, tag, request->source_slot())
+                          : shared_->group->Irecv(data, bytes, peer, tag));
   return request;
 }
 

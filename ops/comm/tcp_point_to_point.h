@@ -20,8 +20,8 @@ class TcpPointToPoint {
   /// Over `group`: a communicator of ConnectStoreWorld's, for these messages alone.
   explicit TcpPointToPoint(std::unique_ptr<Communicator> group);
 
-  int rank() const { return group_->rank(); }
-  int size() const { return group_->size(); }
+  int rank() const;
+  int size() const;
   /// Tags are 32-bit on the wire; negative ones are refused.
   int max_tag() const { return INT_MAX; }
 
@@ -33,7 +33,6 @@ class TcpPointToPoint {
 
  private:
   std::shared_ptr<Shared> shared_;
-  Communicator* group_;
 };
 
 }  // namespace gradcomp

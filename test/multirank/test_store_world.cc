@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "core/runtime.h"
 #include "ops/comm/store_communicator.h"
+#include "ops/comm/tcp_point_to_point.h"
 #include "ops/comm/topology.h"
 #include "ops/common/enforce.h"
 
@@ -155,6 +157,67 @@ TEST(StoreWorld, ARankThatNeverComesIsNamedOnEveryRankWithinTheTimeout) {
   });
   EXPECT_EQ(Joined(results), "");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+}
+
+TEST(StoreWorld, BadPlacesAndTwoJobsOnOnePrefixAreNamed) {
+  MemoryStore store;
+  try {
+    StoreCommunicator comm(store, "bad", 3, 2, 1);
+    ADD_FAILURE() << "rank 3 of 2 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("a world of 2 ranks has no rank 3 (RANK and WORLD_SIZE)"), std::string::npos)
+        << e.what();
+  }
+  // Rank 1's part of the first exchange has another size than rank 0 expects (another job's).
+  store.Set("shared/0/1", std::string(3, 'x'));
+  StoreCommunicator comm(store, "shared", 0, 2, 1);
+  int mine = 0, all[2];
+  try {
+    comm.Allgatherv(&mine, all, {sizeof(int), sizeof(int)});
+    ADD_FAILURE() << "a 3-byte part accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 gave 3 bytes for the world's first exchanges where 4 were expected "
+                                         "(store key 'shared/0/1'): two jobs share one store prefix?"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    comm.Split(0, 0);
+    ADD_FAILURE() << "a split of the bootstrap accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the store communicator only bootstraps a world"), std::string::npos);
+  }
+}
+
+TEST(StoreWorld, PointToPointRefusesRanksOutsideTheGroupAndNegativeTags) {
+  MemoryStore store;
+  const auto results = OnThreads(2, [&](int r) -> std::string {
+    TcpPointToPoint p2p(ConnectStoreWorld(store, "p2p", r, 2, 30, TcpOptions{}));
+    float x = 0;
+    const std::pair<std::function<void()>, std::string> bad[] = {
+        {[&] { p2p.Send(&x, 4, 2, 0); }, "send of 4 bytes to rank 2 (tag 0): the rank must be in 0..1"},
+        {[&] { p2p.Receive(&x, 4, 0, -1); }, "receive of 4 bytes from rank 0 (tag -1): the rank must be in 0..1 and "
+                                              "the tag at least 0"},
+        {[&] { p2p.Receive(&x, 4, -2, 0); }, "receive of 4 bytes from rank -2 (tag 0)"},
+    };
+    for (const auto& [call, text] : bad) {
+      try {
+        call();
+        return "accepted: " + text;
+      } catch (const InvalidArgument& e) {
+        if (std::string(e.what()).find(text) == std::string::npos) return std::string("message: ") + e.what();
+      }
+    }
+    // And a message from whichever rank sends, as MPI_ANY_SOURCE.
+    const float out = static_cast<float>(r + 1);
+    float in = 0;
+    auto s = p2p.Send(&out, sizeof out, 1 - r, 7);
+    auto q = p2p.Receive(&in, sizeof in, -1, 7);
+    while (!s->Test() || !q->Test()) std::this_thread::yield();
+    if (q->source() != 1 - r || in != static_cast<float>(2 - r)) return "any-source receive got " + std::to_string(in);
+    return "";
+  });
+  EXPECT_EQ(Joined(results), "");
 }
 
 TEST(StoreWorld, MpiSettingsOnAWorldWithoutMpiAreNamed) {

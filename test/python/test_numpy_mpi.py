@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gradcomp.numpy as gc
+from gradcomp import world
 from launched import launched_rank_and_size
 
 
@@ -449,3 +450,14 @@ def test_timeline_records_phases_and_per_rank_ready_marks():
     end = [e for e in by_tensor["tl.q"] if e["name"] == "ALLREDUCE" and e["ph"] == "E"][0]["args"]
     assert end["bytes"] == 64 * 64 * 4 and 0 < end["wire_bytes"] < end["bytes"]
     assert end["ratio"] > 4 and end["codec"].startswith("maxmin(bits=4")
+
+
+def test_the_launch_variables_choose_the_world_and_bad_ones_are_named():
+    assert world.env_world({"OMPI_COMM_WORLD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "2"}) is None  # MPI's wins
+    assert world.env_world({}) is None
+    assert world.env_world({"RANK": "1", "WORLD_SIZE": "3"}) == (1, 3)
+    with pytest.raises(ValueError, match=r"RANK='one' and WORLD_SIZE='3' must be integers \(set by torchrun"):
+        world.env_world({"RANK": "one", "WORLD_SIZE": "3"})
+    with pytest.raises(ValueError, match=r"RANK=3 is not a rank of WORLD_SIZE=3"):
+        world.env_world({"RANK": "3", "WORLD_SIZE": "3"})
+
