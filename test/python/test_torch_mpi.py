@@ -1206,6 +1206,25 @@ def test_backend_collectives():
     assert len(group._retained) <= group._RETAIN_COUNT + 1
 
 
+def test_backend_collectives_on_inference_tensors():
+    """Collectives issued under torch.inference_mode (Lightning's validate, an eval loop with
+    FSDP2's all-gathers or a metric's all_reduce) write their inference-tensor outputs, as gloo's do."""
+    me, n = hvd.rank(), hvd.size()
+    with torch.inference_mode():
+        t = torch.full((5,), float(me + 1))
+        dist.all_reduce(t)
+        flat = torch.empty(n * 3)
+        compat.all_gather_into_tensor(flat, torch.full((3,), float(me)))
+        outs = [torch.empty(2) for _ in range(n)]
+        dist.all_gather(outs, torch.full((2,), float(me)))
+        b = torch.full((3,), float(me))
+        dist.broadcast(b, src=n - 1)
+    assert t.is_inference() and torch.equal(t, torch.full((5,), float(n * (n + 1) / 2)))
+    assert torch.equal(flat, torch.arange(n, dtype=torch.float32).repeat_interleave(3))
+    assert all(torch.equal(o, torch.full((2,), float(r))) for r, o in enumerate(outs))
+    assert torch.equal(b, torch.full((3,), float(n - 1)))
+
+
 def test_backend_list_collectives():
     """all_to_all of tensors of any shapes and sizes per pair, all_reduce_coalesced and
     all_gather_coalesced (gloo's list forms), at sizes of real layers."""

@@ -109,14 +109,19 @@ class _Pending:
         self.future = Future()
         self.error = None
         self.resolved_at = None  # time.monotonic() once the future is resolved
+        # Issued under torch.inference_mode (Lightning's validate, an eval loop): its outputs are
+        # inference tensors, which the handles' and this operation's finishing copies may write
+        # in place only in that mode, on the completer's thread too (the mode is per thread).
+        self.inference = torch.is_inference_mode_enabled()
 
     def complete(self):
         """Waits for the operations and runs `finish`; returns the error, if any."""
         try:
-            for h in self.handles:
-                _b.synchronize(h)
-            if self.finish is not None:
-                self.finish()
+            with torch.inference_mode(self.inference):
+                for h in self.handles:
+                    _b.synchronize(h)
+                if self.finish is not None:
+                    self.finish()
         except Exception as e:  # noqa: BLE001 - delivered through the future
             return e
         return None
