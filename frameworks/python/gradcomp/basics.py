@@ -532,6 +532,25 @@ def stats(process_set=None):
     return dict(runtime(process_set).stats())
 
 
+# stats() fields that are a runtime's settings, not counts: total_stats() gives the world's.
+_SETTING_STATS = ("fusion_threshold_mb", "cycle_time_ms", "autotune_done")
+
+
+def total_stats():
+    """stats() summed over every runtime of this rank: the world's and each process set's it
+    belongs to, torch.distributed groups of some ranks included (FSDP2's and a DeviceMesh's
+    groups each run one). What a framework's training sent, wherever its groups put it; the
+    settings fields (fusion threshold, cycle time, autotune) are the world runtime's."""
+    total = stats()
+    for ps in list(_state.process_sets.values()):
+        if ps._runtime is None:
+            continue
+        for key, value in ps._runtime.stats().items():
+            if key not in _SETTING_STATS:
+                total[key] += value
+    return total
+
+
 def auto_name(kind, name, process_set=None):
     """`name`, or a generated one that is the same on every rank for the same call order
     (counted per process set: each set's ranks call its collectives in their own order).

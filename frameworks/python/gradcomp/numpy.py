@@ -17,7 +17,7 @@ from gradcomp.basics import (Adasum, Average, GradcompError, Max, Min, ProcessSe
                              auto_summary, barrier, check_op, compression_choices, cross_rank, cross_size,
                              global_process_set, init, is_homogeneous, is_initialized, join, local_rank, local_size,
                              poll, rank, remove_process_set, shutdown, size, start_timeline, stats, stop_timeline,
-                             synchronize)
+                             synchronize, total_stats)
 from gradcomp import _core
 from gradcomp import basics as _b
 
@@ -28,7 +28,8 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
            "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
            "barrier", "poll", "synchronize", "start_timeline", "stop_timeline", "Sum", "Average", "Min", "Max",
-           "Product", "Adasum", "GradcompError", "stats", "compression_choices", "auto_summary", "Compression",
+           "Product", "Adasum", "GradcompError", "stats", "total_stats", "compression_choices", "auto_summary",
+           "Compression",
            "ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
 

@@ -23,7 +23,7 @@ from gradcomp._core import GradcompError
 from gradcomp.basics import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_process_set, auto_summary,
                              compression_choices, cross_rank, cross_size, global_process_set, init, is_homogeneous,
                              is_initialized, local_rank, local_size, poll, rank, remove_process_set, shutdown, size,
-                             start_timeline, stats, stop_timeline, synchronize)
+                             start_timeline, stats, stop_timeline, synchronize, total_stats)
 from gradcomp.torch.compression import Compression, Compressor
 from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                                     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
@@ -128,7 +128,8 @@ __all__ = ["elastic", "HostsUpdatedInterrupt", "init", "shutdown", "is_initializ
            "allgather_object", "Average", "Sum", "Min", "Max", "Product", "Adasum", "start_timeline", "stop_timeline",
            "Compression", "Compressor", "DistributedOptimizer", "SyncBatchNorm", "DDPHookState", "ddp_hook",
            "FSDPHookState", "fsdp_hook", "compress_fsdp",
-           "GradcompError", "HorovodInternalError", "stats", "compression_choices", "auto_summary", "mpi_built",
+           "GradcompError", "HorovodInternalError", "stats", "total_stats", "compression_choices", "auto_summary",
+           "mpi_built",
            "mpi_enabled", "mpi_threads_supported",
            "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ddl_built", "ccl_built",
            "ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
