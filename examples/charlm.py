@@ -82,12 +82,16 @@ def add_training_arguments(parser):
     parser.add_argument("--val-batches", type=int, default=20)
 
 
+def lr_factor(step, steps):
+    """The learning rate's share at `step`: warmed up over 20 steps, then a cosine to `steps`."""
+    return min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+
+
 def train_step(model, opt, text, args, step, generator):
-    """One Adam step on a batch of windows, the learning rate warmed up over 20 steps and then
-    decayed on a cosine to args.steps; the training loss."""
-    warm = min(1.0, (step + 1) / 20)
+    """One Adam step on a batch of windows at args.lr * lr_factor(step, args.steps); the
+    training loss."""
     for group in opt.param_groups:
-        group["lr"] = args.lr * warm * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        group["lr"] = args.lr * lr_factor(step, args.steps)
     x, y = windows(text, args.batch_size, args.context, generator)
     opt.zero_grad()
     loss = nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
