@@ -7,12 +7,16 @@ import pickle
 import re
 import struct
 import subprocess
+import uuid
 
 import numpy as np
 import pytest
 import torch
 
 from paths import GCRUN, PY, ROOT
+
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+NODE_ADDRESS = "10.199.0.1%d"  # node N of scripts/cluster.sh's cluster
 
 
 def run(args, cwd, timeout=300, env=None):
@@ -80,6 +84,50 @@ def test_torch_digits_under_torchrun_trains_as_under_gcrun(tmp_path):
         assert acc and sent, (launcher, out[-3000:])
         got[launcher] = (float(acc.group(1)), float(sent.group(1)), float(sent.group(2)))
     (acc_m, in_m, wire_m), (acc_t, in_t, wire_t) = got["gcrun"], got["torchrun"]
+    assert acc_m > 90 and abs(acc_t - acc_m) <= 1.0, got
+    assert in_t == in_m and abs(wire_t - wire_m) <= 0.01 * wire_m, got
+
+
+def test_torch_digits_under_torchrun_on_two_emulated_nodes_trains_as_under_mpirun(tmp_path):
+    """Multi-node torchrun: 2 nodes x 2 ranks joined at 1 Gbit/s (scripts/cluster.sh: a network and
+    UTS namespace a node), one torchrun agent per node meeting at node 1's c10d rendezvous, runs the
+    quick start's job as mpirun does on the same cluster: the same accuracy, and the same bytes from
+    rank 0 (the node's shared-memory stage, then the compressed exchange across the nodes)."""
+    tag = "gx" + uuid.uuid4().hex[:6]
+    up = subprocess.run(["bash", CLUSTER, "up", tag, "2", "1gbit"], capture_output=True, text=True)
+    assert up.returncode == 0, f"the emulated cluster did not come up (needs root, ip, tc):\n{up.stderr}"
+    try:
+        job = [PY, os.path.join(ROOT, "examples", "torch_digits.py"), "--epochs", "2", "--no-progress",
+               "--log-dir", str(tmp_path)]
+        settings = {"GRADCOMP_COMPRESSION": "maxmin", "GRADCOMP_BITS": "4", "OMP_NUM_THREADS": "1"}
+        mpirun = up.stdout.split("\n")[:-3] + ["-H", f"{NODE_ADDRESS % 1}:2,{NODE_ADDRESS % 2}:2", "-np", "4"]
+        for key, value in settings.items():
+            mpirun += ["-x", f"{key}={value}"]
+        r = subprocess.run(mpirun + job, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        outs = {"mpirun": r.stdout}
+        agents = []
+        for node in (1, 2):
+            name = f"{tag}-n{node}"
+            torchrun = [PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                        f"--rdzv_endpoint={NODE_ADDRESS % 1}:29400", f"--rdzv_id={tag}",
+                        f"--rdzv_conf=is_host={int(node == 1)}", f"--local_addr={NODE_ADDRESS % node}"]
+            agents.append(subprocess.Popen(
+                ["ip", "netns", "exec", name, "unshare", "--uts", "/bin/sh", "-c", 'hostname "$0" && exec "$@"',
+                 name] + torchrun + job[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                env=dict(os.environ, **settings)))
+        ends = [agent.communicate(timeout=300) for agent in agents]
+        assert all(agent.returncode == 0 for agent in agents), [out[-3000:] + err[-3000:] for out, err in ends]
+        outs["torchrun"] = ends[0][0]
+    finally:
+        subprocess.run(["bash", CLUSTER, "down", tag], check=True)
+    got = {}
+    for launcher, out in outs.items():
+        acc = re.search(r"final test accuracy: top-1 ([\d.]+)%", out)
+        sent = re.search(r"([\d.]+) MB reduced, ([\d.]+) MB sent", out)
+        assert acc and sent, (launcher, out[-3000:])
+        got[launcher] = (float(acc.group(1)), float(sent.group(1)), float(sent.group(2)))
+    (acc_m, in_m, wire_m), (acc_t, in_t, wire_t) = got["mpirun"], got["torchrun"]
     assert acc_m > 90 and abs(acc_t - acc_m) <= 1.0, got
     assert in_t == in_m and abs(wire_t - wire_m) <= 0.01 * wire_m, got
 
