@@ -241,7 +241,7 @@ def start(store, process_sets=None, place=None, **settings):
         if where is None and store is not None and place is not None and not _world.mpi_launched():
             where = place
         if where is not None and store is None:
-            store = _world.torch_store(*where)
+            store = _world.env_store(*where)
         if where is None:
             _state.runtime = _core.Runtime(overrides)
         else:

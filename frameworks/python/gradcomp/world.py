@@ -1,8 +1,8 @@
 """Which world a process starts in: MPI's (gcrun, mpirun, srun with PMI) or, with no MPI
 launcher, the env:// one that torchrun, Kubernetes' PyTorchJob, SageMaker and `srun` + torchrun
 set up (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): its ranks find each other through
-torch.distributed's TCPStore and connect gradcomp's own TCP mesh (docs/design.md, "A world
-without MPI")."""
+torch.distributed's TCPStore (without torch, a server of gradcomp's own that speaks its protocol)
+and connect gradcomp's own TCP mesh (docs/design.md, "A world without MPI")."""
 
 import datetime
 import os
@@ -40,7 +40,8 @@ def prefix(what):
 
 class StoreAdapter:
     """A torch.distributed Store as the C++ bootstrap calls it: set(key, bytes) and
-    get(key, timeout) -> bytes, or None once `timeout` seconds passed without the key."""
+    get(key, timeout) -> bytes, or None once `timeout` seconds passed without the key
+    (gradcomp's own tcp_store.StoreClient has that get already)."""
 
     def __init__(self, store):
         self._store = store
@@ -49,6 +50,8 @@ class StoreAdapter:
         self._store.set(key, value)
 
     def get(self, key, timeout):
+        if not hasattr(self._store, "wait"):
+            return self._store.get(key, timeout)
         if timeout <= 0:
             return self._store.get(key) if self._store.check([key]) else None
         try:
@@ -60,21 +63,47 @@ class StoreAdapter:
         return self._store.get(key)
 
 
-def torch_store(rank, size):
-    """The env:// launch's store: the default group's when torch.distributed is initialized,
-    else the one torch's env:// rendezvous gives (torchrun's agent store, or a server that rank 0
-    hosts on MASTER_PORT, shared with a later init_process_group in the same process)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        raise ValueError(f"rank {rank} of {size} was started by an env:// launcher (RANK, WORLD_SIZE) without MPI: "
-                         "its ranks find each other through torch.distributed's store, and torch is not "
-                         "installed (pip install torch), or launch with gcrun or mpirun") from None
-    if dist.is_initialized():
-        return StoreAdapter(dist.distributed_c10d._get_default_store())
+def _master(rank, size):
+    """MASTER_ADDR and MASTER_PORT, which an env:// launcher sets beside RANK and WORLD_SIZE."""
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise ValueError(f"rank {rank} of {size}: RANK and WORLD_SIZE are set but {name} is not; an env:// "
                              "launcher (torchrun, a PyTorchJob) sets MASTER_ADDR and MASTER_PORT too")
+    try:
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except ValueError:
+        raise ValueError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} must be a port number") from None
+
+
+def env_store(rank, size):
+    """The env:// launch's store: the default group's when torch.distributed is initialized,
+    else the one torch's env:// rendezvous gives (torchrun's agent store, or a server that rank 0
+    hosts on MASTER_PORT, shared with a later init_process_group in the same process); without
+    torch, gradcomp's own (own_store)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return own_store(rank, size)
+    if dist.is_initialized():
+        return StoreAdapter(dist.distributed_c10d._get_default_store())
+    _master(rank, size)
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=size))
     return StoreAdapter(store)
+
+
+_own_server = []  # rank 0's StoreServer, kept for the process's life (later groups meet through it)
+
+
+def own_store(rank, size):
+    """A TCPStore of gradcomp's own (gradcomp/tcp_store.py, torch's protocol): rank 0 serves it on
+    MASTER_PORT unless torchrun's agent serves one there (TORCHELASTIC_USE_AGENT_STORE), and
+    every rank connects to MASTER_ADDR:MASTER_PORT."""
+    from gradcomp import tcp_store
+    host, port = _master(rank, size)
+    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and not _own_server:
+        try:
+            _own_server.append(tcp_store.StoreServer(port))
+        except OSError as e:
+            raise ValueError(f"rank 0 of {size} cannot serve the job's store on MASTER_PORT={port}: {e}") from None
+    client = tcp_store.StoreClient(host, port, DEFAULT_TIMEOUT_SECONDS, f"rank {rank} of {size}")
+    return StoreAdapter(client)
