@@ -78,7 +78,7 @@ make_root() {
 # start, its store lacking libuv); Horovod's own suite;
 # and `pip install .` into a venv, whose digits job runs the example through gcrun (the examples'
 # suite runs on pip's torch 2.13).
-debian13_suites="^pytest_(codec|torch_versions|numpy_np2|torch_np2|torch_parity_np2|ddp_hook_np2|nonfinite_np2|elastic_state_np2|process_sets_np4_two_nodes|adasum_np4_two_nodes|torch_compile_np2|fsdp_np2_compressed|fsdp_np4_two_nodes|gcrun|tcp_store|envrun_process_sets_np4_two_nodes|envrun_numpy_without_torch_np3)$"
+debian13_suites="^pytest_(codec|torch_versions|numpy_np2|torch_np2|torch_parity_np2|ddp_hook_np2|nonfinite_np2|elastic_state_np2|process_sets_np4_two_nodes|adasum_np4_two_nodes|torch_compile_np2|fsdp_np2_compressed|fsdp_np4_two_nodes|gcrun|envrun_process_sets_np4_two_nodes|envrun_numpy_without_torch_np3)$"
 test_in_root() {
   [ -f "$CLONE/../shared/horovod-conformance/run.sh" ] || die "Horovod's suite is not in ../shared/horovod-conformance"
   in_root cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_WERROR=ON -DGRADCOMP_BUILD_TESTS=ON \

@@ -2,7 +2,9 @@
 through: its client and server together, each against torch's (the same wire protocol), and the
 errors of a client that finds no store or something else at the address."""
 import datetime
+import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -10,6 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from gradcomp import tcp_store
+from paths import PY
 
 
 @pytest.fixture
@@ -96,3 +99,21 @@ def test_a_server_that_is_not_a_store_is_named():
     with pytest.raises(tcp_store.StoreError, match=rf"rank 1 of 2: 127.0.0.1:{port} is not a TCPStore"):
         client(port, timeout=1.0, what="rank 1 of 2")
     listener.close()
+
+
+def test_ranks_without_torch_meet_through_torchruns_agent_store(tmp_path):
+    """Under torchrun the agent serves the store (TORCHELASTIC_USE_AGENT_STORE): ranks that
+    cannot import torch connect to it with gradcomp's client and allreduce."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    job = ("import numpy as np, gradcomp.numpy as hvd\n"
+           "try:\n    import torch\n    raise SystemExit('torch imported')\nexcept ImportError:\n    pass\n"
+           "hvd.init()\n"
+           "x = hvd.allreduce(np.full(1 << 16, hvd.rank() + 1, np.float32), op=hvd.Sum, name='x')\n"
+           "print('rank', hvd.rank(), 'of', hvd.size(), 'sum', x[0], flush=True)\n")
+    hidden = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    r = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no_python",
+                        "env", f"PYTHONPATH={hidden}", PY, "-c", job], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(line for line in r.stdout.splitlines() if line.startswith("rank")) == \
+        ["rank 0 of 2 sum 3.0", "rank 1 of 2 sum 3.0"], r.stdout
