@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -648,12 +649,22 @@ TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
 #else
   const std::vector<int> worlds = {16, 64, 256, 1024};
 #endif
+  // Flat SRA's error does not grow with the world (Sra.FourBitGaussianErrorIsSmallAndDoesNotGrowWithWorldSize;
+  // here 0.127 at 1024 ranks against 0.154 at 256): at 1024 ranks, where its n^2 messages take a
+  // third of this test's time, the previous world's flat error is the reference, and only the
+  // independent inputs run (the larger errors: the correlated ones took half the rest).
+  std::map<double, double> flat_error;  // by noise: the last world's that ran flat SRA
   for (int world : worlds) {
     for (double noise : {1e4, 0.5}) {
+      const bool largest = world >= 1024;
+      if (largest && noise < 1) continue;
       const auto exact = ExactSum(Inputs(world, count, noise), 1.0 / world);
-      const auto flat = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
-        CompressedAllreduce(comm, Maxmin(in, out, 4, 512));
-      });
+      if (!largest) {
+        const auto flat = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
+          CompressedAllreduce(comm, Maxmin(in, out, 4, 512));
+        });
+        flat_error[noise] = RelativeL2(flat[0], exact);
+      }
       const auto grid = RunAll(world, count, noise, [&](Communicator& comm, const auto& in, auto& out) {
         CompressedAllreduce2d(MakeGrid(comm), Maxmin(in, out, 4, 512));
       });
@@ -679,11 +690,12 @@ TEST(Sra2d, FourBitErrorAtLargeWorldsStaysNearFlatSra) {
                                             : nodes >= 32 ? std::vector<int>{4, 4}
                                                           : std::vector<int>{2, 2};
       const auto deeper = nodes >= 8 ? on_nodes(deeper_shape) : nested;
-      const double e_flat = RelativeL2(flat[0], exact), e_grid = RelativeL2(grid[0], exact),
+      const double e_flat = flat_error.at(noise), e_grid = RelativeL2(grid[0], exact),
                    e_nested = RelativeL2(nested[0], exact), e_deeper = RelativeL2(deeper[0], exact);
-      std::printf("4-bit, world %d, %s inputs: relative L2 error flat SRA %.4f, 2-D SRA %.4f, nodes of 8 with a "
+      std::printf("4-bit, world %d, %s inputs: relative L2 error flat SRA %.4f%s, 2-D SRA %.4f, nodes of 8 with a "
                   "2-D grid across %.4f, with nested columns across %.4f\n",
-                  world, noise > 1 ? "independent" : "correlated", e_flat, e_grid, e_nested, e_deeper);
+                  world, noise > 1 ? "independent" : "correlated", e_flat, largest ? " (the previous world's)" : "",
+                  e_grid, e_nested, e_deeper);
       EXPECT_EQ(BitIdentical(grid), "") << "world " << world;
       EXPECT_EQ(BitIdentical(nested), "") << "world " << world;
       EXPECT_EQ(BitIdentical(deeper), "") << "world " << world;

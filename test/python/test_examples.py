@@ -128,7 +128,9 @@ def test_torch_digits_under_torchrun_on_two_emulated_nodes_trains_as_under_mpiru
         assert acc and sent, (launcher, out[-3000:])
         got[launcher] = (float(acc.group(1)), float(sent.group(1)), float(sent.group(2)))
     (acc_m, in_m, wire_m), (acc_t, in_t, wire_t) = got["mpirun"], got["torchrun"]
-    assert acc_m > 90 and abs(acc_t - acc_m) <= 1.0, got
+    # The fused batches follow the ranks' timing, and with them the quantization's buckets: two
+    # runs of the same job differ by a few of the 360 test images (94.7% and 96.1% seen here).
+    assert acc_m > 90 and acc_t > 90 and abs(acc_t - acc_m) <= 3.0, got
     assert in_t == in_m and abs(wire_t - wire_m) <= 0.01 * wire_m, got
 
 
