@@ -28,7 +28,7 @@ except ImportError:
 import gradcomp.torch as hvd  # registers the "gradcomp" backend
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from charlm import corpus, windows  # noqa: E402
+from charlm import add_training_arguments, corpus, windows  # noqa: E402
 
 
 class Windows(torch.utils.data.Dataset):
@@ -48,14 +48,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", choices=["gradcomp", "gloo"], default="gradcomp")
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--batch-size", type=int, default=8, help="windows per rank and step")
-    p.add_argument("--context", type=int, default=48)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--corpus-mb", type=float, default=4.0)
-    p.add_argument("--val-batches", type=int, default=20, help="batches of 64 held-out windows")
+    add_training_arguments(p)
+    p.set_defaults(layers=4, width=256, lr=1e-3)  # a GPT-2 of 3.2M parameters; charlm's defaults otherwise
     args = p.parse_args()
     dist.init_process_group(args.backend)  # RANK, WORLD_SIZE, MASTER_ADDR from the launcher
     world = dist.get_world_size()

@@ -66,6 +66,14 @@ def test_torch_digits_ddp_modes(tmp_path):
     assert r.returncode != 0 and "which torch does not implement on CPU; use --compression powersgd" in r.stderr
 
 
+def accuracy_and_bytes(launcher, out):
+    """torch_digits' final top-1 accuracy and rank 0's MB reduced and sent, from its output."""
+    acc = re.search(r"final test accuracy: top-1 ([\d.]+)%", out)
+    sent = re.search(r"([\d.]+) MB reduced, ([\d.]+) MB sent", out)
+    assert acc and sent, (launcher, out[-3000:])
+    return float(acc.group(1)), float(sent.group(1)), float(sent.group(2))
+
+
 def test_torch_digits_under_torchrun_trains_as_under_gcrun(tmp_path):
     """The quick start's job started by torchrun (no MPI: a world connected through torch's store)
     reaches the accuracy of the same job under gcrun and sends the same compressed bytes."""
@@ -77,12 +85,7 @@ def test_torch_digits_under_torchrun_trains_as_under_gcrun(tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, **settings))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     outs["torchrun"] = r.stdout
-    got = {}
-    for launcher, out in outs.items():
-        acc = re.search(r"final test accuracy: top-1 ([\d.]+)%", out)
-        sent = re.search(r"([\d.]+) MB reduced, ([\d.]+) MB sent", out)
-        assert acc and sent, (launcher, out[-3000:])
-        got[launcher] = (float(acc.group(1)), float(sent.group(1)), float(sent.group(2)))
+    got = {launcher: accuracy_and_bytes(launcher, out) for launcher, out in outs.items()}
     (acc_m, in_m, wire_m), (acc_t, in_t, wire_t) = got["gcrun"], got["torchrun"]
     assert acc_m > 90 and abs(acc_t - acc_m) <= 1.0, got
     assert in_t == in_m and abs(wire_t - wire_m) <= 0.01 * wire_m, got
@@ -121,12 +124,7 @@ def test_torch_digits_under_torchrun_on_two_emulated_nodes_trains_as_under_mpiru
         outs["torchrun"] = ends[0][0]
     finally:
         subprocess.run(["bash", CLUSTER, "down", tag], check=True)
-    got = {}
-    for launcher, out in outs.items():
-        acc = re.search(r"final test accuracy: top-1 ([\d.]+)%", out)
-        sent = re.search(r"([\d.]+) MB reduced, ([\d.]+) MB sent", out)
-        assert acc and sent, (launcher, out[-3000:])
-        got[launcher] = (float(acc.group(1)), float(sent.group(1)), float(sent.group(2)))
+    got = {launcher: accuracy_and_bytes(launcher, out) for launcher, out in outs.items()}
     (acc_m, in_m, wire_m), (acc_t, in_t, wire_t) = got["mpirun"], got["torchrun"]
     # The fused batches follow the ranks' timing, and with them the quantization's buckets: two
     # runs of the same job differ by a few of the 360 test images (94.7% and 96.1% seen here).

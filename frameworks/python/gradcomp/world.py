@@ -40,8 +40,7 @@ def prefix(what):
 
 class StoreAdapter:
     """A torch.distributed Store as the C++ bootstrap calls it: set(key, bytes) and
-    get(key, timeout) -> bytes, or None once `timeout` seconds passed without the key
-    (gradcomp's own tcp_store.StoreClient has that get already)."""
+    get(key, timeout) -> bytes, or None once `timeout` seconds passed without the key."""
 
     def __init__(self, store):
         self._store = store
@@ -50,8 +49,6 @@ class StoreAdapter:
         self._store.set(key, value)
 
     def get(self, key, timeout):
-        if not hasattr(self._store, "wait"):
-            return self._store.get(key, timeout)
         if timeout <= 0:
             return self._store.get(key) if self._store.check([key]) else None
         try:
@@ -105,5 +102,5 @@ def own_store(rank, size):
             _own_server.append(tcp_store.StoreServer(port))
         except OSError as e:
             raise ValueError(f"rank 0 of {size} cannot serve the job's store on MASTER_PORT={port}: {e}") from None
-    client = tcp_store.StoreClient(host, port, DEFAULT_TIMEOUT_SECONDS, f"rank {rank} of {size}")
-    return StoreAdapter(client)
+    # Its get(key, timeout) is already the one the C++ bootstrap calls: no StoreAdapter.
+    return tcp_store.StoreClient(host, port, DEFAULT_TIMEOUT_SECONDS, f"rank {rank} of {size}")
