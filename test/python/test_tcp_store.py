@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from gradcomp import tcp_store
+from gradcomp import tcp_store, world
 from paths import PY
 
 
@@ -110,10 +110,24 @@ def test_ranks_without_torch_meet_through_torchruns_agent_store(tmp_path):
            "try:\n    import torch\n    raise SystemExit('torch imported')\nexcept ImportError:\n    pass\n"
            "hvd.init()\n"
            "x = hvd.allreduce(np.full(1 << 16, hvd.rank() + 1, np.float32), op=hvd.Sum, name='x')\n"
-           "print('rank', hvd.rank(), 'of', hvd.size(), 'sum', x[0], flush=True)\n")
+           "import os\n"  # one write a line: the two ranks share torchrun's stdout
+           "os.write(1, f'rank {hvd.rank()} of {hvd.size()} sum {x[0]}\\n'.encode())\n")
     hidden = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     r = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no_python",
                         "env", f"PYTHONPATH={hidden}", PY, "-c", job], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert sorted(line for line in r.stdout.splitlines() if line.startswith("rank")) == \
         ["rank 0 of 2 sum 3.0", "rank 1 of 2 sum 3.0"], r.stdout
+
+
+def test_master_port_that_is_no_port_or_is_taken_is_named(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "http")
+    with pytest.raises(ValueError, match="MASTER_PORT='http' must be a port number"):
+        world.own_store(0, 2)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    with socket.create_server(("", 0)) as taken:
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        with pytest.raises(ValueError, match=rf"rank 0 of 2 cannot serve the job's store on "
+                                             rf"MASTER_PORT={taken.getsockname()[1]}: "):
+            world.own_store(0, 2)
