@@ -129,6 +129,7 @@ Runtime::Runtime(RuntimeOptions options)
 Runtime::~Runtime() {
   try {
     Shutdown();
+    MeetBeforeMpiTeardown();
   } catch (const std::exception& e) {
     log_->error("shutdown failed: {}", e.what());
   }

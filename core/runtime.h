@@ -100,7 +100,8 @@ class Runtime {
   /// Collective over the world: builds the topology, checks that every rank uses the same
   /// settings, starts the background thread.
   explicit Runtime(RuntimeOptions options);
-  /// Shuts down (see Shutdown).
+  /// Shuts down (see Shutdown), then meets the other ranks before MPI's teardown
+  /// (MeetBeforeMpiTeardown).
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -252,6 +253,10 @@ class Runtime {
   /// What every caller hears when the background thread fails.
   static std::string BackgroundFailure(const std::exception& e);
   [[noreturn]] void ExitProcess(const std::string& why);
+  /// Before this runtime's MPI teardown (the shared-memory window's MPI_Win_free, then
+  /// MPI_Finalize at exit), which waits for every rank: a barrier on the TCP mesh, which fails at
+  /// once, naming it, when a rank died after the shutdown round. MPI's teardown is then skipped.
+  void MeetBeforeMpiTeardown();
   /// Warns once when this rank's CPU affinity is a single core (mpirun's default binding).
   void WarnIfPinnedToOneCore();
 

@@ -1,6 +1,7 @@
 // How a Runtime ends on a failure: a collective that timed out (the watchdog), a stop every rank
 // agreed on (a stall shutdown, whose MPI teardown is bounded), a failed background thread (the
-// TCP peers told, MPI left unfinalized), and the exit that follows.
+// TCP peers told, MPI left unfinalized), a rank lost between the shutdown round and MPI's
+// teardown, and the exit that follows.
 #include <unistd.h>
 
 #include <algorithm>
@@ -88,6 +89,26 @@ std::string Runtime::BackgroundFailed(const std::exception& e) {
   }
   log_->error("{}", reason);
   return reason;
+}
+
+void Runtime::MeetBeforeMpiTeardown() {
+  // Every rank agreed in the shutdown round, but each reaches its teardown when its own script
+  // ends. A rank that dies in between (SIGKILLed, the OOM killer) never reaches MPI_Win_free, and
+  // under a launcher that lets the survivors run (mpirun --enable-recovery) they would wait for it
+  // there forever. The dead rank's TCP connections close with it: this barrier fails at once on
+  // every rank, naming it. A rank still running its script is waited for, as MPI would.
+  if (!mpi_world_ || !tcp_ || MpiAbandoned()) return;
+  try {
+    // Bounded as MPI's own teardown steps are after a stall shutdown (a stopped rank never comes).
+    MpiTeardownStep step("the ranks' meeting before MPI_Win_free");
+    tcp_->Barrier();
+  } catch (const std::exception& e) {
+    AbandonMpiAtExit();
+    log_->error("at shutdown, before MPI's teardown: {}. MPI_Win_free and MPI_Finalize would wait for that rank "
+                "forever, so this process skips them: MPI is left unfinalized at its exit, so mpirun ends the job with a "
+                "non-zero exit status whatever this script returns (unless run with --enable-recovery)",
+                e.what());
+  }
 }
 
 void Runtime::ExitProcess(const std::string& why) {

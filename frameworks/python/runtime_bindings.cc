@@ -19,6 +19,7 @@
 
 #include "core/runtime.h"
 #include "ops/comm/mpi_environment.h"
+#include "ops/comm/mpi_exit.h"
 #include "ops/comm/mpi_point_to_point.h"
 #include "ops/comm/store_communicator.h"
 #include "ops/comm/tcp_point_to_point.h"
@@ -507,6 +508,9 @@ void BindRuntime(py::module& m) {
     const bool wanted = Settings::FromMap(EnvironmentWith({})).cuda_data_path;
     return GRADCOMP_HAVE_CUDA_KERNELS == 1 && wanted;
   }, "Whether GPU tensors stay in GPU memory (a CUDA build and GRADCOMP_CUDA_DATA_PATH=1), without a runtime");
+  m.def("abandon_mpi_at_exit", &AbandonMpiAtExit,
+        "This process skips MPI's collective teardown at exit (MPI_Win_free, MPI_Finalize): it is leaving a job "
+        "whose other ranks may never reach theirs; the launcher ends the job");
   BindPointToPoint(m);
   BindHandle(m);
   py::class_<Runtime> cls(m, "Runtime",

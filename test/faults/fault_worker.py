@@ -1,9 +1,13 @@
 """One rank of a fault-matrix run (test/python/test_faults.py starts it under mpirun or torchrun).
 
-    fault_worker.py --fault kill --at init|negotiation|allreduce|ddp [--victim R]
+    fault_worker.py --fault kill --at init|negotiation|allreduce|ddp|teardown [--victim R]
     fault_worker.py --fault stop [--victim R]     # the victim stops calling gradcomp
     fault_worker.py --fault none                  # allreduces until killed (a link cut from outside)
     fault_worker.py --fault stall|shape --catch   # the victim submits another name / shape at step 3
+
+--at teardown: the victim submits w3 with another op (the ranks agree on an error; the others'
+scripts end on it, shutting gradcomp down on every rank) and dies 50 ms later, before its own
+teardown.
 
 --catch: the script catches gradcomp's error, says so and exits 0 (as one that saves a
 checkpoint and ends would); after a shape mismatch it trains on first (the job goes on).
@@ -25,7 +29,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--fault", choices=["kill", "stop", "stall", "shape", "none"], required=True)
 p.add_argument("--catch", action="store_true")
 p.add_argument("--steps", type=int, default=100000)
-p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp"], default="negotiation")
+p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp", "teardown"], default="negotiation")
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--elements", type=int, default=1 << 20)
 p.add_argument("--kill-after", type=float, default=0.3, help="--at allreduce: seconds after the submit")
@@ -109,6 +113,10 @@ def step_of_the_victim(step):
         die()
     if args.fault == "kill" and args.at == "allreduce":
         threading.Timer(args.kill_after, die).start()
+    if args.fault == "kill" and args.at == "teardown":
+        gc.allreduce_async(x, name=name, op=gc.Average)
+        time.sleep(0.05)
+        die()
     if args.fault == "stall":
         name = "other"
     if args.fault == "shape":

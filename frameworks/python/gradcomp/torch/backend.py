@@ -36,7 +36,7 @@ from gradcomp import _core
 from gradcomp import basics as _b
 from gradcomp import world as _world
 from gradcomp.basics import Average, Max, Min, Product, Sum
-from gradcomp.torch import compat, mpi_ops
+from gradcomp.torch import compat, group_join, mpi_ops
 from gradcomp.torch.futures import failing_in_cpp
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)  # what the codecs take
@@ -806,6 +806,8 @@ compat.run_untraced(ProcessGroupGradcomp, [
 
 
 def _create(store, rank, size, timeout):
+    running = _b.is_initialized()
+    group_join.meet(store, rank, size, timeout, lambda: not running or _b.is_initialized())
     if dist.is_initialized() and _b.is_initialized() and size != _b.size():
         # dist.new_group of some of the ranks (the default group is made before is_initialized):
         # torch creates it on its members only, which learn each other's world ranks through
