@@ -198,6 +198,7 @@ std::unique_ptr<Communicator> Runtime::ConnectTcp() {
                          !(mpi_world_ && MpiIsCudaAware());
   TcpOptions options;
   options.iface = settings_.controller_iface;
+  options.unreachable_seconds = UnreachableSeconds(settings_);
   std::unique_ptr<Communicator> mesh;
   TcpReport report;
   try {

@@ -86,6 +86,12 @@ std::vector<SettingInfo> DescribeSettings();
 /// per-process ones: cycle time, timeline, log level, stall times), in registry order.
 std::string AgreedSettingsText(const Settings& settings);
 
+/// How long a peer's host may acknowledge nothing on gradcomp's TCP connections before they fail
+/// naming it (TcpOptions::unreachable_seconds): half the collective timeout, so that a link that
+/// goes silent in the middle of a step is named before the watchdog's own verdict (which cannot
+/// say which peer). 0 (the timeout disabled): the kernel's defaults.
+inline double UnreachableSeconds(const Settings& settings) { return settings.collective_timeout_seconds / 2; }
+
 /// The settings as a Markdown table (docs/settings.md is generated from it).
 std::string SettingsMarkdownTable();
 

@@ -45,9 +45,12 @@ RESTART_EXIT = 75  # the ranks' status when they stop at a commit for a change o
 # the killed rank: the survivor's exit status must not blame its own host); Open MPI's report
 # of the first rank with a non-zero status (printed only in some cases, e.g. not when every
 # rank fails before MPI starts: then no host is blamed, and the reset limit bounds the retries).
-_KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+# A link gone silent has each side say it cannot reach the other: the rank that the most ranks
+# cannot reach is blamed, so the hosts that still reach each other go on.
+_KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)")  # Open MPI 5 wraps
 _RAISED = re.compile(r"gradcomp elastic: rank (\d+) failed: ")
 _LOST = re.compile(r"tcp communicator: rank \d+ lost its connection to rank (\d+)")
+_UNREACHABLE = re.compile(r"tcp communicator: rank (\d+) cannot reach rank (\d+)")
 _DISCONNECTED = re.compile(r"peer process has unexpectedly disconnected\..*?Peer host:\s*(\S+)", re.S)
 _FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
 
@@ -111,6 +114,14 @@ def same_host(peer, used):
         return peer
     wanted = address(peer)
     return next((h for h in used if wanted is not None and address(h) == wanted), None)
+
+
+def unreachable_rank(text):
+    """The rank that the most ranks say they cannot reach (_UNREACHABLE), or None."""
+    claims = {}
+    for claimant, rank in _UNREACHABLE.findall(text):
+        claims.setdefault(int(rank), set()).add(int(claimant))
+    return max(sorted(claims), key=lambda r: len(claims[r])) if claims else None
 
 
 def fmt(hosts):
@@ -254,13 +265,14 @@ class Elastic:
         """The host of the rank mpirun reports as failed first, or None."""
         text = "".join(lines)
         m = _KILLED.search(text) or _RAISED.search(text) or _LOST.search(text)
-        if not m:
+        rank = int(m.group(1)) if m else unreachable_rank(text)
+        if rank is None:
             peer = _DISCONNECTED.search(text)
             if peer:
                 return same_host(peer.group(1), used)
             m = _FAILED.search(text)
-        if m:
-            rank = int(m.group(1))
+            rank = int(m.group(1)) if m else None
+        if rank is not None:
             for h, n in used.items():
                 if rank < n:
                     return h

@@ -8,6 +8,8 @@
 #   bash scripts/cluster.sh up TAG NODES RATE   # prints the mpirun prefix, one word per line
 #   bash scripts/cluster.sh cut TAG NODE        # drop every packet on node NODE's link (1-based)
 #   bash scripts/cluster.sh heal TAG NODE       # give it back its rate-limited link
+#   bash scripts/cluster.sh unplug TAG NODE     # set node NODE's link down (a cable pulled)
+#   bash scripts/cluster.sh plug TAG NODE       # set it up again
 #   bash scripts/cluster.sh down TAG            # kill what runs in the namespaces, delete them
 #
 # TAG (letters and digits, at most 8) names everything, so parallel clusters never collide.
@@ -15,7 +17,8 @@
 # only each node's egress (the default shapes both directions). CLUSTER_NODE_SETUP, if set, is a
 # bash command run inside each new node's namespace before its eth0 exists, with the node's last
 # address octet as $1 (tests give nodes other interfaces, listed before eth0).
-# Scripts may instead `source` this file and call cluster_up / cluster_cut / cluster_heal / cluster_down;
+# Scripts may instead `source` this file and call cluster_up / cluster_cut / cluster_heal /
+# cluster_unplug / cluster_plug / cluster_down;
 # cluster_up then fills the array CLUSTER_MPIRUN.
 set -euo pipefail
 
@@ -126,6 +129,14 @@ cluster_heal() {  # cluster_heal TAG NODE: the node's link as cluster_up made it
   _cluster_shape "$1" $((10 + $2)) "$(cat "/tmp/$1-cluster/rate")" replace
 }
 
+cluster_unplug() {  # cluster_unplug TAG NODE: the node's link down at the bridge (no reset reaches anyone)
+  ip link set "$1$((10 + $2))" down
+}
+
+cluster_plug() {  # cluster_plug TAG NODE: the node's link up again
+  ip link set "$1$((10 + $2))" up
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   case "${1:-}" in
     up)
@@ -134,7 +145,9 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
       printf '%s\n' "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_HOSTS" ;;
     cut) cluster_cut "$2" "$3" ;;
     heal) cluster_heal "$2" "$3" ;;
+    unplug) cluster_unplug "$2" "$3" ;;
+    plug) cluster_plug "$2" "$3" ;;
     down) cluster_down "$2" ;;
-    *) echo "usage: cluster.sh up TAG NODES RATE | cut TAG NODE | heal TAG NODE | down TAG" >&2; exit 2 ;;
+    *) echo "usage: cluster.sh up TAG NODES RATE | cut|heal|unplug|plug TAG NODE | down TAG" >&2; exit 2 ;;
   esac
 fi

@@ -172,6 +172,7 @@ std::unique_ptr<Communicator> ConnectThrough(const StoreWorld& where, const Sett
   PyStore store(where.store);
   TcpOptions tcp;
   tcp.iface = settings.controller_iface;
+  tcp.unreachable_seconds = UnreachableSeconds(settings);
   return ConnectStoreWorld(store, where.prefix, where.rank, where.size, where.timeout_seconds, tcp);
 }
 

@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <sstream>
+#include <string>
 
 #include "ops/comm/tcp_mesh.h"
 #include "ops/common/enforce.h"
@@ -85,6 +87,15 @@ std::string Mesh::Lost(int peer, const std::string& doing) const {
   return "tcp communicator: rank " + std::to_string(rank_) + " lost its connection to rank " +
          std::to_string(peer) + " while " + doing + " (rank " + std::to_string(peer) +
          " exited or failed without saying why)";
+}
+
+std::string Mesh::Unreachable(int peer, const std::string& doing) const {
+  std::ostringstream seconds;
+  seconds << unreachable_seconds_;
+  return "tcp communicator: rank " + std::to_string(rank_) + " cannot reach rank " + std::to_string(peer) + " while " +
+         doing + ": rank " + std::to_string(peer) + "'s host acknowledged nothing for " + seconds.str() +
+         " s (half of GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS): the network between their hosts is down or drops "
+         "everything";
 }
 
 }  // namespace tcp

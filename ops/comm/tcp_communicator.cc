@@ -44,8 +44,8 @@ std::unique_ptr<Communicator> ConnectTcpWorld(Communicator& bootstrap, const Tcp
   }
   std::vector<int> members(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
-  return tcp::MakeCommunicator(std::make_shared<tcp::Mesh>(bootstrap.rank(), std::move(fds)), 0, std::move(members),
-                               bootstrap.rank());
+  return tcp::MakeCommunicator(std::make_shared<tcp::Mesh>(bootstrap.rank(), std::move(fds), options.unreachable_seconds),
+                               0, std::move(members), bootstrap.rank());
 }
 
 void AbortTcpWorld(Communicator& comm, const std::string& why) {

@@ -43,6 +43,11 @@ struct TcpOptions {
   std::string iface;
   /// How long the whole connection phase may take, waiting for the slowest rank included.
   double connect_timeout_seconds = 30;
+  /// How long a peer may acknowledge nothing (neither data nor the keepalive probes sent on an
+  /// idle connection) before its connection fails, naming it: a link gone silent (a switch port
+  /// dropping everything, a cable pulled) sends no reset, and TCP would otherwise wait for hours.
+  /// 0: the kernel's defaults.
+  double unreachable_seconds = 0;
 };
 
 /// What this rank's connection phase found, for the log.

@@ -42,6 +42,24 @@ void SetNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// A peer that acknowledges nothing for `seconds` (0: the kernel's defaults) fails the connection
+// with ETIMEDOUT: keepalive probes ask an idle connection's peer, and TCP_USER_TIMEOUT bounds how
+// long data or probes may go unacknowledged. A live peer's kernel acknowledges both, however busy
+// or stopped its process is.
+void SetUnreachableTimeout(int fd, double seconds) {
+  if (seconds <= 0) return;
+  const int one = 1;
+  const int idle = std::clamp(static_cast<int>(seconds / 4), 1, 60);
+  const int interval = std::clamp(static_cast<int>(seconds / 8), 1, 30);
+  const int probes = 1000;  // TCP_USER_TIMEOUT ends it first
+  const unsigned int user_timeout_ms = static_cast<unsigned int>(std::min(seconds, 4e6) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+}
+
 int MillisLeft(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, 1 << 30)));
@@ -508,6 +526,9 @@ std::string ConnectMesh(Communicator& bootstrap, const TcpOptions& options, std:
   }
   if (error.empty()) error = accept_error;
   NameInterfaces(*fds, endpoints, host, l.interfaces, report);
+  for (int fd : *fds) {
+    if (fd >= 0) SetUnreachableTimeout(fd, options.unreachable_seconds);
+  }
   return error;
 }
 

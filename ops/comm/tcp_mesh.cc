@@ -11,6 +11,14 @@
 namespace gradcomp {
 namespace tcp {
 
+namespace {
+
+// The errors of a connection whose peer's host stopped answering (TcpOptions::unreachable_seconds
+// ran out): ETIMEDOUT, or the soft error the kernel met meanwhile (no route once a link is down).
+bool Unanswered(int err) { return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH; }
+
+}  // namespace
+
 Mesh::~Mesh() {
   for (Peer& p : peers_) {
     if (p.fd >= 0) ::close(p.fd);
@@ -172,6 +180,7 @@ void Mesh::Write(int peer) {
     if (wrote < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       const int err = errno;
+      if (Unanswered(err)) Fail(Unreachable(peer, "sending " + std::to_string(op.bytes) + " bytes"));
       if (err == EPIPE || err == ECONNRESET) {
         Read(peer);  // the peer may have said why before it closed (Read throws its reason)
         p.closed = true;
@@ -202,6 +211,7 @@ void Mesh::Read(int peer) {
     const ssize_t got = ::recv(p.fd, into, want, MSG_DONTWAIT);
     if (got < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      if (Unanswered(errno)) Fail(Unreachable(peer, p.header_got > 0 ? "receiving a message" : "waiting for it"));
       if (errno != ECONNRESET) {
         Fail("tcp communicator: rank " + std::to_string(rank_) + " could not receive from rank " +
              std::to_string(peer) + ": " + ErrnoText(errno));

@@ -38,7 +38,9 @@ struct Peer {
 // communicator and its splits. Single-threaded, like every communicator here.
 class Mesh {
  public:
-  Mesh(int rank, std::vector<int> fds) : rank_(rank), peers_(fds.size()) {
+  /// `unreachable_seconds`: TcpOptions' (0: unset), for the message when a peer times out.
+  Mesh(int rank, std::vector<int> fds, double unreachable_seconds = 0)
+      : rank_(rank), unreachable_seconds_(unreachable_seconds), peers_(fds.size()) {
     for (size_t p = 0; p < fds.size(); ++p) peers_[p].fd = fds[p];
   }
   ~Mesh();
@@ -84,6 +86,8 @@ class Mesh {
   void CheckUsable(int peer, const char* what) const;
   void CheckSize(int peer, const Op& op, size_t arrived);
   std::string Lost(int peer, const std::string& doing) const;
+  /// What to say when `peer` acknowledged nothing for unreachable_seconds_ (ETIMEDOUT).
+  std::string Unreachable(int peer, const std::string& doing) const;
   // A failure met inside an operation: the buffers of the sends in flight are alive.
   [[noreturn]] void Fail(const std::string& text);
 
@@ -108,6 +112,7 @@ class Mesh {
   void FinishFrame(int peer);
 
   int rank_;
+  double unreachable_seconds_;
   std::vector<Peer> peers_;
   std::string failed_;
   std::vector<pollfd> polls_;

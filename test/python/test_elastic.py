@@ -87,6 +87,16 @@ def test_a_failed_host_cools_down_then_is_blacklisted_and_min_np_wins():
     assert e.blame([line.format("10.199.0.12") for line in disconnect], nodes) == "10.199.0.12"
     assert e.blame([line.format("127.0.0.1") for line in disconnect], {"a.invalid": 1, "localhost": 2}) == "localhost"
     assert e.blame([line.format("10.199.0.99") for line in disconnect], nodes) is None
+    # A link gone silent: the ranks on either side name each other (forwarded reasons repeat a
+    # claim), and the rank the most ranks cannot reach is to blame; Open MPI 5 wraps its report.
+    silent = ["[gradcomp rank 2] [error] tcp communicator: rank 2 cannot reach rank 0 while sending 7 bytes: ...\n",
+              "[gradcomp rank 0] [error] tcp communicator: rank 0 cannot reach rank 2 while sending 7 bytes: ...\n",
+              "[gradcomp rank 1] [error] tcp communicator: rank 0 cannot reach rank 2 while sending 7 bytes: ...\n",
+              "[gradcomp rank 1] [error] tcp communicator: rank 1 cannot reach rank 2 while receiving a message\n",
+              "  Process name: [[4011,1],0]\n"]
+    assert e.blame(silent, used) == "b"
+    assert e.blame(["prterun noticed that process rank 0 with PID 7 on node zz exited on\n", "signal 9 (Killed).\n"],
+                   used) == "a"
 
 
 def test_the_reset_limit_ends_a_job_that_keeps_failing():
