@@ -75,10 +75,11 @@ make_root() {
 # errors (no C++ test binaries); the Python suites that meet Open MPI 5's launcher and transports
 # (each once: -np 2, or the forced two nodes for the hierarchy), on torch 2.6, and one started by the
 # env:// variables alone (a world without MPI: POSIX shared memory, TCP; Debian's torchrun does not
-# start, its store lacking libuv); Horovod's own suite;
+# start, its store lacking libuv); the fault matrix (test_faults.py: what a user sees from Open MPI 5's
+# launcher when a rank dies, stops, mismatches or its link goes silent); Horovod's own suite;
 # and `pip install .` into a venv, whose digits job runs the example through gcrun (the examples'
 # suite runs on pip's torch 2.13).
-debian13_suites="^pytest_(codec|torch_versions|numpy_np2|torch_np2|torch_parity_np2|ddp_hook_np2|nonfinite_np2|elastic_state_np2|process_sets_np4_two_nodes|adasum_np4_two_nodes|torch_compile_np2|fsdp_np2_compressed|fsdp_np4_two_nodes|gcrun|envrun_process_sets_np4_two_nodes|envrun_numpy_without_torch_np3)$"
+debian13_suites="^pytest_(codec|torch_versions|numpy_np2|torch_np2|torch_parity_np2|ddp_hook_np2|nonfinite_np2|elastic_state_np2|process_sets_np4_two_nodes|adasum_np4_two_nodes|torch_compile_np2|fsdp_np2_compressed|fsdp_np4_two_nodes|gcrun|envrun_process_sets_np4_two_nodes|envrun_numpy_without_torch_np3|faults)$"
 test_in_root() {
   [ -f "$CLONE/../shared/horovod-conformance/run.sh" ] || die "Horovod's suite is not in ../shared/horovod-conformance"
   in_root cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_WERROR=ON -DGRADCOMP_BUILD_TESTS=ON \

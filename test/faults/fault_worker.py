@@ -43,8 +43,26 @@ def say(what):
     print(f"fault-worker rank {world_rank} at {time.time():.3f}: {what}", flush=True)
 
 
-# Open MPI names its shared-memory segments after the job id (hex): the test looks for leftovers.
-say(f"job {int(os.environ.get('OMPI_MCA_ess_base_jobid', '0')):x}")
+def open_mpi_job_id():
+    """Open MPI's job id, after which it names its shared-memory segments (the test looks for
+    leftovers): Open MPI 4 passes it; Open MPI 5 derives it from PMIx's namespace ("prterun-HOST-PID@N"):
+    the one-at-a-time hash of what precedes '@', folded to 16 bits, then N."""
+    if "OMPI_MCA_ess_base_jobid" in os.environ:
+        return int(os.environ["OMPI_MCA_ess_base_jobid"])
+    family, _, local = os.environ.get("PMIX_NAMESPACE", "@0").rpartition("@")
+    h = 0
+    for c in family.encode():
+        h = (h + c) & 0xFFFFFFFF
+        h = (h + (h << 10)) & 0xFFFFFFFF
+        h ^= h >> 6
+    h = (h + (h << 3)) & 0xFFFFFFFF
+    h ^= h >> 11
+    h = (h + (h << 15)) & 0xFFFFFFFF
+    return (((h >> 16) ^ (h & 0xFFFF)) << 16 | int(local)) if family else 0
+
+
+job_id = open_mpi_job_id()
+say(f"job {job_id:x}")
 
 def die():
     say("SIGKILL")
@@ -60,7 +78,7 @@ if args.at == "ddp":
     import gradcomp.torch as gc
     gc.init()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(21000 + int(os.environ.get("OMPI_MCA_ess_base_jobid", "0")) % 20000))
+    os.environ.setdefault("MASTER_PORT", str(21000 + job_id % 20000))
     dist.init_process_group("gradcomp", rank=gc.rank(), world_size=gc.size())
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512),

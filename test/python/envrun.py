@@ -2,7 +2,7 @@
 given RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, nothing else
 (no torchrun agent, no MPI); rank 0 hosts the store on MASTER_PORT (torch.distributed's, or
 without torch gradcomp's own). A rank that fails ends the others after a grace period, as a job
-controller would; the exit code is the first failure's. --without-torch makes `import torch`
+controller would, naming it; the exit code is the first failure's. --without-torch makes `import torch`
 fail in the ranks, as where torch is not installed.
 
     python envrun.py -n 3 python -m pytest test_torch_mpi.py
@@ -45,9 +45,11 @@ def main():
         procs.append(subprocess.Popen(args.command, env=env))
     failed, deadline = 0, None
     while any(proc.poll() is None for proc in procs):
-        for proc in procs:
+        for r, proc in enumerate(procs):
             if proc.poll() not in (None, 0) and not failed:
                 failed, deadline = proc.returncode, time.time() + args.grace
+                print(f"envrun: rank {r} exited with status {failed}; the others are ended in {args.grace:g} s",
+                      file=sys.stderr, flush=True)
         if deadline is not None and time.time() > deadline:
             for proc in procs:
                 if proc.poll() is None:
