@@ -228,7 +228,8 @@ const std::vector<Entry>& Registry() {
        "fail a tensor on every rank once it has waited this long (0 disables)", 0, 1e9},
       {"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS", nullptr, Kind::kFloat, Of(&Settings::collective_timeout_seconds), "600",
        "end the process (status 1, naming what waited) when init, a negotiation round or a collective has not "
-       "completed after this long: a peer rank died, stopped or lost its link (0: wait forever)", 0, 1e9},
+       "completed after this long: a peer rank died, stopped or lost its link (0: wait forever); gradcomp's TCP "
+       "connections fail, naming the peer, once its host acknowledged nothing for half of it", 0, 1e9},
       {"GRADCOMP_LOG_LEVEL", "HOROVOD_LOG_LEVEL", Kind::kChoice, Of(&Settings::log_level), "warning",
        "least severe log level printed", -kInf, kInf, false, kNoExtra,
        "trace|debug|info|warning|error|fatal|off"},
