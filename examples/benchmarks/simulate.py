@@ -94,8 +94,12 @@ def platform_xml(args, nodes):
         leaves = math.ceil(nodes / 16)
         spines = 16
         params = f"2;16,{leaves};1,{spines};1,1"
-        body = (f'<cluster id="c" prefix="node-" suffix="" radical="0-{nodes - 1}" {common} '
-                f'topology="FAT_TREE" topo_parameters="{params}"/>')
+        # Inside a zone of its own: SimGrid 4.0 (Debian 13) segfaults building a fat-tree cluster
+        # that is the platform's root (NetZone::add_netzone_fatTree, while parsing; a one-rank
+        # MPI hello on an 8-host "2;4,2;1,1;1,1" tree is enough). The zone holds the cluster
+        # alone: its routes, and every figure, are those of the bare cluster on SimGrid 3.32.
+        body = (f'<zone id="world" routing="Full">\n    <cluster id="c" prefix="node-" suffix="" '
+                f'radical="0-{nodes - 1}" {common} topology="FAT_TREE" topo_parameters="{params}"/>\n  </zone>')
     return ('<?xml version="1.0"?>\n<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">\n'
             f'<platform version="4.1">\n  {body}\n</platform>\n')
 
