@@ -29,11 +29,12 @@ def meet(store, rank, size, timeout, runtime_running=lambda: True):
     (torch's rendezvous, say) stops it on every rank as it exits, and this rank then stops waiting."""
     seconds = timeout.total_seconds() if timeout is not None else 1800.0
     deadline = time.monotonic() + seconds
+    waiting = _world.StoreAdapter(store)  # get() returns None on a timeout, torch's words for it vary
     try:
         joined = store.add(JOINED, 1)
         if joined == size:
             store.set(ALL_JOINED, "1")
-        while joined <= size and _world.StoreAdapter(store).get(ALL_JOINED, min(0.5, seconds)) is None:
+        while joined <= size and waiting.get(ALL_JOINED, min(0.5, seconds)) is None:
             if not runtime_running():
                 raise _failed(rank, size, f"gradcomp stopped on this rank while it waited for the group's ranks on "
                                           f"its store ({store.add(JOINED, 0)} of {size} came): another rank shut "
@@ -44,9 +45,9 @@ def meet(store, rank, size, timeout, runtime_running=lambda: True):
                                           f"store within the group's timeout ({seconds:.0f} s, "
                                           "init_process_group(timeout=...)); a rank that never came died, hangs, or "
                                           "is in another group")
-    except RuntimeError as e:
-        if str(e).startswith("backend gradcomp:"):
-            raise
+    except GroupJoinError:
+        raise
+    except RuntimeError as e:  # the store's own failure (torch's store errors are RuntimeErrors)
         raise _failed(rank, size, f"the group's store failed while its ranks met on it ({e}): the rank that serves it "
                                   "(rank 0, on MASTER_ADDR:MASTER_PORT for the default group) exited or destroyed its "
                                   "group") from e
@@ -58,9 +59,13 @@ def meet(store, rank, size, timeout, runtime_running=lambda: True):
                                   "each new group a MASTER_PORT of its own, or keep one group for the job")
 
 
+class GroupJoinError(RuntimeError):
+    """A group's creation failed on this rank: the message names the rank, the group's size and why."""
+
+
 def _failed(rank, size, why):
     # This rank leaves the job: its MPI teardown at exit must not wait for ranks that are in
     # another group (a launcher then ends the job).
     _core.abandon_mpi_at_exit()
-    return RuntimeError(f"backend gradcomp: rank {rank} of {size} could not create the group: {why}. This process "
-                        "leaves MPI unfinalized at its exit, so mpirun ends the job")
+    return GroupJoinError(f"backend gradcomp: rank {rank} of {size} could not create the group: {why}. This "
+                          "process leaves MPI unfinalized at its exit, so mpirun ends the job")
