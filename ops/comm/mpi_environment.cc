@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "ops/comm/mpi_communicator.h"
 #include "ops/comm/mpi_exit.h"
@@ -21,6 +22,24 @@ void FinalizeAtExit() {
   if (finalized) return;
   MpiTeardownStep step("MPI_Finalize");
   MPI_Finalize();
+}
+// The launcher's rank for this process (MPI cannot say before MPI_Init succeeds), or "?".
+std::string LauncherRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(name)) return value;
+  }
+  return "?";
+}
+
+std::string InitFailure(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  return detail::StrCat("rank ", LauncherRank(), ": starting MPI failed (MPI_Init_thread: ",
+                        std::string(text, static_cast<size_t>(len)), ", code ", code,
+                        "): a rank of the job died or could not be reached while the ranks exchanged their "
+                        "addresses, or MPI's transports do not fit this host; MPI's own report above names "
+                        "the processes");
 }
 }  // namespace
 
@@ -47,8 +66,12 @@ void EnsureMpiInitialized() {
     // the job (open-mpi/ompi#14079). gradcomp's own connections are IPv4: so is MPI's transport,
     // unless the user chose otherwise (btl_tcp_disable_family 0 keeps both families).
     setenv("OMPI_MCA_btl_tcp_disable_family", "6", 0);
+    // MPI-4's initial error handler: Open MPI 5 aborts the process when MPI_Init fails (a rank of
+    // the job died while the ranks exchanged their addresses: "MPI_INIT has failed because at
+    // least one MPI process is unreachable"); returning lets this process say so and exit 1.
+    setenv("OMPI_MCA_mpi_initial_errhandler", "mpi_errors_return", 0);
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    if (rc != MPI_SUCCESS) throw Error(MpiErrorMessage(rc, "MPI_Init_thread", -1));
+    if (rc != MPI_SUCCESS) throw Error(InitFailure(rc));
     std::atexit(FinalizeAtExit);
   } else {
     MPI_Query_thread(&provided);

@@ -185,6 +185,7 @@ def test_killed_rank_mpirun_ends_the_job(tmp_path, at):
 
 
 LOST = "lost its connection to rank 1"  # the TCP controller's word for a peer that vanished
+START_FAILED = "starting MPI failed"  # gradcomp's word for an MPI_Init that returned an error
 
 
 # GRADCOMP_CONTROLLER=..., or "tcpdata": every rank a node whose data travels on the TCP
@@ -223,13 +224,36 @@ def test_killed_rank_survivors_exit_on_their_own(tmp_path, at, controller):
                 assert job.ended_at(r)[1] - killed <= SLACK, job.describe()
             else:
                 assert_exits_on_its_own(job, r, killed, "has not completed", *watchdog)
+    elif at == "init":
+        # A survivor waits in MPI_Init, or past it for the others (its watchdog ends it); or, on Open
+        # MPI 5, MPI_Init itself fails when the address exchange completed without the dead rank's.
+        for r in (0, 2):
+            if START_FAILED in job.logs.get(r, ""):
+                assert_exits_on_its_own(job, r, killed, f"rank {r}: {START_FAILED}", "a rank of the job died")
+            else:
+                assert_exits_on_its_own(job, r, killed, "init (starting MPI, then waiting for every rank to call "
+                                        "init())", *watchdog)
     else:
-        what = {"init": "init (starting MPI, then waiting for every rank to call init())",
-                "negotiation": "a negotiation round"}[at]
-        assert_survivors_exit_on_their_own(job, (0, 2), killed, what, *watchdog)
+        assert_survivors_exit_on_their_own(job, (0, 2), killed, "a negotiation round", *watchdog)
     if at == "ddp":  # the error surfaces from loss.backward() as an exception, not a crash
         for r in (0, 2):
             assert_raised_in_backward(job, r)
+    assert_clean(job, tmp_path)
+
+
+def test_mpi_failing_to_start_is_named_on_every_rank(tmp_path):
+    """MPI_Init fails on every rank (its transports restricted to "self": no rank can reach
+    another). Open MPI 5 returns the error (gradcomp sets MPI-4's initial error handler to return)
+    and every rank names itself and the likely causes, exiting 1; Open MPI 4 aborts the job in
+    MPI_Init with its own report. Either way the job ends at once, with no rank left behind."""
+    job = run(tmp_path, ["--fault", "none", "--steps", "1"], mpi_args=["--mca", "btl", "self"])
+    assert job.rc != 0 and job.elapsed < 30, job.describe()
+    assert "MPI_INIT has failed" in job.output + "".join(job.logs.values()), job.describe()
+    if open_mpi_major() >= 5:
+        for r in range(3):
+            status = job.ended_at(r)
+            assert status[0] in (1, None), f"rank {r}\n{job.describe()}"
+            assert f"rank {r}: {START_FAILED} (MPI_Init_thread: " in job.logs[r], f"rank {r}\n{job.describe()}"
     assert_clean(job, tmp_path)
 
 
