@@ -46,13 +46,21 @@ RESTART_EXIT = 75  # the ranks' status when they stop at a commit for a change o
 # of the first rank with a non-zero status (printed only in some cases, e.g. not when every
 # rank fails before MPI starts: then no host is blamed, and the reset limit bounds the retries).
 # A link gone silent has each side say it cannot reach the other: the rank that the most ranks
-# cannot reach is blamed, so the hosts that still reach each other go on.
+# cannot reach is blamed (before any report of a lost connection, which a rank exiting on that
+# error causes in its peers), so the hosts that still reach each other go on.
 _KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)")  # Open MPI 5 wraps
 _RAISED = re.compile(r"gradcomp elastic: rank (\d+) failed: ")
 _LOST = re.compile(r"tcp communicator: rank \d+ lost its connection to rank (\d+)")
 _UNREACHABLE = re.compile(r"tcp communicator: rank (\d+) cannot reach rank (\d+)")
 _DISCONNECTED = re.compile(r"peer process has unexpectedly disconnected\..*?Peer host:\s*(\S+)", re.S)
 _FAILED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
+# mpirun's (Open MPI 4) or prterun's (Open MPI 5) word that it is ending the job. It exits once
+# every host's daemon has ended its ranks: a host whose link went silent answers nothing, and
+# mpirun would wait for it until the link came back. ABORT_GRACE seconds after the word, gcrun
+# ends mpirun itself and goes on as if it had exited.
+_ENDING = re.compile(r"job has been aborted|causing\s+the\s+job\s+to\s+be\s+terminated|"
+                     r"noticed\s+that\s+process\s+rank")
+ABORT_GRACE = 10.0
 
 
 def say(message):
@@ -229,16 +237,23 @@ class Elastic:
         reader.start()
         return proc, reader, lines
 
-    def watch(self, proc, used):
+    def watch(self, proc, used, lines):
         """Waits for mpirun, notifying the ranks of host changes. Returns its exit status and
         the hosts in use that were gone when it ended."""
-        notice_sent, gone_since, gone = None, None, []
+        notice_sent, gone_since, gone, ending_since = None, None, [], None
         while True:
             try:
                 return proc.wait(timeout=DISCOVERY_INTERVAL), gone
             except subprocess.TimeoutExpired:
                 pass
             now = time.time()
+            if ending_since is None and _ENDING.search("".join(lines[-60:])):
+                ending_since = now
+            elif ending_since is not None and now - ending_since > ABORT_GRACE:
+                say(f"mpirun said it is ending the job {ABORT_GRACE:g} s ago and has not exited (it waits for a host "
+                    "it cannot reach): ending it")
+                os.killpg(proc.pid, signal.SIGKILL)
+                ending_since = float("inf")
             available = self.usable(self.discovery.hosts(), now)
             gone = sorted(h for h in used if available.get(h, 0) < used[h])
             wanted = self.plan(available)
@@ -264,8 +279,11 @@ class Elastic:
     def blame(self, lines, used):
         """The host of the rank mpirun reports as failed first, or None."""
         text = "".join(lines)
-        m = _KILLED.search(text) or _RAISED.search(text) or _LOST.search(text)
+        m = _KILLED.search(text) or _RAISED.search(text)
         rank = int(m.group(1)) if m else unreachable_rank(text)
+        if rank is None:
+            m = _LOST.search(text)
+            rank = int(m.group(1)) if m else None
         if rank is None:
             peer = _DISCONNECTED.search(text)
             if peer:
@@ -290,7 +308,7 @@ class Elastic:
                     return 130
                 proc, reader, lines = self.launch(used)
                 try:
-                    code, gone = self.watch(proc, used)
+                    code, gone = self.watch(proc, used, lines)
                 except KeyboardInterrupt:  # Ctrl-C: mpirun stops every rank it started
                     say("interrupted: stopping the job")
                     proc.send_signal(signal.SIGINT)

@@ -95,6 +95,10 @@ def test_a_failed_host_cools_down_then_is_blacklisted_and_min_np_wins():
               "[gradcomp rank 1] [error] tcp communicator: rank 1 cannot reach rank 2 while receiving a message\n",
               "  Process name: [[4011,1],0]\n"]
     assert e.blame(silent, used) == "b"
+    # A rank exiting on that error closes its connections: its peers' reports of losing it come
+    # after the claims, and do not outweigh them.
+    assert e.blame(silent[:1] + [lost[0].replace("rank 0 lost", "rank 1 lost").replace("to rank 2", "to rank 0")]
+                   + silent[1:], used) == "b"
     assert e.blame(["prterun noticed that process rank 0 with PID 7 on node zz exited on\n", "signal 9 (Killed).\n"],
                    used) == "a"
 
@@ -314,3 +318,27 @@ def test_a_node_whose_link_is_cut_is_dropped(cluster, tmp_path):
     assert f"hosts gone or shrunk: ['{nodes[2]}']; asking the ranks to stop at their next commit" in out, out[-6000:]
     result = job.result()
     assert result["ranks"] == 2 and result["epochs"] == EPOCHS and result["accuracy"] >= 0.9, result
+
+
+def test_a_node_whose_link_goes_silent_is_left_out_of_a_fixed_host_list(cluster, undisturbed):
+    """No discovery: the host list is all gcrun knows. Node 3's link drops everything mid-training;
+    each side says it cannot reach the other, the node that most ranks cannot reach is blamed,
+    and training goes on from the last commit on the two nodes that still reach each other."""
+    tag, prefix, mca, nodes = cluster
+    job = Job(["--elastic", "-np", "3", "--min-np", "2", "-H", ",".join(nodes), "--failure-cooldown", "600",
+               "--elastic-timeout", "20", "--mpi-args", mca, PY, EXAMPLE, "--epochs", str(EPOCHS)],
+              prefix=prefix, env={"GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS": "8"})
+    try:
+        job.wait_for(r"epoch 3/\d+: 3 ranks")
+        subprocess.run(["bash", CLUSTER, "cut", tag, "3"], check=True)
+        job.wait_for(r"launch 1: 2 ranks", timeout=120)
+    finally:
+        subprocess.run(["bash", CLUSTER, "heal", tag, "3"], check=True)
+    assert job.finish() == 0, job.output[-6000:]
+    out = job.output
+    assert re.search(rf"a rank on {re.escape(nodes[2])} failed .*left out for --failure-cooldown 600 s", out), \
+        out[-6000:]
+    assert f"launch 1: 2 ranks on {nodes[0]}:1,{nodes[1]}:1" in out, out[-6000:]
+    result = job.result()
+    assert result["ranks"] == 2 and result["resets"] == 1, result
+    assert_same_band(result, undisturbed)
