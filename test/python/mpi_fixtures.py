@@ -27,3 +27,11 @@ def torch_runtime(backend, salt=""):
     yield
     dist.destroy_process_group()
     hvd.shutdown()
+
+
+def runtime_only():
+    """Body of a module-scoped fixture for suites without a torch.distributed group:
+    `yield from runtime_only()`."""
+    hvd.init()
+    yield
+    hvd.shutdown()

@@ -34,6 +34,7 @@ from gradcomp.torch.mpi_ops import (allgather, allgather_async, allreduce, allre
 from gradcomp.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                       broadcast_parameters)
 from gradcomp.torch.optimizer import DistributedOptimizer
+from gradcomp.torch.diloco import DiLoCo
 from gradcomp.torch.sync_batch_norm import SyncBatchNorm
 from gradcomp.torch.ddp_hook import DDPHookState, ddp_hook
 from gradcomp.torch.fsdp_hook import FSDPHookState, fsdp_hook

@@ -1,0 +1,172 @@
+"""DiLoCo and Streaming DiLoCo: low-communication training through gradcomp's runtime.
+
+    model = Net()
+    inner = torch.optim.AdamW(model.parameters(), lr=4e-4)
+    opt = gradcomp.torch.DiLoCo(model, inner, sync_every=50, compression=Compression.maxmin(4, error_feedback=True))
+    for x, y in data:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+Each rank trains alone for `sync_every` inner steps, sending nothing. Then the ranks average
+their pseudo-gradients (the weights at the last sync minus the weights now) with one grouped
+allreduce through the runtime, compressed per `compression` (or the settings' policy), with
+the runtime's error feedback carried from one sync to the next (the exchanges keep their names),
+and the outer optimizer (default: Nesterov SGD, lr 0.7, momentum 0.9, DiLoCo's) applies the
+average to the weights of the last sync. Every rank reduces bit-identical averages and steps
+identical outer optimizers, so after every sync the replicas are bit-identical.
+
+`fragments` > 1 is Streaming DiLoCo: the parameters are split into that many fragments (in
+the model's order, of about equal size), and fragment f syncs every `sync_every` steps, the
+fragments staggered by `sync_every / fragments` steps, so the link carries one fragment at a
+time. With `delay` = d > 0 a fragment's exchange overlaps the next d inner steps (the runtime's
+async handle); its result is applied d steps after it was sent, the fragment's working weights
+becoming `mixing * local + (1 - mixing) * global` (mixing 0, the default, takes the global
+weights: the replicas' fragment is bit-identical after its sync; the paper's alpha).
+
+The outer optimizer works on the model's own parameters (as torchft's DiLoCo): at a sync it is
+given the weights of the last sync and the averaged pseudo-gradient as their gradient, so any
+torch optimizer built over `model.parameters()` works, its state a function of the syncs only.
+"""
+import torch
+
+from gradcomp import basics as _b
+from gradcomp.torch.functions import broadcast_parameters
+from gradcomp.torch.mpi_ops import grouped_allreduce_async_
+
+
+def _check(sync_every, fragments, delay, mixing, params):
+    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+        raise ValueError(f"DiLoCo: sync_every must be a positive integer, got {sync_every!r}")
+    if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= len(params):
+        raise ValueError(f"DiLoCo: fragments must be an integer from 1 to the model's {len(params)} trained "
+                         f"parameters, got {fragments!r}")
+    if sync_every % fragments:
+        raise ValueError(f"DiLoCo: sync_every ({sync_every}) must be a multiple of fragments ({fragments}), so that "
+                         "every fragment syncs every sync_every steps")
+    interval = sync_every // fragments
+    if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < interval:
+        raise ValueError(f"DiLoCo: delay must be an integer from 0 to sync_every / fragments - 1 ({interval - 1}): "
+                         f"a fragment's exchange ends before the next one starts; got {delay!r}")
+    if not 0.0 <= float(mixing) <= 1.0:
+        raise ValueError(f"DiLoCo: mixing must be in [0, 1], got {mixing!r}")
+
+
+def split_fragments(params, fragments):
+    """`params` in `fragments` consecutive groups of about equal size (in values): each group
+    closes once it holds its share of what the groups before it left; none is empty."""
+    left = sum(p.numel() for p in params)
+    groups, current, size = [], [], 0
+    for i, p in enumerate(params):
+        current.append(p)
+        size += p.numel()
+        groups_left = fragments - len(groups)
+        if groups_left > 1 and (size * groups_left >= left or len(params) - i - 1 == groups_left - 1):
+            groups.append(current)
+            left -= size
+            current, size = [], 0
+    groups.append(current)
+    return groups
+
+
+class DiLoCo:
+    """DiLoCo(model, inner_optimizer, sync_every, outer_optimizer=None, compression=None,
+    fragments=1, delay=0, mixing=0.0, name="diloco", process_set=None): see the module's doc.
+    Broadcasts rank 0's parameters at construction, so every replica starts from the same weights."""
+
+    def __init__(self, model, inner_optimizer, sync_every, outer_optimizer=None, compression=None, fragments=1,
+                 delay=0, mixing=0.0, name="diloco", process_set=None):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("DiLoCo: the model has no parameter that requires grad")
+        _check(sync_every, fragments, delay, mixing, named)
+        self.model, self.inner = model, inner_optimizer
+        self.sync_every, self.delay, self.mixing = sync_every, delay, float(mixing)
+        self.interval = sync_every // fragments
+        self.compression, self.name, self.process_set = compression, str(name), process_set
+        self.params = [p for _, p in named]
+        self.fragments = split_fragments(self.params, fragments)
+        self.outer = outer_optimizer if outer_optimizer is not None else \
+            torch.optim.SGD(self.params, lr=0.7, momentum=0.9, nesterov=True)
+        broadcast_parameters(named, root_rank=0, process_set=process_set)
+        # The weights of the last sync (the global model), where the outer optimizer steps from.
+        self.anchors = [p.detach().clone() for p in self.params]
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self.local_step = 0
+        self.pending = {}  # fragment -> (step it is applied at, handle, the deltas being reduced)
+
+    # -- the training loop's calls ---------------------------------------------------------------
+    def zero_grad(self, set_to_none=True):
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        """One inner step; then the exchanges due at this step: a fragment's result applied,
+        a fragment's pseudo-gradient sent (every `sync_every / fragments` steps)."""
+        loss = self.inner.step(closure) if closure is not None else self.inner.step()
+        self.local_step += 1
+        for f, (due, _, _) in sorted(self.pending.items()):
+            if due == self.local_step:
+                self._apply(f)
+        if self.local_step % self.interval == 0:
+            f = (self.local_step // self.interval - 1) % len(self.fragments)
+            self._send(f)
+            if self.delay == 0:
+                self._apply(f)
+        return loss
+
+    # -- one fragment's exchange -------------------------------------------------------------------
+    def _send(self, f):
+        if f in self.pending:  # unreachable with delay < interval; a clear error rather than a lost sync
+            raise RuntimeError(f"DiLoCo: fragment {f}'s previous exchange has not been applied")
+        deltas = [self.anchors[self.index[id(p)]] - p.detach() for p in self.fragments[f]]
+        handle = grouped_allreduce_async_(deltas, name=f"{self.name}.fragment{f}", op=_b.Average,
+                                          process_set=self.process_set, compression=self.compression)
+        self.pending[f] = (self.local_step + self.delay, handle, deltas)
+
+    def _apply(self, f):
+        _, handle, _ = self.pending.pop(f)
+        averaged = _b.synchronize(handle)
+        params = self.fragments[f]
+        saved = {id(p): p.grad for p in self.params}
+        local = [p.detach().clone() for p in params] if self.mixing else None
+        with torch.no_grad():
+            for p in self.params:
+                p.grad = None
+            for p, delta in zip(params, averaged):
+                p.copy_(self.anchors[self.index[id(p)]])
+                p.grad = delta.to(p.dtype)
+        self.outer.step()  # parameters without a gradient (the other fragments') stay as they are
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                self.anchors[self.index[id(p)]].copy_(p)
+                if local is not None:
+                    p.mul_(1.0 - self.mixing).add_(local[i], alpha=self.mixing)
+            for p in self.params:
+                p.grad = saved[id(p)]
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self):
+        """The inner and outer optimizers' states, the weights of the last sync, the step count
+        and the pseudo-gradients of exchanges in flight (a restored job sends them again)."""
+        return {"inner": self.inner.state_dict(), "outer": self.outer.state_dict(), "local_step": self.local_step,
+                "anchors": [a.clone() for a in self.anchors],
+                "pending": {f: (due, [d.clone() for d in deltas]) for f, (due, _, deltas) in self.pending.items()}}
+
+    def load_state_dict(self, state):
+        """Every rank at once (exchanges in flight are sent again, collectively)."""
+        if self.pending:
+            raise RuntimeError("DiLoCo.load_state_dict: exchanges of this instance are in flight; load into a "
+                               "fresh DiLoCo or after its step applied them")
+        if len(state["anchors"]) != len(self.anchors):
+            raise ValueError(f"DiLoCo.load_state_dict: the state has {len(state['anchors'])} parameters, the model "
+                             f"{len(self.anchors)}")
+        self.inner.load_state_dict(state["inner"])
+        self.outer.load_state_dict(state["outer"])
+        self.local_step = int(state["local_step"])
+        for a, saved in zip(self.anchors, state["anchors"]):
+            a.copy_(saved)
+        for f, (due, deltas) in sorted(state["pending"].items()):
+            handle = grouped_allreduce_async_([d.clone() for d in deltas], name=f"{self.name}.fragment{f}",
+                                              op=_b.Average, process_set=self.process_set,
+                                              compression=self.compression)
+            self.pending[f] = (due, handle, deltas)

@@ -1,0 +1,169 @@
+"""DiLoCo and Streaming DiLoCo (gradcomp.torch.DiLoCo) under mpirun -np 3: inner steps send
+nothing, the replicas are bit-identical after every sync (each fragment's after its own), the
+loss falls (to under a third, 85% accuracy or more), and bad arguments are
+named. A 1.2M-parameter MLP on sklearn's digits, each rank training on its own third.
+
+Run by ctest as: mpirun -np 3 python3 -m pytest test/python/test_diloco_mpi.py
+Every rank runs the same tests in the same order (they are collective)."""
+import hashlib
+
+import pytest
+import torch
+
+import gradcomp.torch as hvd
+from gradcomp.torch.diloco import split_fragments
+from mpi_fixtures import runtime_only
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime():
+    yield from runtime_only()
+
+
+def digits():
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16.0, dtype=torch.float32)
+    y = torch.tensor(y, dtype=torch.int64)
+    return x[:1500], y[:1500], x[1500:], y[1500:]
+
+
+def make_model(seed):
+    torch.manual_seed(seed)  # a different start on every rank: DiLoCo broadcasts rank 0's
+    return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                               torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+
+
+def fingerprint(tensors):
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def same_on_every_rank(tensors):
+    return len(set(hvd.allgather_object(fingerprint(tensors)))) == 1
+
+
+def evaluate(model, x, y):
+    with torch.no_grad():
+        out = model(x)
+        return torch.nn.functional.cross_entropy(out, y).item(), (out.argmax(1) == y).float().mean().item()
+
+
+def batches(x, y, steps, batch=32):
+    """This rank's third of the training set, `steps` batches, reshuffled each pass."""
+    mine = torch.arange(hvd.rank(), len(x), hvd.size())
+    g = torch.Generator().manual_seed(hvd.rank())
+    order = mine[torch.randperm(len(mine), generator=g)]
+    for s in range(steps):
+        i = (s * batch) % (len(order) - batch)
+        idx = order[i:i + batch]
+        yield x[idx], y[idx]
+
+
+def train(sync_every, steps, compression=None, fragments=1, delay=0, name="diloco", check=None):
+    """Trains with DiLoCo; `check(opt, step)` runs after every step. Returns (model, losses)."""
+    x, y, xt, yt = digits()
+    model = make_model(hvd.rank())
+    # DiLoCo's outer Nesterov (lr 0.7, momentum 0.9) with a faster inner lr overfits 500 images
+    # per rank within 150 steps (the validation loss turns up while the accuracy holds).
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = hvd.DiLoCo(model, inner, sync_every=sync_every, compression=compression, fragments=fragments,
+                     delay=delay, name=name)
+    assert same_on_every_rank(model.parameters())  # rank 0's start, broadcast
+    start = evaluate(model, xt, yt)
+    if check:
+        check(opt, 0)
+    for step, (bx, by) in enumerate(batches(x, y, steps), 1):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(bx), by).backward()
+        opt.step()
+        if check:
+            check(opt, step)
+    return model, start, evaluate(model, xt, yt)
+
+
+def test_inner_steps_send_nothing_and_every_sync_leaves_bit_identical_replicas():
+    H = 10
+    seen = {"syncs": 0}
+
+    def check(opt, step):
+        executed = hvd.stats()["executed_tensors"]
+        if step == 0:
+            pass
+        elif step % H:
+            assert executed == check.executed, f"step {step} (an inner step) ran collectives"
+            if step % H == 1:  # the ranks trained apart since the sync: they differ now
+                assert not same_on_every_rank(opt.params)
+        else:
+            assert executed > check.executed, f"step {step} (a sync) ran nothing"
+            assert same_on_every_rank(opt.params), f"replicas differ after the sync at step {step}"
+            seen["syncs"] += 1
+        check.executed = hvd.stats()["executed_tensors"]  # the fingerprints' allgathers counted out
+    model, (loss0, _), (loss, accuracy) = train(H, 150, check=check)
+    assert seen["syncs"] == 15
+    assert loss < loss0 / 3 and accuracy >= 0.85, (loss0, loss, accuracy)
+
+
+def test_four_bit_syncs_with_error_feedback_send_an_eighth_and_reach_the_same_accuracy():
+    H = 10
+    compression = hvd.Compression.maxmin(bits=4, error_feedback=True)
+    before = hvd.stats()
+
+    def check(opt, step):
+        if step and step % H == 0:
+            assert same_on_every_rank(opt.params), f"replicas differ after the 4-bit sync at step {step}"
+    model, (loss0, _), (loss, accuracy) = train(H, 150, compression=compression, name="diloco4", check=check)
+    after = hvd.stats()
+    into = after["compressed_bytes_in"] - before["compressed_bytes_in"]
+    wire = after["compressed_bytes_on_wire"] - before["compressed_bytes_on_wire"]
+    n = sum(p.numel() for p in model.parameters())
+    assert into >= 15 * n * 4, (into, n)            # every sync's pseudo-gradients went through the codec
+    # Each rank puts 2 (n - 1) / n of its pseudo-gradients on the wire (reduce-scatter, then
+    # allgather), at 4 bits of 32, plus each 512-value bucket's min and max.
+    n_ranks = hvd.size()
+    assert wire <= into * 2 * (n_ranks - 1) / n_ranks / 8 * 1.05, (wire, into)
+    assert loss < loss0 / 3 and accuracy >= 0.85, (loss0, loss, accuracy)
+
+
+def test_streaming_fragments_sync_in_turn_overlapping_the_next_steps():
+    H, F, delay = 12, 3, 2
+    applied = []
+
+    def check(opt, step):
+        interval = H // F
+        sent = step - delay
+        if step and sent > 0 and sent % interval == 0:  # a fragment's exchange applied at this step
+            f = (sent // interval - 1) % F
+            assert same_on_every_rank(opt.fragments[f]), f"fragment {f} differs after its sync at step {step}"
+            others = [p for g, ps in enumerate(opt.fragments) if g != f for p in ps]
+            assert not same_on_every_rank(others)  # the other fragments are still each rank's own
+            applied.append(f)
+    model, (loss0, _), (loss, accuracy) = train(H, 150, fragments=F, delay=delay, name="streaming", check=check)
+    assert applied[:6] == [0, 1, 2, 0, 1, 2] and len(applied) == (150 - delay) // (H // F), applied
+    assert loss < loss0 / 3 and accuracy >= 0.85, (loss0, loss, accuracy)
+
+
+def test_fragments_are_consecutive_and_about_equal():
+    params = [torch.zeros(n) for n in (100, 10, 100, 10, 100, 10)]
+    groups = split_fragments(params, 3)
+    assert [len(g) for g in groups] == [2, 2, 2]
+    assert [t for g in groups for t in g] == params
+    assert [len(g) for g in split_fragments(params, 6)] == [1] * 6
+    assert [len(g) for g in split_fragments([torch.zeros(1000)] + params, 3)] == [1, 3, 3]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"sync_every": 0}, "sync_every must be a positive integer, got 0"),
+    ({"sync_every": 10, "fragments": 3}, "sync_every (10) must be a multiple of fragments (3)"),
+    ({"sync_every": 10, "fragments": 9}, "fragments must be an integer from 1 to the model's 6 trained parameters"),
+    ({"sync_every": 12, "fragments": 3, "delay": 4},
+     "delay must be an integer from 0 to sync_every / fragments - 1 (3)"),
+    ({"sync_every": 10, "mixing": 1.5}, "mixing must be in [0, 1], got 1.5"),
+])
+def test_bad_arguments_are_named(kwargs, message):
+    model = make_model(0)
+    with pytest.raises(ValueError) as e:
+        hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+    assert message in str(e.value)
