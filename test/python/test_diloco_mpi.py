@@ -62,7 +62,7 @@ def batches(x, y, steps, batch=32):
         yield x[idx], y[idx]
 
 
-def train(sync_every, steps, compression=None, fragments=1, delay=0, name="diloco", check=None):
+def train(sync_every, steps, compression=None, fragments=1, delay=0, name="diloco", check=None, workers="rank"):
     """Trains with DiLoCo; `check(opt, step)` runs after every step. Returns (model, losses)."""
     x, y, xt, yt = digits()
     model = make_model(hvd.rank())
@@ -70,7 +70,7 @@ def train(sync_every, steps, compression=None, fragments=1, delay=0, name="diloc
     # per rank within 150 steps (the validation loss turns up while the accuracy holds).
     inner = torch.optim.AdamW(model.parameters(), lr=1e-4)
     opt = hvd.DiLoCo(model, inner, sync_every=sync_every, compression=compression, fragments=fragments,
-                     delay=delay, name=name)
+                     delay=delay, name=name, workers=workers)
     assert same_on_every_rank(model.parameters())  # rank 0's start, broadcast
     start = evaluate(model, xt, yt)
     if check:
@@ -145,6 +145,29 @@ def test_streaming_fragments_sync_in_turn_overlapping_the_next_steps():
     assert loss < loss0 / 3 and accuracy >= 0.85, (loss0, loss, accuracy)
 
 
+def test_node_workers_average_every_step_within_a_node_and_only_syncs_cross_nodes():
+    """workers="node": a node's ranks are bit-identical after every step (they average their
+    gradients over the node's group), the world's runtime runs nothing between syncs, and the
+    nodes (GRADCOMP_LOCAL_SIZE=2 at -np 4: 2 nodes x 2) differ between syncs and agree after each."""
+    H = 10
+    nodes = hvd.allgather_object(hvd.cross_rank())
+
+    def check(opt, step):
+        executed = hvd.stats()["executed_tensors"]  # the world's runtime
+        if step:
+            assert (executed > check.executed) == (step % H == 0), f"world collectives at step {step}"
+        prints = hvd.allgather_object(fingerprint(opt.params))
+        assert len({prints[r] for r in range(hvd.size()) if nodes[r] == nodes[hvd.rank()]}) == 1, \
+            f"a node's replicas differ after step {step}"
+        if step % H == 0:
+            assert len(set(prints)) == 1, f"replicas differ after the sync at step {step}"
+        elif hvd.cross_size() > 1:
+            assert len(set(prints)) == hvd.cross_size(), f"the nodes trained alike at step {step}"
+        check.executed = hvd.stats()["executed_tensors"]
+    model, (loss0, _), (loss, accuracy) = train(H, 100, name="nodes", check=check, workers="node")
+    assert loss < loss0 / 2 and accuracy >= 0.8, (loss0, loss, accuracy)
+
+
 def test_fragments_are_consecutive_and_about_equal():
     params = [torch.zeros(n) for n in (100, 10, 100, 10, 100, 10)]
     groups = split_fragments(params, 3)
@@ -161,6 +184,7 @@ def test_fragments_are_consecutive_and_about_equal():
     ({"sync_every": 12, "fragments": 3, "delay": 4},
      "delay must be an integer from 0 to sync_every / fragments - 1 (3)"),
     ({"sync_every": 10, "mixing": 1.5}, "mixing must be in [0, 1], got 1.5"),
+    ({"sync_every": 10, "workers": "host"}, "workers must be 'rank' or 'node', got 'host'"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     model = make_model(0)

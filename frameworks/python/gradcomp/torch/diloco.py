@@ -24,6 +24,12 @@ async handle); its result is applied d steps after it was sent, the fragment's w
 becoming `mixing * local + (1 - mixing) * global` (mixing 0, the default, takes the global
 weights: the replicas' fragment is bit-identical after its sync; the paper's alpha).
 
+`workers="node"` makes each node one worker, as DiLoCo's workers usually are multi-GPU nodes:
+the ranks of a node average their gradients every inner step (a group of the node's ranks, over
+shared memory, exact), so a node's replicas stay bit-identical, and only the outer syncs cross
+between nodes (the runtime's hierarchical allreduce reduces within each node first, so the
+links between nodes carry one node's pseudo-gradients, not each rank's).
+
 The outer optimizer works on the model's own parameters (as torchft's DiLoCo): at a sync it is
 given the weights of the last sync and the averaged pseudo-gradient as their gradient, so any
 torch optimizer built over `model.parameters()` works, its state a function of the syncs only.
@@ -31,7 +37,8 @@ torch optimizer built over `model.parameters()` works, its state a function of t
 import torch
 
 from gradcomp import basics as _b
-from gradcomp.torch.functions import broadcast_parameters
+from gradcomp.torch.compression import Compression
+from gradcomp.torch.functions import allgather_object, broadcast_parameters
 from gradcomp.torch.mpi_ops import grouped_allreduce_async_
 
 
@@ -50,6 +57,20 @@ def _check(sync_every, fragments, delay, mixing, params):
                          f"a fragment's exchange ends before the next one starts; got {delay!r}")
     if not 0.0 <= float(mixing) <= 1.0:
         raise ValueError(f"DiLoCo: mixing must be in [0, 1], got {mixing!r}")
+
+
+def node_group(workers, process_set):
+    """The process set of this rank's node for workers="node" (None: every rank its own worker,
+    or a node of one rank). Collective over the world."""
+    if workers not in ("rank", "node"):
+        raise ValueError(f"DiLoCo: workers must be 'rank' or 'node', got {workers!r}")
+    if workers == "rank":
+        return None
+    if process_set is not None:
+        raise ValueError("DiLoCo: workers='node' needs the world (process_set=None): its nodes are the world's")
+    nodes = allgather_object(_b.cross_rank())
+    mine = [r for r, node in enumerate(nodes) if node == nodes[_b.rank()]]
+    return _b.members_only_process_set(mine) if len(mine) > 1 else None
 
 
 def split_fragments(params, fragments):
@@ -71,11 +92,12 @@ def split_fragments(params, fragments):
 
 class DiLoCo:
     """DiLoCo(model, inner_optimizer, sync_every, outer_optimizer=None, compression=None,
-    fragments=1, delay=0, mixing=0.0, name="diloco", process_set=None): see the module's doc.
+    fragments=1, delay=0, mixing=0.0, workers="rank", name="diloco", process_set=None): see
+    the module's doc.
     Broadcasts rank 0's parameters at construction, so every replica starts from the same weights."""
 
     def __init__(self, model, inner_optimizer, sync_every, outer_optimizer=None, compression=None, fragments=1,
-                 delay=0, mixing=0.0, name="diloco", process_set=None):
+                 delay=0, mixing=0.0, workers="rank", name="diloco", process_set=None):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("DiLoCo: the model has no parameter that requires grad")
@@ -88,6 +110,7 @@ class DiLoCo:
         self.fragments = split_fragments(self.params, fragments)
         self.outer = outer_optimizer if outer_optimizer is not None else \
             torch.optim.SGD(self.params, lr=0.7, momentum=0.9, nesterov=True)
+        self.node = node_group(workers, process_set)
         broadcast_parameters(named, root_rank=0, process_set=process_set)
         # The weights of the last sync (the global model), where the outer optimizer steps from.
         self.anchors = [p.detach().clone() for p in self.params]
@@ -96,12 +119,19 @@ class DiLoCo:
         self.pending = {}  # fragment -> (step it is applied at, handle, the deltas being reduced)
 
     # -- the training loop's calls ---------------------------------------------------------------
+    @property
+    def param_groups(self):
+        """The inner optimizer's (a learning-rate schedule sets the inner steps' rates)."""
+        return self.inner.param_groups
+
     def zero_grad(self, set_to_none=True):
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
         """One inner step; then the exchanges due at this step: a fragment's result applied,
         a fragment's pseudo-gradient sent (every `sync_every / fragments` steps)."""
+        if self.node is not None:
+            self._average_over_the_node()
         loss = self.inner.step(closure) if closure is not None else self.inner.step()
         self.local_step += 1
         for f, (due, _, _) in sorted(self.pending.items()):
@@ -113,6 +143,15 @@ class DiLoCo:
             if self.delay == 0:
                 self._apply(f)
         return loss
+
+    def _average_over_the_node(self):
+        """The node's ranks average their gradients, exactly (a parameter without a gradient on
+        this rank counts as zeros, so every rank of the node submits the same tensors)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        _b.synchronize(grouped_allreduce_async_([p.grad for p in self.params], name=f"{self.name}.node_gradients",
+                                                op=_b.Average, process_set=self.node, compression=Compression.none))
 
     # -- one fragment's exchange -------------------------------------------------------------------
     def _send(self, f):
