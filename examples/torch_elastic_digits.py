@@ -3,13 +3,17 @@
     gcrun --elastic -np 3 --min-np 2 -H localhost:3 /usr/bin/python3 examples/torch_elastic_digits.py
     gcrun --elastic --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh \\
         /usr/bin/python3 examples/torch_elastic_digits.py --epochs 30
+    gcrun --elastic -np 3 --min-np 2 -H localhost:3 /usr/bin/python3 examples/torch_elastic_digits.py \\
+        --diloco 10
 
 A Horovod elastic script with the import changed: the model, the optimizer, an ElasticSampler
 and the epoch live in a TorchState that is committed every --commit-every batches and at the
 end of each epoch. When a rank dies, gcrun relaunches on the hosts left and the job goes on
 from the last commit; when the discovery script shows more hosts, the ranks stop at their next
 commit and gcrun relaunches on all of them. The learning rate follows the number of ranks (a
-reset callback). Rank 0 prints each epoch's test accuracy and, at the end, a RESULT line.
+reset callback). With --diloco H the optimizer is hvd.DiLoCo instead (H steps alone, then an
+outer sync): a relaunched job goes on from the last outer sync. Rank 0 prints each epoch's test
+accuracy and, at the end, a RESULT line.
 """
 import argparse
 import json
@@ -38,7 +42,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=0.01, help="per rank: the optimizer's is lr x ranks")
+    p.add_argument("--lr", type=float, default=0.01, help="per rank: the optimizer's is lr x ranks (DiLoCo: lr)")
+    p.add_argument("--diloco", type=int, default=0, metavar="H", help="DiLoCo, an outer sync every H steps")
     p.add_argument("--bits", type=int, default=4, help="max-min quantization of the gradients (0: none)")
     p.add_argument("--commit-every", type=int, default=5, help="batches between two commits")
     p.add_argument("--seed", type=int, default=1)
@@ -52,18 +57,22 @@ def main():
     dataset = TensorDataset(xtr, ytr)
 
     model = Net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    scale = (lambda: 1) if args.diloco else hvd.size  # the inner lr of DiLoCo is one rank's
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * scale(), momentum=0.9)
     compression = hvd.Compression.maxmin(args.bits) if args.bits else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+    if args.diloco:
+        optimizer = hvd.DiLoCo(model, optimizer, sync_every=args.diloco, compression=compression)
+    else:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression)
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=args.seed)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batches=0)
 
     def on_reset():  # a relaunch may have changed the number of ranks
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * hvd.size()
+            group["lr"] = args.lr * scale()
         if hvd.rank() == 0:
-            print(f"reset: {hvd.size()} ranks, learning rate {args.lr * hvd.size():g}, "
+            print(f"reset: {hvd.size()} ranks, learning rate {args.lr * scale():g}, "
                   f"resuming epoch {state.epoch} after {state.batches} batches", flush=True)
     state.register_reset_callbacks([on_reset])
 

@@ -244,6 +244,24 @@ def test_torchrun_restarts_every_rank_from_the_last_commit_when_one_is_killed(un
     assert_same_band(result, undisturbed)
 
 
+def test_diloco_goes_on_from_the_last_outer_sync_when_a_rank_is_killed():
+    """hvd.DiLoCo in a TorchState: a rank killed mid-training ends the launch; the relaunched job
+    restores the newest commit from the weights of its last outer sync and trains to the end."""
+    job = Job(["--elastic", "-np", "3", "--min-np", "2", "-H", "localhost:3", PY, EXAMPLE, "--diloco", "10",
+               "--epochs", "8"], env={"OMP_NUM_THREADS": "1"})
+    job.wait_for(r"epoch 2/\d+: 3 ranks")
+    pid = rank_pid(2)
+    assert pid, job.output[-6000:]
+    os.kill(pid, 9)
+    assert job.finish() == 0, job.output[-6000:]
+    out = job.output
+    assert "launch 1: 3 ranks on localhost:3" in out, out[-6000:]
+    restored = re.search(r"restored commit (\d+) \(made by 3 ranks\)", out)
+    assert restored and int(restored.group(1)) >= 2, out[-6000:]
+    result = job.result()
+    assert result["resets"] == 1 and result["epochs"] == 8 and result["accuracy"] >= 0.9, result
+
+
 # -- on an emulated cluster (one node per rank) ------------------------------------------------
 
 

@@ -116,7 +116,7 @@ class DiLoCo:
         self.anchors = [p.detach().clone() for p in self.params]
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.local_step = 0
-        self.pending = {}  # fragment -> (step it is applied at, handle, the deltas being reduced)
+        self.pending = {}  # fragment -> (step it is applied at, handle, a copy of the deltas being reduced)
 
     # -- the training loop's calls ---------------------------------------------------------------
     @property
@@ -158,9 +158,13 @@ class DiLoCo:
         if f in self.pending:  # unreachable with delay < interval; a clear error rather than a lost sync
             raise RuntimeError(f"DiLoCo: fragment {f}'s previous exchange has not been applied")
         deltas = [self.anchors[self.index[id(p)]] - p.detach() for p in self.fragments[f]]
+        self._submit(f, self.local_step + self.delay, deltas)
+
+    def _submit(self, f, due, deltas):
+        """Reduces fragment f's `deltas` in place; a copy stays for state_dict() while they are."""
         handle = grouped_allreduce_async_(deltas, name=f"{self.name}.fragment{f}", op=_b.Average,
                                           process_set=self.process_set, compression=self.compression)
-        self.pending[f] = (self.local_step + self.delay, handle, deltas)
+        self.pending[f] = (due, handle, [d.clone() for d in deltas] if self.delay else None)
 
     def _apply(self, f):
         _, handle, _ = self.pending.pop(f)
@@ -186,26 +190,44 @@ class DiLoCo:
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self):
         """The inner and outer optimizers' states, the weights of the last sync, the step count
-        and the pseudo-gradients of exchanges in flight (a restored job sends them again)."""
+        and the pseudo-gradients of exchanges in flight (load_state_dict sends them again). As
+        torch optimizers' state_dict(), the optimizers' tensors are references: deepcopy or
+        torch.save it to keep it while training goes on."""
+        pending = [{"fragment": f, "due": due, "deltas": [d.clone() for d in sent]}
+                   for f, (due, _, sent) in sorted(self.pending.items())]
         return {"inner": self.inner.state_dict(), "outer": self.outer.state_dict(), "local_step": self.local_step,
-                "anchors": [a.clone() for a in self.anchors],
-                "pending": {f: (due, [d.clone() for d in deltas]) for f, (due, _, deltas) in self.pending.items()}}
+                "anchors": [a.clone() for a in self.anchors], "pending": pending}
 
-    def load_state_dict(self, state):
-        """Every rank at once (exchanges in flight are sent again, collectively)."""
-        if self.pending:
-            raise RuntimeError("DiLoCo.load_state_dict: exchanges of this instance are in flight; load into a "
-                               "fresh DiLoCo or after its step applied them")
+    def load_state_dict(self, state, from_last_sync=False):
+        """Every rank at once. By default the training goes on exactly where `state` was taken
+        (exchanges in flight are sent again, collectively). `from_last_sync=True` (what an
+        elastic restore does: hvd.elastic.TorchState) goes on from each fragment's last outer
+        sync instead: the model's weights become the weights of the last sync on every rank,
+        exchanges in flight are dropped (their fragments sync again at their next turn), so
+        the replicas restart bit-identical whichever rank's commit was loaded."""
         if len(state["anchors"]) != len(self.anchors):
             raise ValueError(f"DiLoCo.load_state_dict: the state has {len(state['anchors'])} parameters, the model "
                              f"{len(self.anchors)}")
+        self._drop_pending(from_last_sync)
         self.inner.load_state_dict(state["inner"])
         self.outer.load_state_dict(state["outer"])
         self.local_step = int(state["local_step"])
-        for a, saved in zip(self.anchors, state["anchors"]):
-            a.copy_(saved)
-        for f, (due, deltas) in sorted(state["pending"].items()):
-            handle = grouped_allreduce_async_([d.clone() for d in deltas], name=f"{self.name}.fragment{f}",
-                                              op=_b.Average, process_set=self.process_set,
-                                              compression=self.compression)
-            self.pending[f] = (due, handle, deltas)
+        with torch.no_grad():
+            for a, saved in zip(self.anchors, state["anchors"]):
+                a.copy_(saved)
+            if from_last_sync:
+                for p, a in zip(self.params, self.anchors):
+                    p.copy_(a)
+                return
+        for entry in state["pending"]:
+            self._submit(int(entry["fragment"]), int(entry["due"]), [d.clone() for d in entry["deltas"]])
+
+    def _drop_pending(self, allowed):
+        """Waits for this instance's exchanges in flight and drops their results (every rank
+        submitted them); refused unless `allowed`."""
+        if self.pending and not allowed:
+            raise RuntimeError("DiLoCo.load_state_dict: exchanges of this instance are in flight; load into a "
+                               "fresh DiLoCo, after its step applied them, or with from_last_sync=True")
+        for _, handle, _ in self.pending.values():
+            _b.synchronize(handle)
+        self.pending.clear()

@@ -13,6 +13,7 @@ from gradcomp import basics as _b
 from gradcomp.elastic import (RESTART_EXIT, HostsUpdatedInterrupt, ObjectState, State, notify_hosts_updated,
                               resets, run_fn)
 from gradcomp.torch import compat, skeleton
+from gradcomp.torch.diloco import DiLoCo
 from gradcomp.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                       broadcast_parameters)
 
@@ -99,7 +100,20 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class _DiLoCoHandler(_Handler):
+    """A DiLoCo: restored and synced from its last outer sync (DiLoCo.load_state_dict), so a
+    relaunched job goes on from the global model, not from one rank's local steps. Give it after
+    the model (TorchState(model, optimizer=diloco)): it sets the model's weights."""
+
+    def restore(self):
+        self.value.load_state_dict(copy.deepcopy(self.saved), from_last_sync=True)
+
+    def sync(self):
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0), from_last_sync=True)
+
+
 _HANDLERS = [
+    (DiLoCo, _DiLoCoHandler),
     (torch.nn.Module, _ModelHandler),
     (torch.optim.Optimizer, _OptimizerHandler),
     (compat.LRScheduler, _Handler),
