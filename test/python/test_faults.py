@@ -244,12 +244,14 @@ def test_killed_rank_survivors_exit_on_their_own(tmp_path, at, controller):
 def test_mpi_failing_to_start_is_named_on_every_rank(tmp_path):
     """MPI_Init fails on every rank (its transports restricted to "self": no rank can reach
     another). Open MPI 5 returns the error (gradcomp sets MPI-4's initial error handler to return)
-    and every rank names itself and the likely causes, exiting 1; Open MPI 4 aborts the job in
-    MPI_Init with its own report. Either way the job ends at once, with no rank left behind."""
+    and every rank names itself and the likely causes after Open MPI's report, exiting 1; Open
+    MPI 4 aborts the job in MPI_Init with its own report (which its launcher may garble on a
+    loaded machine: "ORTE_ERROR_LOG: Data unpack would read past end of buffer in show_help.c").
+    Either way the job ends at once, with no rank left behind."""
     job = run(tmp_path, ["--fault", "none", "--steps", "1"], mpi_args=["--mca", "btl", "self"])
     assert job.rc != 0 and job.elapsed < 30, job.describe()
-    assert "MPI_INIT has failed" in job.output + "".join(job.logs.values()), job.describe()
     if open_mpi_major() >= 5:
+        assert "MPI_INIT has failed" in job.output + "".join(job.logs.values()), job.describe()
         for r in range(3):
             status = job.ended_at(r)
             assert status[0] in (1, None), f"rank {r}\n{job.describe()}"
