@@ -1,17 +1,17 @@
 """DiLoCo and Streaming DiLoCo (gradcomp.torch.DiLoCo) under mpirun -np 3: inner steps send
 nothing, the replicas are bit-identical after every sync (each fragment's after its own), the
-loss falls (to under a third, 85% accuracy or more), and bad arguments are
-named. A 1.2M-parameter MLP on sklearn's digits, each rank training on its own third.
+loss falls (to under a third, 85% accuracy or more), a state resumes, and bad arguments are
+named (diloco_training.py's model and data; each node one worker: test_diloco_nodes_mpi.py).
 
 Run by ctest as: mpirun -np 3 python3 -m pytest test/python/test_diloco_mpi.py
 Every rank runs the same tests in the same order (they are collective)."""
 import copy
-import hashlib
 
 import pytest
 import torch
 
 import gradcomp.torch as hvd
+from diloco_training import batches, digits, fingerprint, make_model, same_on_every_rank, train
 from gradcomp.torch.diloco import split_fragments
 from mpi_fixtures import runtime_only
 
@@ -19,70 +19,6 @@ from mpi_fixtures import runtime_only
 @pytest.fixture(scope="module", autouse=True)
 def runtime():
     yield from runtime_only()
-
-
-def digits():
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y, dtype=torch.int64)
-    return x[:1500], y[:1500], x[1500:], y[1500:]
-
-
-def make_model(seed):
-    torch.manual_seed(seed)  # a different start on every rank: DiLoCo broadcasts rank 0's
-    return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                               torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-
-
-def fingerprint(tensors):
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def same_on_every_rank(tensors):
-    return len(set(hvd.allgather_object(fingerprint(tensors)))) == 1
-
-
-def evaluate(model, x, y):
-    with torch.no_grad():
-        out = model(x)
-        return torch.nn.functional.cross_entropy(out, y).item(), (out.argmax(1) == y).float().mean().item()
-
-
-def batches(x, y, steps, batch=32):
-    """This rank's third of the training set, `steps` batches, reshuffled each pass."""
-    mine = torch.arange(hvd.rank(), len(x), hvd.size())
-    g = torch.Generator().manual_seed(hvd.rank())
-    order = mine[torch.randperm(len(mine), generator=g)]
-    for s in range(steps):
-        i = (s * batch) % (len(order) - batch)
-        idx = order[i:i + batch]
-        yield x[idx], y[idx]
-
-
-def train(sync_every, steps, compression=None, fragments=1, delay=0, name="diloco", check=None, workers="rank"):
-    """Trains with DiLoCo; `check(opt, step)` runs after every step. Returns (model, losses)."""
-    x, y, xt, yt = digits()
-    model = make_model(hvd.rank())
-    # DiLoCo's outer Nesterov (lr 0.7, momentum 0.9) with a faster inner lr overfits 500 images
-    # per rank within 150 steps (the validation loss turns up while the accuracy holds).
-    inner = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    opt = hvd.DiLoCo(model, inner, sync_every=sync_every, compression=compression, fragments=fragments,
-                     delay=delay, name=name, workers=workers)
-    assert same_on_every_rank(model.parameters())  # rank 0's start, broadcast
-    start = evaluate(model, xt, yt)
-    if check:
-        check(opt, 0)
-    for step, (bx, by) in enumerate(batches(x, y, steps), 1):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(bx), by).backward()
-        opt.step()
-        if check:
-            check(opt, step)
-    return model, start, evaluate(model, xt, yt)
 
 
 def test_inner_steps_send_nothing_and_every_sync_leaves_bit_identical_replicas():
@@ -144,29 +80,6 @@ def test_streaming_fragments_sync_in_turn_overlapping_the_next_steps():
     model, (loss0, _), (loss, accuracy) = train(H, 150, fragments=F, delay=delay, name="streaming", check=check)
     assert applied[:6] == [0, 1, 2, 0, 1, 2] and len(applied) == (150 - delay) // (H // F), applied
     assert loss < loss0 / 3 and accuracy >= 0.85, (loss0, loss, accuracy)
-
-
-def test_node_workers_average_every_step_within_a_node_and_only_syncs_cross_nodes():
-    """workers="node": a node's ranks are bit-identical after every step (they average their
-    gradients over the node's group), the world's runtime runs nothing between syncs, and the
-    nodes (GRADCOMP_LOCAL_SIZE=2 at -np 4: 2 nodes x 2) differ between syncs and agree after each."""
-    H = 10
-    nodes = hvd.allgather_object(hvd.cross_rank())
-
-    def check(opt, step):
-        executed = hvd.stats()["executed_tensors"]  # the world's runtime
-        if step:
-            assert (executed > check.executed) == (step % H == 0), f"world collectives at step {step}"
-        prints = hvd.allgather_object(fingerprint(opt.params))
-        assert len({prints[r] for r in range(hvd.size()) if nodes[r] == nodes[hvd.rank()]}) == 1, \
-            f"a node's replicas differ after step {step}"
-        if step % H == 0:
-            assert len(set(prints)) == 1, f"replicas differ after the sync at step {step}"
-        elif hvd.cross_size() > 1:
-            assert len(set(prints)) == hvd.cross_size(), f"the nodes trained alike at step {step}"
-        check.executed = hvd.stats()["executed_tensors"]
-    model, (loss0, _), (loss, accuracy) = train(H, 100, name="nodes", check=check, workers="node")
-    assert loss < loss0 / 2 and accuracy >= 0.8, (loss0, loss, accuracy)
 
 
 def test_a_state_dict_resumes_exactly_or_from_the_last_sync():

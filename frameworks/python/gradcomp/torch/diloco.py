@@ -161,10 +161,12 @@ class DiLoCo:
         self._submit(f, self.local_step + self.delay, deltas)
 
     def _submit(self, f, due, deltas):
-        """Reduces fragment f's `deltas` in place; a copy stays for state_dict() while they are."""
+        """Reduces fragment f's `deltas` in place; a copy, taken before (the runtime writes into
+        them as soon as they are submitted), stays for state_dict() while they are."""
+        sent = [d.clone() for d in deltas] if self.delay else None
         handle = grouped_allreduce_async_(deltas, name=f"{self.name}.fragment{f}", op=_b.Average,
                                           process_set=self.process_set, compression=self.compression)
-        self.pending[f] = (due, handle, [d.clone() for d in deltas] if self.delay else None)
+        self.pending[f] = (due, handle, sent)
 
     def _apply(self, f):
         _, handle, _ = self.pending.pop(f)
