@@ -247,13 +247,13 @@ class Elastic:
             except subprocess.TimeoutExpired:
                 pass
             now = time.time()
-            if ending_since is None and _ENDING.search("".join(lines[-60:])):
+            if ending_since is None and _ENDING.search("".join(lines)):
                 ending_since = now
             elif ending_since is not None and now - ending_since > ABORT_GRACE:
                 say(f"mpirun said it is ending the job {ABORT_GRACE:g} s ago and has not exited (it waits for a host "
                     "it cannot reach): ending it")
                 os.killpg(proc.pid, signal.SIGKILL)
-                ending_since = float("inf")
+                return proc.wait(), gone
             available = self.usable(self.discovery.hosts(), now)
             gone = sorted(h for h in used if available.get(h, 0) < used[h])
             wanted = self.plan(available)

@@ -9,12 +9,15 @@
 
 namespace gradcomp {
 
-std::string MpiErrorMessage(int code, const char* operation, int rank) {
+std::string MpiErrorText(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
-  return detail::StrCat("MPI error on rank ", rank, " in ", operation, ": ", std::string(text, static_cast<size_t>(len)),
-                        " (code ", code, ")");
+  return std::string(text, static_cast<size_t>(len));
+}
+
+std::string MpiErrorMessage(int code, const char* operation, int rank) {
+  return detail::StrCat("MPI error on rank ", rank, " in ", operation, ": ", MpiErrorText(code), " (code ", code, ")");
 }
 
 MPI_Datatype MpiDataType(DataType dtype) {

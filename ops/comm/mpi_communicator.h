@@ -14,6 +14,8 @@
 
 namespace gradcomp {
 
+/// MPI's own error string for an error code (empty when MPI cannot say).
+std::string MpiErrorText(int code);
 /// Message for a failed MPI call: the rank, the operation and MPI's own error string.
 std::string MpiErrorMessage(int code, const char* operation, int rank);
 

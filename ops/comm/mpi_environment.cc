@@ -32,11 +32,8 @@ std::string LauncherRank() {
 }
 
 std::string InitFailure(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
-  return detail::StrCat("rank ", LauncherRank(), ": starting MPI failed (MPI_Init_thread: ",
-                        std::string(text, static_cast<size_t>(len)), ", code ", code,
+  return detail::StrCat("rank ", LauncherRank(), ": starting MPI failed (MPI_Init_thread: ", MpiErrorText(code),
+                        ", code ", code,
                         "): a rank of the job died or could not be reached while the ranks exchanged their "
                         "addresses, or MPI's transports do not fit this host; MPI's own report above names "
                         "the processes");
