@@ -140,9 +140,25 @@ def test_fragments_are_consecutive_and_about_equal():
      "delay must be an integer from 0 to sync_every / fragments - 1 (3)"),
     ({"sync_every": 10, "mixing": 1.5}, "mixing must be in [0, 1], got 1.5"),
     ({"sync_every": 10, "workers": "host"}, "workers must be 'rank' or 'node', got 'host'"),
+    ({"sync_every": 10, "workers": "node", "process_set": hvd.global_process_set},
+     "workers='node' needs the world (process_set=None)"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     model = make_model(0)
     with pytest.raises(ValueError) as e:
         hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
     assert message in str(e.value)
+
+
+def test_a_model_without_trained_parameters_and_a_state_of_another_model_are_refused():
+    frozen = make_model(0).requires_grad_(False)
+    with pytest.raises(ValueError) as e:
+        hvd.DiLoCo(frozen, torch.optim.SGD(make_model(0).parameters(), lr=0.1), sync_every=10)
+    assert "DiLoCo: the model has no parameter that requires grad" in str(e.value)
+    model = make_model(0)
+    opt = hvd.DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=10, name="refused")
+    state = opt.state_dict()
+    state["anchors"] = state["anchors"][:4]
+    with pytest.raises(ValueError) as e:
+        opt.load_state_dict(state)
+    assert "DiLoCo.load_state_dict: the state has 4 parameters, the model 6" in str(e.value)
