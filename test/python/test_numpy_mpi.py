@@ -232,6 +232,29 @@ def test_compressed_allreduce_is_identical_everywhere_and_close():
         gc.allreduce(np.ones((4, 4), np.int32), name="bad3", compression="maxmin")
 
 
+@pytest.mark.parametrize("shape", [(64, 64), (512, 1024)])  # one SRA pipeline block; several stripes
+def test_error_feedback_with_the_exact_codec_hands_the_residuals_over(shape):
+    # Three 2-bit averages with error feedback leave each rank's residuals behind; an average of
+    # zeros under the same name with codec none and error feedback sends them, exactly: the four
+    # results add up to the exact averages (what error feedback owes), and nothing is left.
+    rng = np.random.default_rng(gc.rank())
+    name, lossy = f"handover{shape[1]}", {"codec": "maxmin", "bits": 2, "error_feedback": True}
+    handover = {"codec": "none", "error_feedback": True}
+    owed, delivered = np.zeros(shape), np.zeros(shape)
+    for step in range(3):
+        g = rng.normal(size=shape).astype(np.float32)
+        delivered += gc.allreduce(g, name=name, op=gc.Average, compression=lossy)
+        owed += gc.allreduce(g, name=f"{name}.exact", op=gc.Average, compression="none")
+    zeros = np.zeros(shape, np.float32)
+    flushed = gc.allreduce(zeros, name=name, op=gc.Average, compression=handover)
+    assert np.abs(flushed).max() > 0.05  # 2-bit steps left residuals to send
+    np.testing.assert_allclose(delivered + flushed, owed, atol=2e-5)
+    everyone = gc.allgather(flushed[None], name=f"{name}.check")
+    for r in range(gc.size()):
+        np.testing.assert_array_equal(everyone[r], flushed)  # the same on every rank
+    np.testing.assert_array_equal(gc.allreduce(zeros, name=name, op=gc.Average, compression=handover), zeros)
+
+
 def test_auto_compression_chooses_per_array_records_its_choices_and_names_bad_candidates():
     path = os.path.join(os.environ.get("GRADCOMP_TEST_TMP", "/tmp"), f"gradcomp_auto_{os.getppid()}.json")
     gc.start_timeline(path)
