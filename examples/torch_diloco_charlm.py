@@ -56,7 +56,8 @@ def make_optimizer(model, args):
     if args.mode == "ddp":
         return inner
     compression = hvd.Compression.maxmin(bits=args.bits, error_feedback=True) if args.bits else hvd.Compression.none
-    outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum, nesterov=True)
+    outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                            nesterov=args.outer_momentum > 0)
     return hvd.DiLoCo(model, inner, sync_every=args.sync_every, outer_optimizer=outer, compression=compression,
                       fragments=args.fragments, delay=args.delay)
 

@@ -1,6 +1,7 @@
 """DiLoCo and Streaming DiLoCo (gradcomp.torch.DiLoCo) under mpirun -np 3: inner steps send
 nothing, the replicas are bit-identical after every sync (each fragment's after its own), the
-loss falls (to under a third, 85% accuracy or more), a state resumes, and bad arguments are
+loss falls (to under a third, 85% accuracy or more), a state resumes (with error feedback's
+memories handed over), and bad arguments are
 named (diloco_training.py's model and data; each node one worker: test_diloco_nodes_mpi.py).
 
 Run by ctest as: mpirun -np 3 python3 -m pytest test/python/test_diloco_mpi.py
@@ -98,7 +99,7 @@ def test_a_state_dict_resumes_exactly_or_from_the_last_sync():
 
     def make(name):
         model = make_model(hvd.rank())
-        # Exact syncs: error-feedback memories are the runtime's, per name, and not in a state_dict.
+        # Exact syncs (a state with error feedback's memories handed over: the test below).
         opt = hvd.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=1e-4), sync_every=4, fragments=2, delay=1,
                          compression=hvd.Compression.none, name=name)
         return model, opt
@@ -121,6 +122,54 @@ def test_a_state_dict_resumes_exactly_or_from_the_last_sync():
     opt_c.load_state_dict(saved, from_last_sync=True)
     assert not opt_c.pending and same_on_every_rank(model_c.parameters())
     assert fingerprint(model_c.parameters()) == fingerprint(saved["anchors"])
+
+
+def test_error_memories_handed_over_make_a_resumed_run_the_same_as_the_run_that_went_on():
+    """2-bit syncs with error feedback leave residuals in the runtime (each rank its own);
+    take_error_memories() hands them over, the same on every rank, into the state: a fresh
+    DiLoCo loaded with that state trains to the same bits as the run that went on, and without
+    them it does not. Loading while this instance's exchanges are in flight is refused."""
+    x, y, _, _ = digits()
+    data = list(batches(x, y, 8))
+
+    def run(opt, model, steps):
+        for bx, by in steps:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(bx), by).backward()
+            opt.step()
+
+    def make(name, delay=0):
+        model = make_model(hvd.rank())
+        opt = hvd.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=1e-3), sync_every=2, delay=delay,
+                         compression=hvd.Compression.maxmin(bits=2, error_feedback=True), name=name)
+        return model, opt
+
+    model, opt = make("memories.a")
+    run(opt, model, data[:4])  # two syncs
+    assert opt.owed == [None]
+    opt.take_error_memories()
+    owed = opt.owed[0]
+    assert max(t.abs().max().item() for t in owed) > 1e-4 and same_on_every_rank(owed)
+    executed = hvd.stats()["executed_tensors"]
+    opt.take_error_memories()  # nothing synced since: no collective, nothing changes
+    assert hvd.stats()["executed_tensors"] == executed and opt.owed[0] is owed
+    saved_model, saved = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    run(opt, model, data[4:])
+    expected = fingerprint(model.parameters())
+
+    for name, state, same in (("memories.b", saved, True), ("memories.c", dict(saved, owed=None), False)):
+        model_b, opt_b = make(name)
+        model_b.load_state_dict(saved_model)
+        opt_b.load_state_dict(state)
+        run(opt_b, model_b, data[4:])
+        assert (fingerprint(model_b.parameters()) == expected) == same, name
+
+    model_d, opt_d = make("memories.d", delay=1)
+    run(opt_d, model_d, data[:2])  # the sync of step 2 is in flight until step 3
+    with pytest.raises(RuntimeError) as e:
+        opt_d.load_state_dict(saved)
+    assert "DiLoCo.load_state_dict: exchanges of this instance are in flight" in str(e.value)
+    opt_d.load_state_dict(saved, from_last_sync=True)
 
 
 def test_fragments_are_consecutive_and_about_equal():

@@ -30,6 +30,12 @@ shared memory, exact), so a node's replicas stay bit-identical, and only the out
 between nodes (the runtime's hierarchical allreduce reduces within each node first, so the
 links between nodes carry one node's pseudo-gradients, not each rank's).
 
+Error feedback's memories (each rank's residuals, in the runtime) are part of the training
+state: take_error_memories() (collective; TorchState calls it at every commit) hands them over
+as the average they still owe, identical on every rank, kept in state_dict() and added to each
+fragment's next pseudo-gradient. A job that goes on from a commit, whatever ranks remain, owes
+what the committed job owed.
+
 The outer optimizer works on the model's own parameters (as torchft's DiLoCo): at a sync it is
 given the weights of the last sync and the averaged pseudo-gradient as their gradient, so any
 torch optimizer built over `model.parameters()` works, its state a function of the syncs only.
@@ -37,7 +43,7 @@ torch optimizer built over `model.parameters()` works, its state a function of t
 import torch
 
 from gradcomp import basics as _b
-from gradcomp.torch.compression import Compression
+from gradcomp.torch.compression import Compression, runtime_spec
 from gradcomp.torch.functions import allgather_object, broadcast_parameters
 from gradcomp.torch.mpi_ops import grouped_allreduce_async_
 
@@ -117,6 +123,10 @@ class DiLoCo:
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.local_step = 0
         self.pending = {}  # fragment -> (step it is applied at, handle, a copy of the deltas being reduced)
+        # Per fragment: the error-feedback memories handed over (take_error_memories), or None;
+        # the fragments synced since (whose memories are in the runtime).
+        self.owed = [None] * len(self.fragments)
+        self.in_runtime = set()
 
     # -- the training loop's calls ---------------------------------------------------------------
     @property
@@ -158,15 +168,23 @@ class DiLoCo:
         if f in self.pending:  # unreachable with delay < interval; a clear error rather than a lost sync
             raise RuntimeError(f"DiLoCo: fragment {f}'s previous exchange has not been applied")
         deltas = [self.anchors[self.index[id(p)]] - p.detach() for p in self.fragments[f]]
+        if self.owed[f] is not None:
+            for d, owed in zip(deltas, self.owed[f]):
+                d.add_(owed.to(d.dtype))
+            self.owed[f] = None
+        self.in_runtime.add(f)
         self._submit(f, self.local_step + self.delay, deltas)
 
     def _submit(self, f, due, deltas):
         """Reduces fragment f's `deltas` in place; a copy, taken before (the runtime writes into
         them as soon as they are submitted), stays for state_dict() while they are."""
         sent = [d.clone() for d in deltas] if self.delay else None
-        handle = grouped_allreduce_async_(deltas, name=f"{self.name}.fragment{f}", op=_b.Average,
+        handle = grouped_allreduce_async_(deltas, name=self._exchange(f), op=_b.Average,
                                           process_set=self.process_set, compression=self.compression)
         self.pending[f] = (due, handle, sent)
+
+    def _exchange(self, f):
+        return f"{self.name}.fragment{f}"
 
     def _apply(self, f):
         _, handle, _ = self.pending.pop(f)
@@ -189,16 +207,51 @@ class DiLoCo:
             for p in self.params:
                 p.grad = saved[id(p)]
 
+    # -- error feedback's memories ------------------------------------------------------------------
+    def take_error_memories(self):
+        """Every rank at once: the runtime's error-feedback memories of each fragment's syncs
+        (each rank's residuals, of its own compression and of the chunks it reduced) are sent
+        once, exactly, as the average they owe (an allreduce of zeros with the exact codec and
+        error feedback), and kept here, the same on every rank, for state_dict() and the
+        fragment's next sync; the runtime's memories are then zero. A fragment whose exchange is
+        in flight keeps its memories in the runtime. Nothing to do (no allreduce) without error
+        feedback or for a fragment not synced since."""
+        taken = sorted(self.in_runtime - set(self.pending)) if self._feedback() else []
+        for f in taken:
+            params = self.fragments[f]
+            self.in_runtime.discard(f)
+            zeros = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+            handed = _b.synchronize(grouped_allreduce_async_(
+                zeros, name=self._exchange(f), op=_b.Average, process_set=self.process_set,
+                compression={"codec": "none", "error_feedback": True}))
+            if self.owed[f] is not None:
+                handed = [h.add_(o) for h, o in zip(handed, self.owed[f])]
+            self.owed[f] = handed
+
+    def _feedback(self):
+        """Whether this DiLoCo's syncs keep error-feedback memories."""
+        spec = runtime_spec(self.compression)
+        if spec is None:
+            spec, _ = _b.runtime(self.process_set).default_compression()
+        return bool(spec.get("error_feedback"))
+
+    def _forget_error_memories(self):
+        names = [f"{self._exchange(f)}.{i}" for f, params in enumerate(self.fragments) for i in range(len(params))]
+        _b.runtime(self.process_set).forget_compression_state(names)
+        self.in_runtime.clear()
+
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self):
         """The inner and outer optimizers' states, the weights of the last sync, the step count
-        and the pseudo-gradients of exchanges in flight (load_state_dict sends them again). As
+        the pseudo-gradients of exchanges in flight (load_state_dict sends them again) and the
+        error-feedback memories handed over by take_error_memories(). As
         torch optimizers' state_dict(), the optimizers' tensors are references: deepcopy or
         torch.save it to keep it while training goes on."""
         pending = [{"fragment": f, "due": due, "deltas": [d.clone() for d in sent]}
                    for f, (due, _, sent) in sorted(self.pending.items())]
         return {"inner": self.inner.state_dict(), "outer": self.outer.state_dict(), "local_step": self.local_step,
-                "anchors": [a.clone() for a in self.anchors], "pending": pending}
+                "anchors": [a.clone() for a in self.anchors], "pending": pending,
+                "owed": [None if o is None else [t.clone() for t in o] for o in self.owed]}
 
     def load_state_dict(self, state, from_last_sync=False):
         """Every rank at once. By default the training goes on exactly where `state` was taken
@@ -206,7 +259,9 @@ class DiLoCo:
         elastic restore does: hvd.elastic.TorchState) goes on from each fragment's last outer
         sync instead: the model's weights become the weights of the last sync on every rank,
         exchanges in flight are dropped (their fragments sync again at their next turn), so
-        the replicas restart bit-identical whichever rank's commit was loaded."""
+        the replicas restart bit-identical whichever rank's commit was loaded. The runtime's
+        error-feedback memories of this DiLoCo are dropped: the state's handed-over memories
+        take their place."""
         if len(state["anchors"]) != len(self.anchors):
             raise ValueError(f"DiLoCo.load_state_dict: the state has {len(state['anchors'])} parameters, the model "
                              f"{len(self.anchors)}")
@@ -214,6 +269,9 @@ class DiLoCo:
         self.inner.load_state_dict(state["inner"])
         self.outer.load_state_dict(state["outer"])
         self.local_step = int(state["local_step"])
+        self._forget_error_memories()
+        owed = state.get("owed") or [None] * len(self.fragments)
+        self.owed = [None if o is None else [t.clone() for t in o] for o in owed]
         with torch.no_grad():
             for a, saved in zip(self.anchors, state["anchors"]):
                 a.copy_(saved)

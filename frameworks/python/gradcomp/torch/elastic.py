@@ -103,13 +103,19 @@ class _OptimizerHandler(_Handler):
 class _DiLoCoHandler(_Handler):
     """A DiLoCo: restored and synced from its last outer sync (DiLoCo.load_state_dict), so a
     relaunched job goes on from the global model, not from one rank's local steps. Give it after
-    the model (TorchState(model, optimizer=diloco)): it sets the model's weights."""
+    the model (TorchState(model, optimizer=diloco)): it sets the model's weights. A commit hands
+    the runtime's error-feedback memories over into the state (collective, as commits are)."""
+
+    def save(self):
+        self.value.take_error_memories()
+        super().save()
+
+    def sync(self):
+        self.value.take_error_memories()
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0), from_last_sync=True)
 
     def restore(self):
         self.value.load_state_dict(copy.deepcopy(self.saved), from_last_sync=True)
-
-    def sync(self):
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0), from_last_sync=True)
 
 
 _HANDLERS = [
