@@ -132,7 +132,8 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   int64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += NumElements(r.shapes[i]);
   if (r.compression.is_auto()) return RunAutoAllreduce(r, entries);
-  if (r.compression.codec != "none" || DeliversResiduals(r) || OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
+  if (r.compression.codec != "none" || DeliversResiduals(r) ||
+      OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
     return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
   }
   AllreduceOptions o;
