@@ -52,7 +52,7 @@ ENVS=(-x MASTER_ADDR="$CLUSTER_SUBNET.11" -x GLOO_SOCKET_IFNAME=eth0 -x USE_LIBU
 variant() {  # variant NAME: the example's flags and settings for that run
   case "$1" in
     gloo) echo "--mode ddp --backend gloo" ;;
-    ddp4) echo "--mode ddp -x GRADCOMP_COMPRESSION=maxmin -x GRADCOMP_BITS=4 -x GRADCOMP_ERROR_FEEDBACK=1" ;;
+    ddp4) echo "--mode ddp -x GRADCOMP_COMPRESSION=maxmin -x GRADCOMP_BITS=4" ;;
     diloco10) echo "--sync-every 10" ;;
     diloco10_4) echo "--sync-every 10 --bits 4" ;;
     diloco50) echo "--sync-every 50" ;;

@@ -20,6 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 from torchft import Manager, ProcessGroupGloo
+from torchft.checkpointing import HTTPTransport
 from torchft._torchft import LighthouseServer
 from torchft.local_sgd import DiLoCo
 
@@ -33,10 +34,25 @@ LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29520
 
 
+class Transport(HTTPTransport):
+    """torchft's HTTP checkpoint transport, reached at this host's address: its own names the
+    host by gethostname(), which the other nodes may not resolve (an emulated node's UTS name)."""
+
+    def __init__(self, host, timeout):
+        self.host = host  # before the server starts: it logs its address()
+        super().__init__(timeout=timeout, num_chunks=0)
+
+    def address(self):
+        return f"http://{self.host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+
 def manager_for(rank, model, inner, outer):
     """A torchft Manager of the replica group `rank` (one process), its lighthouse on MASTER_ADDR."""
-    port = STORE_PORT + rank  # a store per replica group, several on one host in a local run
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    # A store per replica group (several on one host in a local run), reached at this host's
+    # address: the other groups' process group meets at the quorum's first member's store.
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    host, port, timeout = own_address(address), STORE_PORT + rank, datetime.timedelta(seconds=300)
+    store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
 
     def state_dict():
         return {"model": model.state_dict(), "inner": inner.state_dict(), "outer": outer.state_dict()}
@@ -46,13 +62,12 @@ def manager_for(rank, model, inner, outer):
         inner.load_state_dict(state["inner"])
         outer.load_state_dict(state["outer"])
 
-    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    manager = Manager(pg=ProcessGroupGloo(timeout=datetime.timedelta(seconds=300)), min_replica_size=hvd.size(),
+    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), min_replica_size=hvd.size(),
                       load_state_dict=load_state_dict, state_dict=state_dict, use_async_quorum=False,
-                      replica_id=f"replica{rank}", store_addr="127.0.0.1", store_port=port, rank=0,
+                      replica_id=f"replica{rank}", store_addr=host, store_port=port, rank=0,
                       world_size=1, lighthouse_addr=f"http://{address}:{LIGHTHOUSE_PORT}",
-                      hostname=own_address(address),
-                      timeout=datetime.timedelta(seconds=300), quorum_timeout=datetime.timedelta(seconds=300))
+                      hostname=host, checkpoint_transport=Transport(host, timeout), timeout=timeout,
+                      quorum_timeout=timeout)
     return manager, store
 
 
