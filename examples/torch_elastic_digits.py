@@ -59,7 +59,9 @@ def main():
     model = Net()
     scale = (lambda: 1) if args.diloco else hvd.size  # the inner lr of DiLoCo is one rank's
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * scale(), momentum=0.9)
-    compression = hvd.Compression.maxmin(args.bits) if args.bits else hvd.Compression.none
+    # DiLoCo's compressed syncs carry their error to the next sync (its memories are committed).
+    compression = hvd.Compression.maxmin(args.bits, error_feedback=bool(args.diloco)) if args.bits \
+        else hvd.Compression.none
     if args.diloco:
         optimizer = hvd.DiLoCo(model, optimizer, sync_every=args.diloco, compression=compression)
     else:

@@ -245,10 +245,11 @@ def test_torchrun_restarts_every_rank_from_the_last_commit_when_one_is_killed(un
 
 
 def test_diloco_goes_on_from_the_last_outer_sync_when_a_rank_is_killed():
-    """hvd.DiLoCo in a TorchState: a rank killed mid-training ends the launch; the relaunched job
-    restores the newest commit from the weights of its last outer sync and trains to the end."""
+    """hvd.DiLoCo with 4-bit syncs and error feedback in a TorchState: a rank killed mid-training
+    ends the launch; the relaunched job restores the newest commit (error feedback's memories
+    included) from the weights of its last outer sync and trains to the end."""
     job = Job(["--elastic", "-np", "3", "--min-np", "2", "-H", "localhost:3", PY, EXAMPLE, "--diloco", "10",
-               "--epochs", "8"], env={"OMP_NUM_THREADS": "1"})
+               "--bits", "4", "--epochs", "8"], env={"OMP_NUM_THREADS": "1"})
     job.wait_for(r"epoch 2/\d+: 3 ranks")
     pid = rank_pid(2)
     assert pid, job.output[-6000:]

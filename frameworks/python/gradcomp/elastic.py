@@ -238,7 +238,8 @@ class State:
         if _b.rank() == 0:
             _say(f"restored commit {best} (made by {blob['world']} ranks) from rank {owner}'s host; "
                  f"{_b.size()} ranks now. Error-feedback and DGC memories (per rank, in the runtime) start "
-                 f"from zero after a relaunch: they are not part of a commit")
+                 f"from zero after a relaunch: they are not part of a commit (a DiLoCo's are: it hands "
+                 f"them over at each commit)")
         return True
 
     def sync(self):
