@@ -2,6 +2,7 @@
 data paths a user points them at: MNIST idx files for torch_digits and CIFAR-10 pickles for
 torch_dgc_resnet (tiny fakes in the real formats)."""
 import gzip
+import json
 import os
 import pickle
 import re
@@ -172,6 +173,20 @@ def test_fsdp_charlms_train_compressed_as_on_gloo(tmp_path, example, label, need
     assert loss(exact) < 4.0 and abs(loss(compressed) - loss(exact)) < 0.02 * loss(exact), (exact, compressed)
     into, wire = (float(v) for v in compressed.split("compressed: ")[1].replace(" MiB in,", "").split()[:2])
     assert into > 10 and wire < 0.25 * into, compressed
+
+
+def test_torch_diloco_charlm_syncs_every_h_steps_compressed_and_reports_its_curve(tmp_path):
+    """examples/torch_diloco_charlm.py (what diloco_cluster.sh runs): 4-bit Streaming DiLoCo,
+    its validation loss falling, its record with the codecs' bytes."""
+    out = run([PY, os.path.join(ROOT, "examples", "torch_diloco_charlm.py"), "--steps", "100", "--sync-every", "10",
+               "--fragments", "2", "--delay", "1", "--bits", "4", "--eval-every", "50", "--outer-momentum", "0.5"],
+              tmp_path)
+    assert "DiLoCo H=10 (4-bit, 2 fragments, delay 1): 2 ranks" in out, out
+    record = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    losses = [point["validation_loss"] for point in record["curve"]]
+    # ln 256 = 5.55 nats a character untrained
+    assert [point["step"] for point in record["curve"]] == [50, 100] and 3.5 > losses[0] > losses[1], record
+    assert record["curve"][-1]["codec_bytes_per_step"] > 0, record
 
 
 def test_torch_dgc_resnet_reads_cifar_pickles(tmp_path):
