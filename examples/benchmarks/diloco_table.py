@@ -1,9 +1,11 @@
 """The table of a diloco_cluster.sh session: from the RESULT records of
 examples/torch_diloco_charlm.py (one a run, appended to a JSON-lines file), each run's final
 validation loss, the wall time at which it first reached the reference run's final loss (within
---within), and the bytes each rank sent a step, against the reference (DDP on gloo).
+--within), and the bytes each rank sent a step, against the reference (DDP on gloo); then the
+validation loss of each run against wall time (--at: the last evaluation by each time).
 
     python3 examples/benchmarks/diloco_table.py build/diloco/diloco.jsonl [--reference "DDP on gloo (exact)"]
+        [--at 30,60,120,300]
 """
 import argparse
 import json
@@ -34,18 +36,36 @@ def table(records, reference, within):
     return "\n".join(rows)
 
 
+def loss_by(curve, seconds):
+    """The validation loss of the last evaluation at or before `seconds` of training, or None."""
+    done = [point["validation_loss"] for point in curve if point["seconds"] <= seconds]
+    return done[-1] if done else None
+
+
+def against_time(records, times):
+    rows = ["validation loss by training time (the last evaluation by then: a run that ended shows its final "
+            "loss; - none yet)",
+            f"{'run':44} " + " ".join(f"{f'{t:g} s':>8}" for t in times)]
+    for r in records:
+        losses = (loss_by(r["curve"], t) for t in times)
+        rows.append(f"{r['run']:44} " + " ".join(f"{x:8.4f}" if x is not None else f"{'-':>8}" for x in losses))
+    return "\n".join(rows)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("records")
     p.add_argument("--reference", default="DDP on gloo (exact)")
     p.add_argument("--within", type=float, default=0.02, help="the target's slack over the reference's loss")
     p.add_argument("--link", default="", help="a line naming the link, printed first")
+    p.add_argument("--at", default="30,60,120,300", help="the times (s) of the loss-against-time table")
     args = p.parse_args()
     with open(args.records) as f:
         records = [json.loads(line) for line in f if line.strip()]
     if args.link:
         print(args.link)
     print(table(records, args.reference, args.within))
+    print(against_time(records, [float(t) for t in args.at.split(",")]))
 
 
 if __name__ == "__main__":
