@@ -51,6 +51,22 @@ def mean_over_ranks(value):
     return sum(hvd.allgather_object(value)) / hvd.size()
 
 
+def evaluation(model, held_out, args, step, trained, sent0, wire0):
+    """The curve's point after `step` steps (every rank at once): the validation loss, the
+    slowest rank's training seconds `trained`, the bytes each rank sent a step since `sent0`
+    (its interfaces) and `wire0` (gradcomp's codecs); rank 0 prints it."""
+    loss = validation_loss(model, held_out, args)
+    model.train()
+    sent = mean_over_ranks(sent_bytes() - sent0) / step
+    wire = mean_over_ranks(hvd.stats()["compressed_bytes_on_wire"] - wire0) / step
+    seconds = max(hvd.allgather_object(trained))
+    if hvd.rank() == 0:
+        print(f"  step {step}: {seconds:7.1f} s, validation loss {loss:.4f}, sent {sent / 1e3:9.1f} kB "
+              f"a step and rank (codecs {wire / 1e3:.1f} kB)", flush=True)
+    return {"step": step, "seconds": round(seconds, 2), "validation_loss": round(loss, 4),
+            "sent_bytes_per_step": round(sent), "codec_bytes_per_step": round(wire)}
+
+
 def make_optimizer(model, args):
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     if args.mode == "ddp":
@@ -110,16 +126,7 @@ def main():
         train_step(model, opt, text, args, step, gen)
         trained += time.perf_counter() - start
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            loss = validation_loss(model, held_out, args)
-            model.train()
-            sent = mean_over_ranks(sent_bytes() - sent0) / (step + 1)
-            wire = mean_over_ranks(hvd.stats()["compressed_bytes_on_wire"] - wire0) / (step + 1)
-            seconds = max(hvd.allgather_object(trained))
-            curve.append({"step": step + 1, "seconds": round(seconds, 2), "validation_loss": round(loss, 4),
-                          "sent_bytes_per_step": round(sent), "codec_bytes_per_step": round(wire)})
-            if hvd.rank() == 0:
-                print(f"  step {step + 1}: {seconds:7.1f} s, validation loss {loss:.4f}, sent {sent / 1e3:9.1f} kB "
-                      f"a step and rank (codecs {wire / 1e3:.1f} kB)", flush=True)
+            curve.append(evaluation(model, held_out, args, step + 1, trained, sent0, wire0))
     if hvd.rank() == 0:
         print("RESULT " + json.dumps({"run": describe(args), "ranks": hvd.size(), "parameters": params,
                                       "curve": curve}), flush=True)

@@ -27,8 +27,8 @@ from torchft.local_sgd import DiLoCo
 import gradcomp.torch as hvd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from charlm import CharGPT, add_training_arguments, corpus, train_step, validation_loss  # noqa: E402
-from torch_diloco_charlm import mean_over_ranks, sent_bytes  # noqa: E402
+from charlm import CharGPT, add_training_arguments, corpus, train_step  # noqa: E402
+from torch_diloco_charlm import evaluation, sent_bytes  # noqa: E402
 
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29520
@@ -105,7 +105,7 @@ def main():
     run = f"torchft DiLoCo H={args.sync_every} (exact, gloo)"
     if rank == 0:
         print(f"{run}: {hvd.size()} replica groups, {params / 1e6:.2f}M parameters, {args.steps} steps", flush=True)
-    curve, trained, sent0 = [], 0.0, sent_bytes()
+    curve, trained, sent0, wire0 = [], 0.0, sent_bytes(), hvd.stats()["compressed_bytes_on_wire"]
     with DiLoCo(manager, [model], inner, outer, sync_every=args.sync_every, backup_device=torch.device("cpu"),
                 pin_memory=False):
         for step in range(args.steps):
@@ -113,15 +113,7 @@ def main():
             train_step(model, inner, text, args, step, gen)
             trained += time.perf_counter() - start
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-                loss = validation_loss(model, held_out, args)
-                model.train()
-                sent = mean_over_ranks(sent_bytes() - sent0) / (step + 1)
-                seconds = max(hvd.allgather_object(trained))
-                curve.append({"step": step + 1, "seconds": round(seconds, 2), "validation_loss": round(loss, 4),
-                              "sent_bytes_per_step": round(sent), "codec_bytes_per_step": 0})
-                if rank == 0:
-                    print(f"  step {step + 1}: {seconds:7.1f} s, validation loss {loss:.4f}, sent {sent / 1e3:9.1f} kB "
-                          f"a step and rank", flush=True)
+                curve.append(evaluation(model, held_out, args, step + 1, trained, sent0, wire0))
     if rank == 0:
         print("RESULT " + json.dumps({"run": run, "ranks": hvd.size(), "parameters": params, "curve": curve}),
               flush=True)
