@@ -132,8 +132,12 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   int64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += NumElements(r.shapes[i]);
   if (r.compression.is_auto()) return RunAutoAllreduce(r, entries);
-  if (r.compression.codec != "none" || DeliversResiduals(r) ||
-      OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
+  if (DeliversResiduals(r)) {
+    RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
+    for (const std::string& name : r.names) memory_.Forget(name);  // sent: nothing is owed
+    return;
+  }
+  if (r.compression.codec != "none" || OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
     return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
   }
   AllreduceOptions o;
@@ -179,10 +183,11 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
 
 bool Executor::DeliversResiduals(const Response& r) {
   // "none" with error feedback: each tensor's residuals are added to its values and go out
-  // exactly with them (the compressed path with the exact codec), which leaves them zero. How a
+  // exactly with them (the compressed path with the exact codec), then are dropped. How a
   // caller hands the error-feedback memories of its tensors over, averaged as its results are
-  // (DiLoCo's commit). Only the codecs' dtypes and ops keep residuals.
-  return r.compression.error_feedback && IsCodecDataType(r.dtype) &&
+  // (DiLoCo's commit), and how auto sends the residual of a tensor that moved to none. Only
+  // the codecs' dtypes and ops keep residuals.
+  return r.compression.codec == "none" && r.compression.error_feedback && IsCodecDataType(r.dtype) &&
          (r.op == ReduceOp::kSum || r.op == ReduceOp::kAverage);
 }
 

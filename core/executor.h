@@ -117,7 +117,7 @@ class Executor {
   /// nodes, ResNet-20's batched gradients: 1.1 ms of the background thread's CPU a collective
   /// through MPI, 0.37 ms through the SRA, whose waits nap).
   bool OwnUncompressedAllreduce(const Response& r, size_t total) const;
-  /// Codec none with error feedback: the tensors' residuals are sent with them, exactly.
+  /// Codec none with error feedback: the tensors' residuals are sent with them, exactly, and dropped.
   static bool DeliversResiduals(const Response& r);
   static constexpr size_t kOwnUncompressedMinBytes = size_t{256} << 10;
   /// Uncompressed allreduce of entries on a device: through host staging.

@@ -54,12 +54,10 @@ void Executor::RunAutoGroup(const Response& r, EntryList& entries, const AutoGro
   sub.shapes.clear();
   sub.compression = g.spec;
   EntryList part;
-  size_t total = 0;
   for (size_t i : g.members) {
     sub.names.push_back(r.names[i]);
     sub.shapes.push_back(r.shapes[i]);
     part.push_back(std::move(entries[i]));
-    total += static_cast<size_t>(NumElements(r.shapes[i]));
   }
   // The entries go back whatever happens: the caller fails their handles on an error.
   struct Return {
@@ -70,12 +68,10 @@ void Executor::RunAutoGroup(const Response& r, EntryList& entries, const AutoGro
       for (size_t j = 0; j < at.size(); ++j) to[at[j]] = std::move(from[j]);
     }
   } give_back{part, entries, g.members};
-  if (g.flush) {  // a tensor that moved to none with a residual sends it this once, exactly
-    RunCompressedAllreduce(sub, part, total);
-    for (const std::string& name : sub.names) memory_.Forget(name);
-  } else {
-    RunAllreduce(sub, part);
-  }
+  // A tensor that moved to none with a residual sends it this once, exactly, and drops it (none
+  // with error feedback: DeliversResiduals); after that, none is the plain allreduce.
+  if (sub.compression.codec == "none") sub.compression.error_feedback = g.flush;
+  RunAllreduce(sub, part);
 }
 
 double Executor::TimeUncompressed(size_t bytes) {
