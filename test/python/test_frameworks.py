@@ -57,7 +57,15 @@ def assert_compressed_near(result, reference):
 
 @pytest.fixture(scope="module")
 def lightning_on_gloo():
-    result = train_lightning("ddp", "gloo")
+    try:
+        result = train_lightning("ddp", "gloo")
+    except AssertionError as e:
+        # The peer's reference, without gradcomp's runtime: under load a rank of torch 2.13's
+        # gloo job has aborted once at its end ("terminate called without an active exception",
+        # after the results); such a run is made again, once.
+        if "terminate called without an active exception" not in str(e):
+            raise
+        result = train_lightning("ddp", "gloo")
     assert "on gloo" in result["title"] and result["val"] < 3.5, result  # trained: 5.5 nats untrained
     return result
 
