@@ -67,6 +67,17 @@ def evaluation(model, held_out, args, step, trained, sent0, wire0):
             "sent_bytes_per_step": round(sent), "codec_bytes_per_step": round(wire)}
 
 
+def add_diloco_arguments(parser):
+    """The flags every DiLoCo run of the char LM takes (torchft's too), with the model's."""
+    parser.add_argument("--sync-every", type=int, default=50)
+    parser.add_argument("--outer-lr", type=float, default=0.7)
+    parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    add_training_arguments(parser)
+
+
 def make_optimizer(model, args):
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     if args.mode == "ddp":
@@ -92,16 +103,10 @@ def main():
     p.add_argument("--mode", choices=["diloco", "ddp"], default="diloco")
     p.add_argument("--backend", choices=["gradcomp", "gloo"], default="gradcomp", help="--mode ddp's backend")
     p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--sync-every", type=int, default=50)
     p.add_argument("--bits", type=int, default=0, help="max-min bits of the outer syncs (0: exact)")
     p.add_argument("--fragments", type=int, default=1)
     p.add_argument("--delay", type=int, default=0)
-    p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--outer-momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    add_training_arguments(p)
+    add_diloco_arguments(p)
     args = p.parse_args()
     hvd.init()
     if args.mode == "ddp":

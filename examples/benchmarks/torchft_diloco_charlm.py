@@ -27,8 +27,8 @@ from torchft.local_sgd import DiLoCo
 import gradcomp.torch as hvd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from charlm import CharGPT, add_training_arguments, corpus, train_step  # noqa: E402
-from torch_diloco_charlm import evaluation, sent_bytes  # noqa: E402
+from charlm import CharGPT, corpus, train_step  # noqa: E402
+from torch_diloco_charlm import add_diloco_arguments, evaluation, sent_bytes  # noqa: E402
 
 LIGHTHOUSE_PORT = 29510
 STORE_PORT = 29520
@@ -81,13 +81,7 @@ def own_address(peer):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--sync-every", type=int, default=50)
-    p.add_argument("--outer-lr", type=float, default=0.7)
-    p.add_argument("--outer-momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    add_training_arguments(p)
+    add_diloco_arguments(p)
     args = p.parse_args()
     hvd.init()
     rank = hvd.rank()

@@ -50,6 +50,14 @@ def batches(x, y, steps, batch=32):
         yield x[idx], y[idx]
 
 
+def run(opt, model, steps):
+    """One optimizer step per (inputs, labels) batch of `steps`."""
+    for bx, by in steps:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(bx), by).backward()
+        opt.step()
+
+
 def train(sync_every, steps, compression=None, fragments=1, delay=0, name="diloco", check=None, workers="rank"):
     """Trains with DiLoCo; `check(opt, step)` runs after every step. Returns (model, losses)."""
     x, y, xt, yt = digits()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gradcomp.torch as hvd
-from diloco_training import batches, digits, fingerprint, make_model, same_on_every_rank, train
+from diloco_training import batches, digits, fingerprint, make_model, run, same_on_every_rank, train
 from gradcomp.torch.diloco import split_fragments
 from mpi_fixtures import runtime_only
 
@@ -91,12 +91,6 @@ def test_a_state_dict_resumes_exactly_or_from_the_last_sync():
     x, y, _, _ = digits()
     data = list(batches(x, y, 10))
 
-    def run(opt, model, steps):
-        for bx, by in steps:
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(bx), by).backward()
-            opt.step()
-
     def make(name):
         model = make_model(hvd.rank())
         # Exact syncs (a state with error feedback's memories handed over: the test below).
@@ -131,12 +125,6 @@ def test_error_memories_handed_over_make_a_resumed_run_the_same_as_the_run_that_
     them it does not. Loading while this instance's exchanges are in flight is refused."""
     x, y, _, _ = digits()
     data = list(batches(x, y, 8))
-
-    def run(opt, model, steps):
-        for bx, by in steps:
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(bx), by).backward()
-            opt.step()
 
     def make(name, delay=0):
         model = make_model(hvd.rank())
