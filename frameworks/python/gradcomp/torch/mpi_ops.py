@@ -668,7 +668,7 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
     that waits and returns the reduced sparse tensor."""
     op = check_op(op)
     if op not in (_b.Sum, Average):
-        raise ValueError(f"sparse allreduce supports Sum and Average, got {_b._OP_NAMES[op]}")
+        raise ValueError(f"sparse allreduce supports Sum and Average, got {_b.OP_NAMES[op]}")
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise ValueError(f"sparse_allreduce_async expects a sparse COO tensor, got {type(tensor).__name__}"
                          + (f" with layout {tensor.layout}" if isinstance(tensor, torch.Tensor) else ""))
