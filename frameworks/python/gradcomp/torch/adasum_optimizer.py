@@ -7,8 +7,9 @@ import torch
 
 from gradcomp import basics as _b
 from gradcomp.basics import synchronize
-from gradcomp.torch.averaging_optimizer import (_TOO_MANY_PASSES, _ZERO_GRAD_RACE, _DistributedOptimizer,
-                                                _check_process_set, _names_of, _remove_hooks)
+from gradcomp.torch.averaging_optimizer import _ZERO_GRAD_RACE, _DistributedOptimizer, _check_process_set
+from gradcomp.torch.gradient_exchange import _TOO_MANY_PASSES, _remove_hooks
+from gradcomp.torch.parameter_plans import _names_of
 from gradcomp.torch.mpi_ops import adasum_form, allreduce_async_
 
 

@@ -56,7 +56,7 @@ import warnings
 from gradcomp import basics as _b
 from gradcomp.basics import Average
 from gradcomp.torch.adasum_optimizer import _DistributedAdasumOptimizer
-from gradcomp.torch.averaging_optimizer import _DistributedOptimizer
+from gradcomp.torch.averaging_optimizer import averaging_class
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1, op=Average,
@@ -87,6 +87,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
         return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
                    process_set)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    cls = averaging_class(optimizer.__class__)
     return cls([dict(g) for g in optimizer.param_groups], named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups, sparse_as_dense, overlap_forward, process_set)
