@@ -113,9 +113,8 @@ class Executor {
   /// (GRADCOMP_UNCOMPRESSED_ALGORITHM) instead of the communicator's allreduce: across nodes,
   /// MPI's own allreduce over TCP reaches from 60% to 90% of the link from one run to the next.
   /// From 256 KB, where MpiCommunicator stops polling MPI's allreduce with naps: above, MPI's
-  /// blocking allreduce spins on a core while the link carries the data (2 ranks across
-  /// nodes, ResNet-20's batched gradients: 1.1 ms of the background thread's CPU a collective
-  /// through MPI, 0.37 ms through the SRA, whose waits nap).
+  /// blocking allreduce spins on a core while the link carries the data, where the SRA's waits
+  /// nap (docs/benchmarks.md, "Uncompressed allreduces from 256 KB across nodes").
   bool OwnUncompressedAllreduce(const Response& r, size_t total) const;
   /// Codec none with error feedback: the tensors' residuals are sent with them, exactly, and dropped.
   static bool DeliversResiduals(const Response& r);

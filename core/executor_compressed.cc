@@ -171,8 +171,8 @@ CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, co
   if (codec.sparse()) return SparseAllreduce(*topo.world, o);
   // The uncompressed SRA chosen automatically goes hierarchical on nodes of several ranks: flat,
   // every rank's scatter and gather cross its node's link, local_size times the traffic of
-  // reducing inside the node first (2 nodes x 2 ranks at 1 Gbit/s, MLP step: 3.57 s flat, 2.70 s
-  // hierarchical, torch DDP on gloo 2.67 s).
+  // reducing inside the node first (docs/benchmarks.md, "The uncompressed SRA on nodes of
+  // several ranks").
   const bool raw_auto = std::strcmp(codec.name(), "none") == 0 && settings_.uncompressed_algorithm == "auto";
   if (UseHierarchy(true, raw_auto)) {
     return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast, GridFor(topo, *topo.cross));
@@ -183,11 +183,11 @@ CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, co
 
 const Grid* Executor::GridFor(const Topology& topo, Communicator& across) {
   // On nodes of several ranks flat SRA sends every rank's encoded chunks across the node's link,
-  // local_size times what a node needs to send (2 nodes x 2 ranks at 1 Gbit/s, 64 MB: 4 bits
-  // 0.171 s flat, 0.127 s with node rows; 8 bits 0.342 s, 0.208 s): then the grid's rows are the
-  // nodes. Elsewhere flat SRA sends 2 (n - 1) messages a rank of size/n^2 encoded bytes each;
-  // past a few dozen ranks their count, not their bytes, sets the time (simulated 25 Gbit/s
-  // clusters, docs/benchmarks.md "Scale"), and the grid is the most square.
+  // local_size times what a node needs to send (docs/benchmarks.md, "2 nodes x 2 ranks: node
+  // rows"): then the grid's rows are the nodes. Elsewhere flat SRA sends 2 (n - 1) messages a
+  // rank of size/n^2 encoded bytes each; past a few dozen ranks their count, not their bytes,
+  // sets the time (simulated 25 Gbit/s clusters, docs/benchmarks.md "Scale"), and the grid is
+  // the most square.
   const bool node_rows = &across == topo.world.get() && topo.homogeneous && topo.local_size() > 1 &&
                          topo.cross_size() > 1 && settings_.compressed_algorithm != "sra";
   if (!node_rows && !WantsGrid(across.size())) return nullptr;

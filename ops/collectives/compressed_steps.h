@@ -78,7 +78,7 @@ void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParam
 /// Communicator::Alltoallv and Allgatherv over point-to-point with every message posted at
 /// once, polled to the end (`tag` tells them from other traffic). Every message pays one
 /// latency together, where an MPI allgather's ring or an alltoall's pairwise steps pay one a
-/// peer, one after the other (32 simulated ranks, 2 MB 4-bit SRA: 0.4 ms against 1.5 ms). A
+/// peer, one after the other (docs/benchmarks.md, "Messages posted at once"). A
 /// transport without nonblocking transfers (NCCL) runs its own Alltoallv / Allgatherv instead.
 /// Allgather may leave this rank's own slot of `out` untouched: callers do not read it, or fill
 /// it themselves.

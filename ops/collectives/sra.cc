@@ -19,10 +19,9 @@ namespace {
 // Tags of the striped SRA's point-to-point messages: two per stripe (scatter, gather).
 constexpr int kSraTagBase = 0x5300;
 // Stripes of one step (scatter or gather) a rank has on the wire to each peer at once. One:
-// on the emulated 1 Gbit/s cluster two or four in flight made runs swing to much slower (fp16
-// 0.42-0.49 s against 0.29-0.32 s for 64 MB); the overlap that pays is encoding and decoding
-// with the network, which one in flight keeps. Since stripes go eagerly (mpi_environment.cc),
-// two are no faster (4 bits at 64 MB: 0.081-0.083 s against 0.077-0.079).
+// more made runs swing to much slower, and since stripes go eagerly (mpi_environment.cc) two
+// are no faster (docs/benchmarks.md, "Stripes on the wire"); the overlap that pays is encoding
+// and decoding with the network, which one in flight keeps.
 constexpr size_t kStripesInFlight = 1;
 
 // How many stripes: the options' count for buffers worth pipelining, raised so that each
@@ -347,11 +346,10 @@ void SraRun::PostGather(size_t s, StripeTransfers& t) {
   }
 }
 
-// Every receive is posted up front, stripe by stripe (posting every scatter's first made the
-// uncompressed 64 MB exchange 1.8x slower in 3 of 3 runs on the emulated cluster), except the
-// gather's where they land on values this rank still sends (raw and in place: peer p's reduced
-// stripe s overwrites the x values of it that the scatter sends to p): then once that stripe's
-// scatter has left.
+// Every receive is posted up front, stripe by stripe (posting every scatter's first was slower:
+// docs/benchmarks.md, "Stripes on the wire"), except the gather's where they land on values
+// this rank still sends (raw and in place: peer p's reduced stripe s overwrites the x values of
+// it that the scatter sends to p): then once that stripe's scatter has left.
 size_t SraRun::PostReceives(StripeTransfers& t, bool gather_after_scatter) {
   size_t gather_posted = 0;
   for (size_t s = 0; s < plan_.stripes; ++s) {

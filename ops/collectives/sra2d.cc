@@ -90,8 +90,7 @@ size_t DecodeResult(size_t ranks, const Grid* grid, const CompressedAllreduceOpt
 // to hand its decoding to the helper. Polled to the end, napping on the transport and the helper
 // (Poller). Where the codec costs more than the link (a CPU's, at 25 Gbit/s) AlltoallAtOnce and
 // AllgatherAtOnce left the link idle while every chunk was encoded and the codec idle until every
-// message had come: simulated at 64 nodes, 64 MB, 4 bits, priced from a CPU core's codec, the 2-D
-// SRA took 23.0 ms, 21.0 with this (flat SRA, whose stripes pipeline, 16.5; docs/benchmarks.md).
+// message had come (docs/benchmarks.md, "Messages posted at once").
 void RowExchange(Communicator& row, int tag, Pipeline& pipe, const uint8_t* in, const std::vector<size_t>& send_bytes,
                  bool same_to_all, uint8_t* out, const std::vector<size_t>& recv_bytes,
                  const std::function<bool(size_t)>& ready, const std::function<void(size_t)>& arrived) {

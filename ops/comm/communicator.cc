@@ -55,13 +55,12 @@ void Poller::Pause(bool progressed) {
   // since the last progress (50 us to 500 us): each poll costs the transport's progress call
   // (over TCP a poll() of every socket; a perf profile of the polling thread is mostly that and
   // the naps' context switches), and the kernel's socket buffers absorb a 500 us pause of a
-  // 25 Gbit/s stream, while ending the wait at most ~10% late. A 100 us spin cost more CPU
-  // (2 x 2 ResNet-20: 0.046 against 0.033 s per step) and bought no latency (runtime_bench).
-  // Counting from the last progress rather than from the start matters to long exchanges of
-  // many steps (the striped SRA): counted from the start, every step after the first ~5 ms was
-  // noticed up to 500 us late, and at 16 simulated nodes on 25 Gbit/s the exchange took 5x
-  // its link time. Under SMPI (ops/common/simulation.h) the clock and the naps are the
-  // simulation's, and a spinning poll advances it by 1 us (SMPI drops shorter CPU bursts).
+  // 25 Gbit/s stream, while ending the wait at most ~10% late. A longer spin cost more CPU and
+  // bought no latency. Counting from the last progress rather than from the start matters to
+  // long exchanges of many steps (the striped SRA), whose later steps were noticed late
+  // (docs/benchmarks.md, "Waiting: a short spin, then naps"). Under SMPI (ops/common/simulation.h)
+  // the clock and the naps are the simulation's, and a spinning poll advances it by 1 us (SMPI
+  // drops shorter CPU bursts).
   //
   // A transport that wakes its waiters (TCP: poll() on its sockets and the pipeline's eventfd)
   // needs no timer: the wait lasts until an event, and the cap only bounds what a missed one

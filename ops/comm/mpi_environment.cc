@@ -51,11 +51,9 @@ void EnsureMpiInitialized() {
     // Open MPI's TCP transport sends a message over 64 KB by rendezvous: the rest waits for the
     // receiver's acknowledgement. The striped SRA keeps one stripe (~1 MB, sra.h) a peer in
     // flight with its receive posted, and with traffic both ways that acknowledgement queues
-    // behind the other direction's data at every stripe. On the emulated 1 Gbit/s cluster
-    // (2 x 1, docs/benchmarks.md) the uncompressed 100 MB allreduce took 1.58 s instead of
-    // 0.88 s (gloo's), 64 MB 1.01 s in some runs instead of 0.57 s, fp16 0.30-0.50 s instead
-    // of 0.28 s. Stripes go eagerly unless the user chose otherwise (mpirun --mca
-    // btl_tcp_eager_limit, or this variable).
+    // behind the other direction's data at every stripe, far behind gloo's time for the same
+    // allreduce (docs/benchmarks.md, "Stripes on the wire"). Stripes go eagerly unless the user
+    // chose otherwise (mpirun --mca btl_tcp_eager_limit, or this variable).
     setenv("OMPI_MCA_btl_tcp_eager_limit", "2097152", 0);
     // Open MPI 5's TCP transport pairs every interface address of two ranks, IPv6 link-local ones
     // included, and prints "Unable to find reachable pairing between local and remote interfaces"

@@ -59,12 +59,10 @@ Grid MakeNestedGrid(Communicator& comm, const std::vector<int>& columns);
 Grid MakeNodeGrid(const Topology& topo, const std::vector<int>& cross_columns = {});
 
 /// GRADCOMP_GRID_NODE_MESSAGES' default: a node's ranks together post at most about this many
-/// messages in one row step of a grid across nodes (GridShape). Simulated 25 Gbit/s fat tree,
-/// 1024 nodes x 8, 4 bits on 64 MB: rows of 32 nodes (8 x 31 messages a node at once, 33 KB
-/// each) took 9.65 ms for the row steps, rows of 16 (8 x 15) 7.78 ms under SMPI's TCP model;
-/// under CM02 (no small-message penalty) 6.72 and 7.16 ms. Composed, the grid this gives holds
-/// >= 5.1x float32's link-bound time under both, the most square one 4.2x under SMPI's
-/// (docs/benchmarks.md "A fat tree, up to 1024 nodes").
+/// messages in one row step of a grid across nodes (GridShape): many small messages at once
+/// run below the link's rate under SMPI's TCP model, and the grid this gives holds up under
+/// both of SimGrid's models where the most square one does not (docs/benchmarks.md, "A fat
+/// tree, up to 1024 nodes").
 constexpr int kNodeRowMessages = 128;
 
 /// Row lengths, one per level, of the nested grid (MakeNestedGrid) an SRA over `ranks` ranks
