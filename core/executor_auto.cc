@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "core/executor_parts.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 

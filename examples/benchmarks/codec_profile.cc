@@ -31,6 +31,7 @@
 #include "ops/common/enforce.h"
 #include "ops/compression/auto_select.h"
 #include "ops/compression/codec.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/device/device.h"
 #include "ops/device/staging.h"
 #include "ops/reduce/reduce.h"
@@ -197,12 +198,12 @@ int main(int argc, char** argv) {
       std::vector<size_t> used(calls);
       const float* x = in.as<float>();
       const double encode = PerCall(o.reps, calls, *stream, [&](size_t i) {
-        used[i] = d.Encode(codec, x + i * n, DataType::kFloat32, n, p, i * n, w + i * max_wire, *stream);
+        used[i] = EncodeOn(d, codec, x + i * n, DataType::kFloat32, n, p, i * n, w + i * max_wire, *stream);
       });
       float* y = out.as<float>();
       const auto decode = [&](bool accumulate) {
         return PerCall(o.reps, calls, *stream, [&](size_t i) {
-          d.Decode(codec, w + i * max_wire, used[i], n, p, DataType::kFloat32, y + i * n, accumulate, *stream);
+          DecodeOn(d, codec, w + i * max_wire, used[i], n, p, DataType::kFloat32, y + i * n, accumulate, *stream);
         });
       };
       row("encode", key, n, encode);

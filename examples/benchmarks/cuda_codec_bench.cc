@@ -15,6 +15,7 @@
 
 #include "ops/compression/cuda/codec_cuda.h"
 #include "ops/compression/maxmin_math.h"
+#include "ops/device/cuda_device.h"
 
 namespace {
 

@@ -18,6 +18,7 @@
 #include "ops/comm/communicator.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/compression/topk.h"
 #include "placement.h"
 
@@ -117,8 +118,8 @@ size_t EncodeAt(uintptr_t in, const std::string& dtype, size_t n, uintptr_t out,
   }
   Where where(device, stream, "codec_encode_at");
   py::gil_scoped_release release;
-  return where.device().Encode(codec, reinterpret_cast<const void*>(in), dt, n, p, first_index,
-                               reinterpret_cast<void*>(out), where.stream());
+  return EncodeOn(where.device(), codec, reinterpret_cast<const void*>(in), dt, n, p, first_index,
+                  reinterpret_cast<void*>(out), where.stream());
 }
 
 void DecodeAt(uintptr_t wire, size_t wire_bytes, size_t n, uintptr_t out, const std::string& dtype,
@@ -130,8 +131,8 @@ void DecodeAt(uintptr_t wire, size_t wire_bytes, size_t n, uintptr_t out, const 
   const DataType dt = CodecDtypeFromName(dtype);
   Where where(device, stream, "codec_decode_at");
   py::gil_scoped_release release;
-  where.device().Decode(codec, reinterpret_cast<const void*>(wire), wire_bytes, n, p, dt,
-                        reinterpret_cast<void*>(out), accumulate, where.stream());
+  DecodeOn(where.device(), codec, reinterpret_cast<const void*>(wire), wire_bytes, n, p, dt,
+           reinterpret_cast<void*>(out), accumulate, where.stream());
 }
 
 void BindCodecs(py::module& m) {

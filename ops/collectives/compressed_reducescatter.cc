@@ -4,6 +4,7 @@
 #include "ops/collectives/compressed_shards.h"
 #include "ops/collectives/compressed_steps.h"
 #include "ops/collectives/context.h"
+#include "ops/compression/codec_on_device.h"
 
 namespace gradcomp {
 
@@ -70,7 +71,7 @@ void ScatterReduce(Communicator& comm, const CompressedAllreduceOptions& o, cons
     const size_t block = o.codec->MaxWireSize(pc.len, p);
     for (size_t q = 0; q < n; ++q) {
       if (q == me) continue;
-      d.Decode(*o.codec, ws.recv.device() + recv_at[q] + wire_at, block, pc.len, p, DataType::kFloat32,
+      DecodeOn(d, *o.codec, ws.recv.device() + recv_at[q] + wire_at, block, pc.len, p, DataType::kFloat32,
                out + (pc.start - base), true, stream);
     }
     wire_at += block;

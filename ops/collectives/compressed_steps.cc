@@ -7,6 +7,7 @@
 #include "ops/common/enforce.h"
 #include "ops/common/simulation.h"
 #include "ops/compression/codec.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/compression/maxmin_math.h"
 
 namespace gradcomp {
@@ -98,8 +99,8 @@ size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecPar
                     const std::vector<Piece>& pieces, uint8_t* out) {
   size_t used = 0;
   for (const Piece& pc : pieces) {
-    used += ws.device.Encode(codec, x + (pc.start - base), DataType::kFloat32, pc.len, p, pc.start, out + used,
-                             *ws.stream);
+    used += EncodeOn(ws.device, codec, x + (pc.start - base), DataType::kFloat32, pc.len, p, pc.start, out + used,
+                     *ws.stream);
   }
   return used;
 }
@@ -109,8 +110,8 @@ void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParam
   const size_t esize = DataTypeSize(out_dtype);
   for (const Piece& pc : pieces) {
     const size_t bytes = codec.MaxWireSize(pc.len, p);
-    ws.device.Decode(codec, wire, bytes, pc.len, p, out_dtype, static_cast<char*>(out) + (pc.start - base) * esize,
-                     false, *ws.stream);
+    DecodeOn(ws.device, codec, wire, bytes, pc.len, p, out_dtype, static_cast<char*>(out) + (pc.start - base) * esize,
+             false, *ws.stream);
     wire += bytes;
   }
 }

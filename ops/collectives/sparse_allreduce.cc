@@ -8,6 +8,7 @@
 
 #include "ops/collectives/compressed_steps.h"
 #include "ops/collectives/context.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/compression/topk.h"
 #include "ops/reduce/reduce.h"
 
@@ -72,8 +73,8 @@ std::vector<size_t> AllgatherEncodings(Communicator& comm, CompressionWorkspace&
 void AccountSent(const CompressedAllreduceOptions& o, CompressionWorkspace& ws, const TopKWire& wire, size_t at,
                  const Piece& pc, const CodecParams& p) {
   if (o.residual) {
-    ws.device.Decode(*o.codec, ws.all.device() + at, wire.bytes(), pc.len, p, DataType::kFloat32,
-                     o.residual + pc.start, false, *ws.stream);
+    DecodeOn(ws.device, *o.codec, ws.all.device() + at, wire.bytes(), pc.len, p, DataType::kFloat32,
+             o.residual + pc.start, false, *ws.stream);
   }
   if (o.sent_indices) {
     for (uint32_t j = 0; j < wire.kept(); ++j) o.sent_indices->push_back(static_cast<uint32_t>(pc.start) + wire.index(j));
@@ -122,7 +123,7 @@ CompressedAllreduceStats SparseAllreduce(Communicator& comm, const CompressedAll
       size_t at = offsets[r];
       for (const Piece& pc : segments) {
         const TopKWire wire(ws.all.host() + at, o.params.topk_value_dtype);
-        d.Decode(codec, ws.all.device() + at, wire.bytes(), pc.len, p, DataType::kFloat32, result + pc.start, true,
+        DecodeOn(d, codec, ws.all.device() + at, wire.bytes(), pc.len, p, DataType::kFloat32, result + pc.start, true,
                  stream);
         if (r == me) AccountSent(o, ws, wire, at, pc, p);
         at += wire.bytes();

@@ -10,6 +10,7 @@
 #include "ops/collectives/context.h"
 #include "ops/collectives/pipeline.h"
 #include "ops/common/enforce.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -234,18 +235,18 @@ void SraRun::ReduceOwn(size_t s) {
     const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
     for (size_t p = 0; p < plan_.ranks; ++p) {
       if (p == mine) continue;
-      d.Decode(codec_, ws_.recv.device() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
+      DecodeOn(d, codec_, ws_.recv.device() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
                DataType::kFloat32, a, true, stream);
     }
     scale_.Apply(d, a, pc.len, stream);
     float* r = rr_ ? rr_ + (pc.start - plan_.chunk_offsets[mine]) : nullptr;
     if (r) d.Reduce(a, a, r, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);
     uint8_t* dst = ws_.own.device() + plan_.own_at[s] + wire_at;
-    d.Encode(codec_, a, DataType::kFloat32, pc.len, p2_, pc.start, dst, stream);
+    EncodeOn(d, codec_, a, DataType::kFloat32, pc.len, p2_, pc.start, dst, stream);
     // This rank's share of the result is its encoding decoded, as on every other rank;
     // decoded here while it is in cache (x's block was read above, so out may alias x).
     float* result = out_ + pc.start;
-    d.Decode(codec_, dst, block_bytes, pc.len, p2_, DataType::kFloat32, result, false, stream);
+    DecodeOn(d, codec_, dst, block_bytes, pc.len, p2_, DataType::kFloat32, result, false, stream);
     if (r) d.Subtract(r, a, result, pc.len, stream);
     wire_at += block_bytes;
   }

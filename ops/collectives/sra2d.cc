@@ -15,6 +15,7 @@
 #include "ops/collectives/context.h"
 #include "ops/collectives/pipeline.h"
 #include "ops/collectives/sra.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -270,8 +271,8 @@ float* Sra2dSteps::SumOwnChunk() {
       const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
       for (size_t p = 0; p < b_; ++p) {
         if (p == j_) continue;
-        d_.Decode(codec_, ws_.recv.device() + recv_at_[p] + wire_at, block_bytes, pc.len, p1_, DataType::kFloat32,
-                  a, true, stream_);
+        DecodeOn(d_, codec_, ws_.recv.device() + recv_at_[p] + wire_at, block_bytes, pc.len, p1_, DataType::kFloat32, a,
+                 true, stream_);
       }
       wire_at += block_bytes;
     }

@@ -1,20 +1,43 @@
 #include "ops/compression/cast_codec.h"
 
+#include <string>
+
 #include "ops/common/enforce.h"
-#include "ops/compression/kernels.h"
+#include "ops/compression/codec_on_device.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 
-void CastBuffer(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate, Isa isa) {
-  CheckCodecDataType(in_dtype, "cast", "input");
-  CheckCodecDataType(out_dtype, "cast", "output");
-  if (isa == Isa::kAvx2) {
-    codec_kernels::avx2::Cast(in, in_dtype, n, out, out_dtype, accumulate);
-  } else {
-    codec_kernels::scalar::Cast(in, in_dtype, n, out, out_dtype, accumulate);
+namespace {
+
+void CheckWireBytes(const char* name, DataType wire_dtype, size_t n, size_t wire_bytes) {
+  if (wire_bytes != n * DataTypeSize(wire_dtype)) {
+    throw InvalidArgument(std::string(name) + ": " + std::to_string(n) + " values take " +
+                          std::to_string(n * DataTypeSize(wire_dtype)) + " bytes, got " + std::to_string(wire_bytes));
   }
 }
 
+// The cast codecs on any device: the device's Cast to the wire's dtype and back.
+DataType WireOf(const Codec& codec) { return static_cast<const CastCodec&>(codec).wire_dtype(); }
+
+size_t CastEncode(Device& device, const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams&,
+                  uint64_t, void* out, Stream& stream) {
+  device.Cast(in, dtype, n, out, WireOf(codec), false, stream);
+  return n * DataTypeSize(WireOf(codec));
+}
+
+void CastDecode(Device& device, const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams&,
+                DataType out_dtype, void* out, bool accumulate, Stream& stream) {
+  CheckWireBytes(codec.name(), WireOf(codec), n, wire_bytes);
+  device.Cast(wire, WireOf(codec), n, out, out_dtype, accumulate, stream);
+}
+
+}  // namespace
+
+const DeviceCodecKernels* CastCodecKernels() {
+  static const DeviceCodecKernels kernels{CastEncode, CastDecode};
+  return &kernels;
+}
 
 size_t CastCodec::MaxWireSize(size_t n, const CodecParams&) const { return n * DataTypeSize(wire_dtype_); }
 
@@ -38,10 +61,7 @@ void CastCodec::DecodeAccumulate(const void* wire, size_t wire_bytes, size_t n, 
 void CastCodec::Run(const void* wire, size_t wire_bytes, size_t n, const CodecParams& p, DataType out_dtype,
                     void* out, bool accumulate) const {
   CheckCodecDataType(out_dtype, name_, "output");
-  if (wire_bytes != n * DataTypeSize(wire_dtype_)) {
-    throw InvalidArgument(std::string(name_) + ": " + std::to_string(n) + " values take " +
-                          std::to_string(n * DataTypeSize(wire_dtype_)) + " bytes, got " + std::to_string(wire_bytes));
-  }
+  CheckWireBytes(name_, wire_dtype_, n, wire_bytes);
   CastBuffer(wire, wire_dtype_, n, out, out_dtype, accumulate, p.isa);
 }
 

@@ -85,10 +85,6 @@ bool IsCodecDataType(DataType dtype);
 /// Throws InvalidArgument unless `dtype` is a codec dtype; `what` names the argument.
 void CheckCodecDataType(DataType dtype, const char* codec, const char* what);
 
-/// out = in converted between float32 / float16 / bfloat16 (or out += in when `accumulate`),
-/// with the codecs' vectorized kernels.
-void CastBuffer(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
-                Isa isa = BestIsa());
 
 // Registration hooks, one per codec file.
 const Codec& NoneCodec();

@@ -20,14 +20,11 @@ struct MaxMinArgs {
   uint64_t first_index;
 };
 
-#define GC_CODEC_KERNEL_DECLS                                                                              \
-  /* Encodes one segment of n values; returns the bytes written (maxmin::WireBytes). */                    \
-  size_t MaxMinEncode(const void* in, DataType dtype, size_t n, const MaxMinArgs& a, uint8_t* out);        \
-  /* Decodes one segment into `out` (assign, or add when `accumulate`). */                                 \
-  void MaxMinDecode(const uint8_t* wire, size_t n, const MaxMinArgs& a, DataType out_dtype, void* out,     \
-                    bool accumulate);                                                                      \
-  /* out = in converted between float32/float16/bfloat16 (or out += in when `accumulate`). */              \
-  void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate);
+#define GC_CODEC_KERNEL_DECLS                                                                       \
+  /* Encodes one segment of n values; returns the bytes written (maxmin::WireBytes). */             \
+  size_t MaxMinEncode(const void* in, DataType dtype, size_t n, const MaxMinArgs& a, uint8_t* out); \
+  /* Decodes one segment into `out` (assign, or add when `accumulate`). */                          \
+  void MaxMinDecode(const uint8_t* wire, size_t n, const MaxMinArgs& a, DataType out_dtype, void* out, bool accumulate);
 
 namespace scalar {
 GC_CODEC_KERNEL_DECLS

@@ -1,4 +1,4 @@
-// Body of the codec kernels (max-min quantization and float casts). Included once per
+// Body of the codec kernels (max-min quantization; the float casts are ops/reduce's). Included once per
 // instruction set by kernels_scalar.cc and kernels_avx2.cc (-mavx2 -mf16c) inside a
 // namespace of its own; as in ops/reduce/kernels_impl.h, every helper has internal linkage
 // so the linker cannot mix instruction sets. The per-element arithmetic is maxmin_math.h's,
@@ -281,33 +281,6 @@ void DecodeBits(const uint8_t* wire, size_t n, const MaxMinArgs& a, DataType dt,
   }
 }
 
-template <typename Src, typename Dst>
-void CastT(const typename Src::T* in, size_t n, typename Dst::T* out, bool accumulate) {
-  size_t i = 0;
-#if GC_KERNELS_SIMD
-  for (; i + 8 <= n; i += 8) {
-    __m256 v = Src::Load8(in + i);
-    if (accumulate) v = _mm256_add_ps(Dst::Load8(out + i), v);
-    Dst::Store8(out + i, v);
-  }
-#endif
-  for (; i < n; ++i) {
-    float v = Src::Load1(in + i);
-    if (accumulate) v = Dst::Load1(out + i) + v;
-    Dst::Store1(out + i, v);
-  }
-}
-
-template <typename Src>
-void CastFrom(const void* in, size_t n, void* out, DataType out_dt, bool acc) {
-  const auto* src = static_cast<const typename Src::T*>(in);
-  switch (out_dt) {
-    case DataType::kFloat16: return CastT<Src, F16>(src, n, static_cast<uint16_t*>(out), acc);
-    case DataType::kBFloat16: return CastT<Src, BF16>(src, n, static_cast<uint16_t*>(out), acc);
-    default: return CastT<Src, F32>(src, n, static_cast<float*>(out), acc);
-  }
-}
-
 }  // namespace
 
 size_t MaxMinEncode(const void* in, DataType dtype, size_t n, const MaxMinArgs& a, uint8_t* out) {
@@ -334,14 +307,6 @@ void MaxMinDecode(const uint8_t* wire, size_t n, const MaxMinArgs& a, DataType o
     case 6: return DecodeBits<6>(wire, n, a, out_dtype, out, accumulate);
     case 7: return DecodeBits<7>(wire, n, a, out_dtype, out, accumulate);
     default: return DecodeBits<8>(wire, n, a, out_dtype, out, accumulate);
-  }
-}
-
-void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate) {
-  switch (in_dtype) {
-    case DataType::kFloat16: return CastFrom<F16>(in, n, out, out_dtype, accumulate);
-    case DataType::kBFloat16: return CastFrom<BF16>(in, n, out, out_dtype, accumulate);
-    default: return CastFrom<F32>(in, n, out, out_dtype, accumulate);
   }
 }
 

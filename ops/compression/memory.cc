@@ -66,22 +66,6 @@ DgcMemory::DgcMemory(Device& device, Stream* stream)
     : own_stream_(stream ? nullptr : device.NewStream()), stream_(stream ? stream : own_stream_.get()),
       slots_(device, 2) {}
 
-void DgcAccumulate(float* u, float* v, float* grad, size_t n, float m, bool nesterov) {
-  if (nesterov) {
-    for (size_t i = 0; i < n; ++i) {
-      u[i] = (u[i] + grad[i]) * m;
-      v[i] = (v[i] + u[i]) + grad[i];
-      grad[i] = v[i];
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      u[i] = m * u[i] + grad[i];
-      v[i] = v[i] + u[i];
-      grad[i] = v[i];
-    }
-  }
-}
-
 bool DgcMemory::Compensate(const std::string& name, float* grad, size_t n, float momentum, bool nesterov) {
   Device& d = slots_.device();
   Stream& s = *stream_;
@@ -110,17 +94,6 @@ void DgcMemory::Update(const std::string& name, const uint32_t* sent, size_t cou
 
 std::vector<float> DgcMemory::Momentum(const std::string& name) const { return slots_.Read(name, 0, *stream_); }
 std::vector<float> DgcMemory::Velocity(const std::string& name) const { return slots_.Read(name, 1, *stream_); }
-
-bool AllFinite(const float* values, size_t n) {
-  // Exponent bits all ones is inf or NaN; OR-ing the masked words lets the loop vectorize.
-  uint32_t any = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, values + i, sizeof bits);
-    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return any == 0;
-}
 
 double DgcWarmupRatio(double final_ratio, int warmup_epochs, double epoch) {
   if (!(final_ratio > 0.0 && final_ratio <= 1.0)) {

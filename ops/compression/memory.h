@@ -113,16 +113,9 @@ class DgcMemory {
   Scratch u_, v_;      // copies for a non-finite step
 };
 
-/// DGC's accumulation on arrays u and v (DgcMemory::Compensate); grad becomes the velocity.
-/// Host memory: the CPU devices' kernel.
-void DgcAccumulate(float* u, float* v, float* grad, size_t n, float momentum, bool nesterov);
-
 /// DGC's sparsity warm-up: the kept ratio in `epoch` (0-based, fractional allowed) falls
 /// exponentially from final_ratio^(1/warmup_epochs) to final_ratio over warmup_epochs
 /// epochs (0.25, 0.063, 0.015, 0.004, 0.001 for 0.001 over 5), then stays at final_ratio.
 double DgcWarmupRatio(double final_ratio, int warmup_epochs, double epoch);
-
-/// True if none of the n values is an inf or a NaN.
-bool AllFinite(const float* values, size_t n);
 
 }  // namespace gradcomp

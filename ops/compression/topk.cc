@@ -10,6 +10,7 @@
 #include "ops/common/enforce.h"
 #include "ops/common/half.h"
 #include "ops/compression/maxmin_math.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 

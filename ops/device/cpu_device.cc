@@ -7,8 +7,6 @@
 
 #include "ops/common/enforce.h"
 #include "ops/common/simulation.h"
-#include "ops/compression/auto_select.h"
-#include "ops/compression/memory.h"
 #include "ops/reduce/reduce.h"
 
 namespace gradcomp {
@@ -43,16 +41,6 @@ class Host final : public CpuDevice {
 };
 
 size_t ElementBytes(DataType dtype, size_t n) { return n * DataTypeSize(dtype); }
-
-// A codec's work, counted for a simulation's profile (simulation.h) by the codec's candidate
-// token ("maxmin4"); nothing outside a simulation.
-void CountCodecWork(sim::Work work, const Codec& codec, const CodecParams& p, size_t n) {
-  if (!sim::kSimulated) return;
-  CompressionSpec spec;
-  static_cast<CompressionOptions&>(spec) = p;
-  spec.codec = codec.name();
-  sim::CountWork(work, CandidateToken(spec).c_str(), static_cast<double>(n));
-}
 
 }  // namespace
 
@@ -145,26 +133,6 @@ void CpuDevice::ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_
   for (size_t j = 0; j < count; ++j) {
     GC_ENFORCE(host_indices[j] < n, "ZeroAt: index ", host_indices[j], " outside ", n, " values");
     b[host_indices[j]] = 0.0f;
-  }
-}
-
-size_t CpuDevice::Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
-                         uint64_t first_index, void* out, Stream&) {
-  const size_t max_bytes = codec.MaxWireSize(n, p);
-  CountCodecWork(sim::Work::kEncode, codec, p, n);
-  return codec.Encode(Resolve(in, ElementBytes(dtype, n), "Encode input"), dtype, n, p, first_index,
-                      Resolve(out, max_bytes, "Encode output"));
-}
-
-void CpuDevice::Decode(const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
-                       DataType out_dtype, void* out, bool accumulate, Stream&) {
-  const void* w = Resolve(wire, wire_bytes, "Decode input");
-  void* o = Resolve(out, ElementBytes(out_dtype, n), "Decode output");
-  CountCodecWork(accumulate ? sim::Work::kDecodeAccumulate : sim::Work::kDecode, codec, p, n);
-  if (accumulate) {
-    codec.DecodeAccumulate(w, wire_bytes, n, p, out_dtype, o);
-  } else {
-    codec.Decode(w, wire_bytes, n, p, out_dtype, o);
   }
 }
 

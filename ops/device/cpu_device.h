@@ -34,10 +34,10 @@ class CpuDevice : public Device {
                      Stream& stream) override;
   void ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_t count, Stream& stream) override;
 
-  size_t Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
-                uint64_t first_index, void* out, Stream& stream) override;
-  void Decode(const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
-              DataType out_dtype, void* out, bool accumulate, Stream& stream) override;
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  void* HostAddress(const void* ptr, size_t bytes, const char* what) const override {
+    return Resolve(ptr, bytes, what);
+  }
 
  protected:
   /// The CPU address of `bytes` bytes at device pointer `ptr`; throws InvalidArgument naming

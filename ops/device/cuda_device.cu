@@ -1,8 +1,8 @@
 // The CUDA device (device.h): cudaMalloc'd memory (kept by its users, staging.h), page-locked host
 // staging, non-blocking streams and timing-free events, and kernels that write the CPU
-// kernels' bytes: the codec kernels of ops/compression/cuda (max-min, the casts, topk), and here
-// the arithmetic the data path needs (reduce, scale and the average's division for the float
-// dtypes; float32 differences, finiteness, DGC's accumulation and masking), compiled with
+// kernels' bytes: the arithmetic the data path needs (casts; reduce, scale and the average's
+// division for the float dtypes; float32 differences, finiteness, DGC's accumulation and
+// masking; the codecs' own kernels are ops/compression/cuda's), compiled with
 // --fmad=false so no multiply-add is contracted where the CPU rounds twice. Built when CMake
 // finds CUDA.
 #include <cuda_runtime.h>
@@ -14,10 +14,8 @@
 #include <string>
 
 #include "ops/common/enforce.h"
-#include "ops/compression/cast_codec.h"
-#include "ops/compression/cuda/codec_cuda.h"
-#include "ops/compression/cuda/elements.cuh"
 #include "ops/device/cuda_device.h"
+#include "ops/device/cuda_elements.cuh"
 
 namespace gradcomp {
 
@@ -186,6 +184,10 @@ class Cuda final : public Device {
 
   const char* name() const override { return name_.c_str(); }
   MemorySpace space() const override { return MemorySpace::kDevice; }
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  void* HostAddress(const void*, size_t, const char* what) const override {
+    throw InvalidArgument(name_ + ": " + what + " is GPU memory, which the CPU cannot address");
+  }
   int ordinal() const { return ordinal_; }
 
   void* Allocate(size_t bytes) override {
@@ -227,7 +229,9 @@ class Cuda final : public Device {
     if (in_dtype == out_dtype && !accumulate) return Copy(out, in, n * DataTypeSize(in_dtype), s);
     cuda::Cast(in, in_dtype, n, out, out_dtype, accumulate, s.native());
   }
-  bool Arithmetic(DataType dtype) const override { return IsCodecDataType(dtype); }
+  bool Arithmetic(DataType dtype) const override {
+    return dtype == DataType::kFloat32 || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+  }
   void Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Stream& s) override {
     int code = 0;
     switch (op) {
@@ -294,36 +298,6 @@ class Cuda final : public Device {
     s.Synchronize();  // the host indices may go away, and indices_ is reused
   }
 
-  size_t Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
-                uint64_t first_index, void* out, Stream& s) override {
-    if (const auto* cast = dynamic_cast<const CastCodec*>(&codec)) {
-      Cast(in, dtype, n, out, cast->wire_dtype(), false, s);
-      return n * DataTypeSize(cast->wire_dtype());
-    }
-    if (std::string(codec.name()) == "maxmin") {
-      return cuda::MaxMinEncode(in, dtype, n, MaxMinArgsOf(p, first_index), static_cast<uint8_t*>(out), s.native());
-    }
-    if (&codec == &TopKCodec()) {
-      return cuda::TopKEncode(in, dtype, n, p, first_index, static_cast<uint8_t*>(out), s.native());
-    }
-    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() + " has no device kernels");
-  }
-  void Decode(const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
-              DataType out_dtype, void* out, bool accumulate, Stream& s) override {
-    if (const auto* cast = dynamic_cast<const CastCodec*>(&codec)) {
-      return Cast(wire, cast->wire_dtype(), n, out, out_dtype, accumulate, s);
-    }
-    if (std::string(codec.name()) == "maxmin") {
-      return cuda::MaxMinDecode(static_cast<const uint8_t*>(wire), n, MaxMinArgsOf(p, 0), out_dtype, out, accumulate,
-                                s.native());
-    }
-    if (&codec == &TopKCodec()) {
-      return cuda::TopKDecode(static_cast<const uint8_t*>(wire), wire_bytes, n, p, out_dtype, out, accumulate,
-                              s.native());
-    }
-    throw InvalidArgument(std::string("CUDA device: codec ") + codec.name() + " has no device kernels");
-  }
-
  private:
   const int ordinal_;
   const std::string name_;
@@ -332,6 +306,33 @@ class Cuda final : public Device {
   uint32_t* indices_ = nullptr;
   size_t indices_capacity_ = 0;
 };
+
+// ---- casts -----------------------------------------------------------------------------------
+
+template <typename Src, typename Dst>
+__global__ void CastKernel(const typename Src::T* in, size_t n, typename Dst::T* out, bool accumulate) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = Src::Load(in + i);
+  if (accumulate) v = __fadd_rn(Dst::Load(out + i), v);
+  Dst::Store(out + i, v);
+}
+
+template <typename Src>
+void CastFrom(const void* in, size_t n, void* out, DataType out_dtype, bool accumulate, cudaStream_t s) {
+  const auto* src = static_cast<const typename Src::T*>(in);
+  const unsigned blocks = Blocks(n);
+  switch (out_dtype) {
+    case DataType::kFloat16:
+      CastKernel<Src, F16><<<blocks, kThreads, 0, s>>>(src, n, static_cast<uint16_t*>(out), accumulate);
+      break;
+    case DataType::kBFloat16:
+      CastKernel<Src, BF16><<<blocks, kThreads, 0, s>>>(src, n, static_cast<uint16_t*>(out), accumulate);
+      break;
+    default:
+      CastKernel<Src, F32><<<blocks, kThreads, 0, s>>>(src, n, static_cast<float*>(out), accumulate);
+  }
+}
 
 }  // namespace
 
@@ -360,5 +361,34 @@ int CudaOrdinal(const Device& device) {
 }
 
 std::unique_ptr<Stream> WrapCudaStream(void* stream) { return std::make_unique<CudaStream>(stream); }
+
+namespace cuda {
+
+void RequireFloat(DataType dt, const char* what) {
+  if (dt != DataType::kFloat32 && dt != DataType::kFloat16 && dt != DataType::kBFloat16) {
+    throw InvalidArgument(std::string(what) + ": dtype " + DataTypeName(dt) +
+                          " is not supported on the GPU (float32, float16, bfloat16)");
+  }
+}
+
+void CheckLaunch(const std::string& what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw Error("CUDA " + what + " failed: " + cudaGetErrorString(err));
+}
+
+void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate, void* stream) {
+  RequireFloat(in_dtype, "cast");
+  RequireFloat(out_dtype, "cast");
+  if (n == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (in_dtype) {
+    case DataType::kFloat16: CastFrom<F16>(in, n, out, out_dtype, accumulate, s); break;
+    case DataType::kBFloat16: CastFrom<BF16>(in, n, out, out_dtype, accumulate, s); break;
+    default: CastFrom<F32>(in, n, out, out_dtype, accumulate, s);
+  }
+  CheckLaunch("cast");
+}
+
+}  // namespace cuda
 
 }  // namespace gradcomp

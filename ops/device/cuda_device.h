@@ -1,10 +1,12 @@
 // The CUDA device (cuda_device.cu), built when CMake finds CUDA (GRADCOMP_HAVE_CUDA_KERNELS in
-// gradcomp/config.h). It has device kernels for every codec (max-min, the casts, topk with the
-// CPU's selection). Its reduce, scale and average kernels take float32, float16 and bfloat16 (computed
-// in float32 and rounded back, as the CPU's); other dtypes are an InvalidArgument.
+// gradcomp/config.h). The codecs' kernels are theirs (ops/compression/cuda/, named by their
+// registry entries); the float casts the cast codecs send are the device's. Its cast, reduce,
+// scale and average kernels take float32, float16 and bfloat16 (computed in float32 and rounded
+// back, as the CPU's); other dtypes are an InvalidArgument.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "ops/device/device.h"
 
@@ -20,3 +22,15 @@ int CudaOrdinal(const Device& device);
 std::unique_ptr<Stream> WrapCudaStream(void* stream);
 
 }  // namespace gradcomp
+
+namespace gradcomp::cuda {
+
+/// out = in converted between float32 / float16 / bfloat16 (or out += in), on the device,
+/// asynchronous on `stream` (a cudaStream_t).
+void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate, void* stream);
+/// InvalidArgument naming `what` unless `dtype` is float32, float16 or bfloat16.
+void RequireFloat(DataType dtype, const char* what);
+/// Throws gradcomp::Error naming `what` and CUDA's message if the last launch failed.
+void CheckLaunch(const std::string& what);
+
+}  // namespace gradcomp::cuda

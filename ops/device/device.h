@@ -1,16 +1,16 @@
 // The device layer the data path is written against: where a buffer lives, allocation, copies
-// between memory spaces, an ordered stream with events, and the kernels the collectives need
-// (codec encode / decode / decode-accumulate, casts, reduce, scale, the final division of an
-// average, residual differences, finiteness checks). Implementations:
+// between memory spaces, an ordered stream with events, and the element-wise kernels the
+// collectives need (casts, reduce, scale, the final division of an average, residual
+// differences, finiteness checks, DGC's momentum). Codecs bring their own kernels for each kind
+// of device (ops/compression/codec_on_device.h). Implementations:
 //   - the host (HostDevice): buffers are host memory, every call runs at once on the calling
-//     thread, with the CPU kernels of ops/compression and ops/reduce: today's path, no copies;
+//     thread, with the CPU kernels of ops/reduce: today's path, no copies;
 //   - a separate-memory host device for tests (NewSeparateMemoryDevice): its buffers are host
 //     memory behind pointers that are not host addresses, so host code that touches one
 //     directly faults, and a host pointer passed where a device one belongs (or the reverse)
 //     is an error naming the call. CI runs the data path through it to catch every missing
 //     copy and every wrong-space access without a GPU;
-//   - CUDA (built with the toolkit), whose kernels write the CPU's bytes
-//     (ops/compression/cuda/codec_cuda.h).
+//   - CUDA (built with the toolkit), whose kernels write the CPU's bytes.
 // Calls take a Stream: work is ordered within a stream; Events order streams and the host.
 #pragma once
 
@@ -20,12 +20,13 @@
 #include <memory>
 
 #include "ops/common/dtype.h"
-#include "ops/compression/codec.h"
 
 namespace gradcomp {
 
 /// Where a buffer's bytes are: host memory, or a device's own memory.
 enum class MemorySpace : uint8_t { kHost = 0, kDevice = 1 };
+/// What runs a device's kernels (a codec's registry entry names its kernels for each kind).
+enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1 };
 
 /// An ordered queue of a device's work. Host devices run each call when it is made, so their
 /// streams are always idle.
@@ -61,6 +62,10 @@ class Device {
   /// "host", "separate-memory host (tests)", "cuda:0", ...
   virtual const char* name() const = 0;
   virtual MemorySpace space() const = 0;
+  virtual DeviceKind kind() const = 0;
+  /// A kCpu device's buffer as a CPU address: `bytes` bytes at this device's pointer `ptr`
+  /// (InvalidArgument naming `what` when they are not its memory). Other kinds: InvalidArgument.
+  virtual void* HostAddress(const void* ptr, size_t bytes, const char* what) const = 0;
 
   /// Raw memory of at least `bytes` bytes, aligned to 256. The data path keeps what it
   /// allocates (staging.h's Scratch) so that once sizes stop growing it allocates nothing.
@@ -103,20 +108,12 @@ class Device {
   virtual void Subtract(float* dst, const float* a, const float* b, size_t n, Stream& stream) = 0;
   /// Whether every value of buf is finite (waits for the stream: the answer is for the host).
   virtual bool AllFinite(const float* buf, size_t n, Stream& stream) = 0;
-  /// DGC's momentum correction (DgcAccumulate of ops/compression/memory.h): u, v and grad
+  /// DGC's momentum correction (DgcAccumulate of ops/reduce/reduce.h): u, v and grad
   /// updated in place, grad becomes the velocity.
   virtual void DgcAccumulate(float* u, float* v, float* grad, size_t n, float momentum, bool nesterov,
                              Stream& stream) = 0;
   /// buf[i] = 0 for each of the `count` indices at `host_indices` (host memory, each < n).
   virtual void ZeroAt(float* buf, size_t n, const uint32_t* host_indices, size_t count, Stream& stream) = 0;
-
-  /// codec.Encode on this device; returns the bytes written. For a sparse codec the size
-  /// depends on the data, so this waits for the stream.
-  virtual size_t Encode(const Codec& codec, const void* in, DataType dtype, size_t n, const CodecParams& p,
-                        uint64_t first_index, void* out, Stream& stream) = 0;
-  /// codec.Decode (or DecodeAccumulate with `accumulate`) on this device.
-  virtual void Decode(const Codec& codec, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
-                      DataType out_dtype, void* out, bool accumulate, Stream& stream) = 0;
 
  protected:
   /// Implementations count each Allocate / AllocateHost here.

@@ -172,7 +172,43 @@ void ScaleInt(void* buf, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) b[i] = static_cast<T>(static_cast<double>(b[i]) * factor);
 }
 
+// out = in converted between float32 / float16 / bfloat16 (or out += in), through float32.
+template <typename Src, typename Dst>
+void CastT(const typename Src::T* in, size_t n, typename Dst::T* out, bool accumulate) {
+  size_t i = 0;
+#if GC_KERNELS_SIMD
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = Src::Load8(in + i);
+    if (accumulate) v = _mm256_add_ps(Dst::Load8(out + i), v);
+    Dst::Store8(out + i, v);
+  }
+#endif
+  for (; i < n; ++i) {
+    float v = Src::Load1(in + i);
+    if (accumulate) v = Dst::Load1(out + i) + v;
+    Dst::Store1(out + i, v);
+  }
+}
+
+template <typename Src>
+void CastFrom(const void* in, size_t n, void* out, DataType out_dt, bool acc) {
+  const auto* src = static_cast<const typename Src::T*>(in);
+  switch (out_dt) {
+    case DataType::kFloat16: return CastT<Src, F16>(src, n, static_cast<uint16_t*>(out), acc);
+    case DataType::kBFloat16: return CastT<Src, BF16>(src, n, static_cast<uint16_t*>(out), acc);
+    default: return CastT<Src, F32>(src, n, static_cast<float*>(out), acc);
+  }
+}
+
 }  // namespace
+
+void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate) {
+  switch (in_dtype) {
+    case DataType::kFloat16: return CastFrom<F16>(in, n, out, out_dtype, accumulate);
+    case DataType::kBFloat16: return CastFrom<BF16>(in, n, out, out_dtype, accumulate);
+    default: return CastFrom<F32>(in, n, out, out_dtype, accumulate);
+  }
+}
 
 void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
   switch (dtype) {

@@ -1,6 +1,8 @@
 #include "ops/reduce/reduce.h"
 
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "ops/common/enforce.h"
 
@@ -117,6 +119,47 @@ void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double po
     }
   }
   ScaleInPlace(buf, n, dtype, postscale);
+}
+
+void CastBuffer(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate, Isa isa) {
+  for (const auto& [dtype, what] : {std::pair{in_dtype, "input"}, std::pair{out_dtype, "output"}}) {
+    if (dtype != DataType::kFloat32 && dtype != DataType::kFloat16 && dtype != DataType::kBFloat16) {
+      throw InvalidArgument(std::string("cast: ") + what + " dtype " + DataTypeName(dtype) +
+                            " is not supported (float32, float16 or bfloat16)");
+    }
+  }
+  if (isa == Isa::kAvx2) {
+    kernels_avx2::Cast(in, in_dtype, n, out, out_dtype, accumulate);
+  } else {
+    kernels_scalar::Cast(in, in_dtype, n, out, out_dtype, accumulate);
+  }
+}
+
+void DgcAccumulate(float* u, float* v, float* grad, size_t n, float m, bool nesterov) {
+  if (nesterov) {
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = (u[i] + grad[i]) * m;
+      v[i] = (v[i] + u[i]) + grad[i];
+      grad[i] = v[i];
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = m * u[i] + grad[i];
+      v[i] = v[i] + u[i];
+      grad[i] = v[i];
+    }
+  }
+}
+
+bool AllFinite(const float* values, size_t n) {
+  // Exponent bits all ones is inf or NaN; OR-ing the masked words lets the loop vectorize.
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof bits);
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return any == 0;
 }
 
 }  // namespace gradcomp

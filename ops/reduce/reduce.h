@@ -49,12 +49,27 @@ void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
 /// Same, with an explicit instruction set.
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor, Isa isa);
 
+/// out = in converted between float32 / float16 / bfloat16 (or out += in when `accumulate`),
+/// through float32 (what a cast codec sends, and a device's Cast on the CPU); InvalidArgument
+/// for any other dtype.
+void CastBuffer(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
+                Isa isa = BestIsa());
+
+/// DGC's momentum correction (Lin et al.), element-wise: u = m u + g, v += u, g = v; with
+/// Nesterov u = (u + g) m, v += u + g, g = v.
+void DgcAccumulate(float* u, float* v, float* grad, size_t n, float momentum, bool nesterov);
+
+/// True if none of the n values is an inf or a NaN.
+bool AllFinite(const float* values, size_t n);
+
 namespace kernels_scalar {
+void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate);
 void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
 void DivideFloatsInPlace(void* buf, size_t n, DataType dtype, double divisor);
 }  // namespace kernels_scalar
 namespace kernels_avx2 {
+void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate);
 void ReduceTwo(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 void ScaleInPlace(void* buf, size_t n, DataType dtype, double factor);
 void DivideFloatsInPlace(void* buf, size_t n, DataType dtype, double divisor);

@@ -15,6 +15,8 @@
 #include "ops/compression/cuda/codec_cuda.h"
 #include "ops/compression/kernels.h"
 #include "ops/compression/maxmin_math.h"
+#include "ops/device/cuda_device.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 namespace {
@@ -160,7 +162,7 @@ TEST(CudaCodecs, CastsEqualTheCpu) {
       for (bool accumulate : {false, true}) {
         const std::vector<uint8_t> in = Stored(values, from);
         std::vector<uint8_t> cpu = Stored(values, to);
-        codec_kernels::scalar::Cast(in.data(), from, n, cpu.data(), to, accumulate);
+        kernels_scalar::Cast(in.data(), from, n, cpu.data(), to, accumulate);
         DeviceBuffer d_in(in.size()), d_out(cpu.size());
         d_in.Upload(in.data());
         const std::vector<uint8_t> start = Stored(values, to);

@@ -17,6 +17,7 @@
 #include "ops/comm/nccl_communicator.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
+#include "ops/reduce/reduce.h"
 #if GRADCOMP_TEST_THREAD_RANKS
 #include <nccl.h>  // the emulated NCCL's
 

@@ -19,6 +19,7 @@
 #include "core/runtime.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/cast_codec.h"
+#include "ops/reduce/reduce.h"
 #include "test/support/device_comm.h"
 #include "test/support/device_twin.h"
 #include "test/support/harness.h"

@@ -14,6 +14,7 @@
 #include "ops/compression/codec.h"
 #include "ops/compression/memory.h"
 #include "ops/compression/topk.h"
+#include "ops/reduce/reduce.h"
 
 namespace gradcomp {
 namespace {

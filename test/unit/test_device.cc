@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/common/enforce.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/device/staging.h"
 #include "ops/compression/memory.h"
 #include "ops/device/device.h"
@@ -114,7 +115,7 @@ TEST_P(DeviceKernels, CodecsWriteTheCpuBytes) {
       const size_t want_bytes = codec->Encode(x.data(), DataType::kFloat32, n, p, 3, want.data());
       OnDevice in(dev(), stream(), x.data(), n * sizeof(float));
       OnDevice wire(dev(), stream(), nullptr, max_bytes);
-      const size_t got_bytes = dev().Encode(*codec, in.ptr(), DataType::kFloat32, n, p, 3, wire.ptr(), stream());
+      const size_t got_bytes = EncodeOn(dev(), *codec, in.ptr(), DataType::kFloat32, n, p, 3, wire.ptr(), stream());
       ASSERT_EQ(got_bytes, want_bytes) << codec->name() << " n=" << n;
       EXPECT_EQ(Bytes(wire.Read().data(), got_bytes), Bytes(want.data(), want_bytes)) << codec->name() << " n=" << n;
       // Decode, then decode-accumulate onto it: twice the decoded values.
@@ -123,11 +124,26 @@ TEST_P(DeviceKernels, CodecsWriteTheCpuBytes) {
       std::vector<float> twice = decoded;
       codec->DecodeAccumulate(want.data(), want_bytes, n, p, DataType::kFloat32, twice.data());
       OnDevice out(dev(), stream(), nullptr, n * sizeof(float));
-      dev().Decode(*codec, wire.ptr(), got_bytes, n, p, DataType::kFloat32, out.ptr(), false, stream());
+      DecodeOn(dev(), *codec, wire.ptr(), got_bytes, n, p, DataType::kFloat32, out.ptr(), false, stream());
       EXPECT_EQ(out.Read(), Bytes(decoded.data(), n * sizeof(float))) << codec->name();
-      dev().Decode(*codec, wire.ptr(), got_bytes, n, p, DataType::kFloat32, out.ptr(), true, stream());
+      DecodeOn(dev(), *codec, wire.ptr(), got_bytes, n, p, DataType::kFloat32, out.ptr(), true, stream());
       EXPECT_EQ(out.Read(), Bytes(twice.data(), n * sizeof(float))) << codec->name();
     }
+  }
+}
+
+// The registry names every codec's kernels for the device's kind (ops/compression/codec.cc): a
+// build that left some out (the CUDA ones are weak references) fails here by name. A GPU's memory
+// has no host address to run the CPU's kernels on.
+TEST_P(DeviceKernels, EveryCodecHasKernelsForTheDevicesKind) {
+  for (const Codec* codec : AllCodecs()) {
+    EXPECT_NE(CodecKernelsOn(*codec, dev().kind()), nullptr) << codec->name() << " on " << dev().name();
+  }
+  OnDevice buffer(dev(), stream(), nullptr, 64);
+  if (dev().kind() == DeviceKind::kCuda) {
+    EXPECT_THROW(dev().HostAddress(buffer.ptr(), 64, "a buffer"), InvalidArgument);
+  } else {
+    EXPECT_NE(dev().HostAddress(buffer.ptr(), 64, "a buffer"), nullptr);
   }
 }
 

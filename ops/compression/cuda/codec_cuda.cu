@@ -9,8 +9,10 @@
 
 #include "ops/common/enforce.h"
 #include "ops/common/half.h"
-#include "ops/compression/cuda/elements.cuh"
+#include "ops/compression/codec_on_device.h"
 #include "ops/compression/maxmin_math.h"
+#include "ops/device/cuda_device.h"
+#include "ops/device/cuda_elements.cuh"
 
 namespace gradcomp::cuda {
 namespace {
@@ -168,46 +170,7 @@ void DecodeT(const uint8_t* wire, size_t n, const MaxMinArgs& a, typename Dst::T
   CheckLaunch("max-min decode");
 }
 
-// ---- casts -----------------------------------------------------------------------------------
-
-template <typename Src, typename Dst>
-__global__ void CastKernel(const typename Src::T* in, size_t n, typename Dst::T* out, bool accumulate) {
-  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float v = Src::Load(in + i);
-  if (accumulate) v = __fadd_rn(Dst::Load(out + i), v);
-  Dst::Store(out + i, v);
-}
-
-template <typename Src>
-void CastFrom(const void* in, size_t n, void* out, DataType out_dtype, bool accumulate, cudaStream_t s) {
-  const auto* src = static_cast<const typename Src::T*>(in);
-  const unsigned blocks = Blocks(n, kThreads);
-  switch (out_dtype) {
-    case DataType::kFloat16:
-      CastKernel<Src, F16><<<blocks, kThreads, 0, s>>>(src, n, static_cast<uint16_t*>(out), accumulate);
-      break;
-    case DataType::kBFloat16:
-      CastKernel<Src, BF16><<<blocks, kThreads, 0, s>>>(src, n, static_cast<uint16_t*>(out), accumulate);
-      break;
-    default:
-      CastKernel<Src, F32><<<blocks, kThreads, 0, s>>>(src, n, static_cast<float*>(out), accumulate);
-  }
-}
-
-void RequireFloat(DataType dt, const char* what) {
-  if (dt != DataType::kFloat32 && dt != DataType::kFloat16 && dt != DataType::kBFloat16) {
-    throw InvalidArgument(std::string(what) + ": dtype " + DataTypeName(dt) +
-                          " is not supported on the GPU (float32, float16, bfloat16)");
-  }
-}
-
 }  // namespace
-
-void CheckLaunch(const std::string& what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw Error("CUDA " + what + " failed: " + cudaGetErrorString(err));
-}
 
 size_t MaxMinEncode(const void* in, DataType dtype, size_t n, const MaxMinArgs& a, uint8_t* out, void* stream) {
   RequireFloat(dtype, "max-min encode");
@@ -228,16 +191,28 @@ void MaxMinDecode(const uint8_t* wire, size_t n, const MaxMinArgs& a, DataType o
   }
 }
 
-void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate, void* stream) {
-  RequireFloat(in_dtype, "cast");
-  RequireFloat(out_dtype, "cast");
-  if (n == 0) return;
-  switch (in_dtype) {
-    case DataType::kFloat16: CastFrom<F16>(in, n, out, out_dtype, accumulate, S(stream)); break;
-    case DataType::kBFloat16: CastFrom<BF16>(in, n, out, out_dtype, accumulate, S(stream)); break;
-    default: CastFrom<F32>(in, n, out, out_dtype, accumulate, S(stream));
-  }
-  CheckLaunch("cast");
+}  // namespace gradcomp::cuda
+
+namespace gradcomp {
+
+namespace {
+
+size_t MaxMinEncodeOn(Device&, const Codec&, const void* in, DataType dtype, size_t n, const CodecParams& p,
+                      uint64_t first_index, void* out, Stream& stream) {
+  return cuda::MaxMinEncode(in, dtype, n, MaxMinArgsOf(p, first_index), static_cast<uint8_t*>(out), stream.native());
 }
 
-}  // namespace gradcomp::cuda
+void MaxMinDecodeOn(Device&, const Codec&, const void* wire, size_t, size_t n, const CodecParams& p, DataType out_dtype,
+                    void* out, bool accumulate, Stream& stream) {
+  cuda::MaxMinDecode(static_cast<const uint8_t*>(wire), n, MaxMinArgsOf(p, 0), out_dtype, out, accumulate,
+                     stream.native());
+}
+
+}  // namespace
+
+const DeviceCodecKernels* MaxMinCudaKernels() {
+  static const DeviceCodecKernels kernels{MaxMinEncodeOn, MaxMinDecodeOn};
+  return &kernels;
+}
+
+}  // namespace gradcomp

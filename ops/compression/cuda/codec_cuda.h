@@ -1,5 +1,6 @@
-// Device versions of the codec kernels: max-min encode / decode / decode-accumulate and the
-// float casts, for buffers in CUDA device memory, enqueued on a caller's stream. They compute
+// Device versions of the codec kernels: max-min encode / decode / decode-accumulate and topk,
+// for buffers in CUDA device memory, enqueued on a caller's stream (the casts are the CUDA
+// device's, ops/device/cuda_device.h). They compute
 // exactly the bytes and values of the CPU kernels (ops/compression/kernels.h) for the same
 // arguments: the per-element arithmetic is maxmin_math.h's and half.h's, compiled with
 // --fmad=false. Built only when CMake finds CUDA (GRADCOMP_HAVE_CUDA_KERNELS in config.h);
@@ -32,9 +33,6 @@ size_t MaxMinEncode(const void* in, DataType dtype, size_t n, const codec_kernel
 void MaxMinDecode(const uint8_t* wire, size_t n, const codec_kernels::MaxMinArgs& a, DataType out_dtype, void* out,
                   bool accumulate, void* stream);
 
-/// out = in converted between float32 / float16 / bfloat16 (or out += in), on the device.
-void Cast(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate,
-          void* stream);
 
 /// topk's encoding of n values of device `in` into device `out` (MaxWireSize bytes): the CPU
 /// codec's selection and bytes. Returns the bytes written; waits for `stream` (the size depends
@@ -46,7 +44,5 @@ size_t TopKEncode(const void* in, DataType dtype, size_t n, const CodecParams& p
 void TopKDecode(const uint8_t* wire, size_t wire_bytes, size_t n, const CodecParams& p, DataType out_dtype, void* out,
                 bool accumulate, void* stream);
 
-/// Throws gradcomp::Error naming `what` and CUDA's message if the last launch failed.
-void CheckLaunch(const std::string& what);
 
 }  // namespace gradcomp::cuda

@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "ops/common/enforce.h"
+#include "ops/compression/codec_on_device.h"
 #include "ops/compression/cuda/codec_cuda.h"
-#include "ops/compression/cuda/elements.cuh"
 #include "ops/compression/topk.h"
+#include "ops/device/cuda_device.h"
+#include "ops/device/cuda_elements.cuh"
 
 namespace gradcomp::cuda {
 
@@ -299,3 +301,26 @@ void TopKDecode(const uint8_t* wire, size_t wire_bytes, size_t n, const CodecPar
 }
 
 }  // namespace gradcomp::cuda
+
+namespace gradcomp {
+
+namespace {
+
+size_t TopKEncodeOn(Device&, const Codec&, const void* in, DataType dtype, size_t n, const CodecParams& p,
+                    uint64_t first_index, void* out, Stream& stream) {
+  return cuda::TopKEncode(in, dtype, n, p, first_index, static_cast<uint8_t*>(out), stream.native());
+}
+
+void TopKDecodeOn(Device&, const Codec&, const void* wire, size_t wire_bytes, size_t n, const CodecParams& p,
+                  DataType out_dtype, void* out, bool accumulate, Stream& stream) {
+  cuda::TopKDecode(static_cast<const uint8_t*>(wire), wire_bytes, n, p, out_dtype, out, accumulate, stream.native());
+}
+
+}  // namespace
+
+const DeviceCodecKernels* TopKCudaKernels() {
+  static const DeviceCodecKernels kernels{TopKEncodeOn, TopKDecodeOn};
+  return &kernels;
+}
+
+}  // namespace gradcomp

@@ -1,4 +1,4 @@
-// Element types of the CUDA kernels (codec_cuda.cu, ops/device/cuda_device.cu): each loads its
+// Element types of the CUDA kernels (cuda_device.cu, ops/compression/cuda/): each loads its
 // value as float32 and stores a float32 rounded as the CPU kernels round it (half.h).
 #pragma once
 
