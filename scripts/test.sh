@@ -9,18 +9,15 @@
 # builds with those sanitizers into build-asan-ubsan/ or build-tsan/ and runs the C++ suites
 # (unit, thread ranks, mpirun) under them with the suppressions in test/sanitizers/ (each one
 # justified there); --python also runs the mpirun Python suites with the sanitizer runtime
-# preloaded into Debian's interpreter (under TSan the NumPy ones: see below). --build-only
-# builds and stops (CI builds ahead, behind other stages: .ci/run).
+# preloaded into Debian's interpreter (under TSan the NumPy ones: see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 sanitize=""
 python_too=0
-build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --build-only) build_only=1; shift ;;
     --sanitize) sanitize=${2:?--sanitize needs address,undefined or thread}; shift 2 ;;
     --sanitize=*) sanitize=${1#--sanitize=}; shift ;;
     --python) python_too=1; shift ;;
@@ -51,7 +48,6 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_WERRO
   -DGRADCOMP_SANITIZE="$sanitize" -DGRADCOMP_BUILD_BENCHMARKS=OFF -DGRADCOMP_WITH_CUDA=OFF \
   -DGRADCOMP_BUILD_PYTHON="$python_module"
 cmake --build "$dir" -j "$(nproc)"
-[ "$build_only" = 1 ] && exit 0
 
 supp="$ROOT/test/sanitizers"
 # Every report fails its test: a nonzero exit code, never a warning that scrolls by. ASan's fast
