@@ -74,4 +74,8 @@ bool IsFloatingPoint(DataType dtype) {
          dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
+bool IsFloat32Or16(DataType dtype) {
+  return dtype == DataType::kFloat32 || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+}
+
 }  // namespace gradcomp

@@ -52,5 +52,7 @@ DataType DataTypeFromInt(int value);
 ReduceOp ReduceOpFromInt(int value);
 /// True for float16, bfloat16, float32 and float64.
 bool IsFloatingPoint(DataType dtype);
+/// True for float32, float16 and bfloat16: what codecs, casts and the GPU's arithmetic take.
+bool IsFloat32Or16(DataType dtype);
 
 }  // namespace gradcomp

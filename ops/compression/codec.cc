@@ -61,9 +61,7 @@ const Codec& FindCodec(std::string_view name) {
   throw InvalidArgument("unknown codec '" + std::string(name) + "' (known: " + known + ")");
 }
 
-bool IsCodecDataType(DataType dtype) {
-  return dtype == DataType::kFloat32 || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
-}
+bool IsCodecDataType(DataType dtype) { return IsFloat32Or16(dtype); }
 
 void CheckCodecDataType(DataType dtype, const char* codec, const char* what) {
   if (!IsCodecDataType(dtype)) {

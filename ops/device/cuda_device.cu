@@ -229,9 +229,7 @@ class Cuda final : public Device {
     if (in_dtype == out_dtype && !accumulate) return Copy(out, in, n * DataTypeSize(in_dtype), s);
     cuda::Cast(in, in_dtype, n, out, out_dtype, accumulate, s.native());
   }
-  bool Arithmetic(DataType dtype) const override {
-    return dtype == DataType::kFloat32 || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
-  }
+  bool Arithmetic(DataType dtype) const override { return IsFloat32Or16(dtype); }
   void Reduce(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op, Stream& s) override {
     int code = 0;
     switch (op) {
@@ -365,7 +363,7 @@ std::unique_ptr<Stream> WrapCudaStream(void* stream) { return std::make_unique<C
 namespace cuda {
 
 void RequireFloat(DataType dt, const char* what) {
-  if (dt != DataType::kFloat32 && dt != DataType::kFloat16 && dt != DataType::kBFloat16) {
+  if (!IsFloat32Or16(dt)) {
     throw InvalidArgument(std::string(what) + ": dtype " + DataTypeName(dt) +
                           " is not supported on the GPU (float32, float16, bfloat16)");
   }

@@ -123,7 +123,7 @@ void FinishReduction(void* buf, size_t n, DataType dtype, ReduceOp op, double po
 
 void CastBuffer(const void* in, DataType in_dtype, size_t n, void* out, DataType out_dtype, bool accumulate, Isa isa) {
   for (const auto& [dtype, what] : {std::pair{in_dtype, "input"}, std::pair{out_dtype, "output"}}) {
-    if (dtype != DataType::kFloat32 && dtype != DataType::kFloat16 && dtype != DataType::kBFloat16) {
+    if (!IsFloat32Or16(dtype)) {
       throw InvalidArgument(std::string("cast: ") + what + " dtype " + DataTypeName(dtype) +
                             " is not supported (float32, float16 or bfloat16)");
     }
