@@ -328,12 +328,12 @@ AutoCompression::Program AutoCompression::BuildProgram(const std::string& key, c
 bool AutoCompression::LeaveOutSlowerThanRaw(const std::vector<CompressionSpec>& list, size_t candidates,
                                             const std::vector<double>& seconds, std::vector<double>& err2) {
   const auto none = std::find_if(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(candidates),
-                                 [](const CompressionSpec& c) { return c.codec == "none"; });
+                                 [](const CompressionSpec& c) { return c.exact(); });
   if (none == list.begin() + static_cast<std::ptrdiff_t>(candidates)) return false;
   const double raw_seconds = seconds[static_cast<size_t>(none - list.begin())];
   size_t kept = 0;
   for (size_t c = 0; c < candidates; ++c) {
-    if (list[c].codec != "none" && seconds[c] > raw_seconds) {
+    if (!list[c].exact() && seconds[c] > raw_seconds) {
       err2[c] = std::numeric_limits<double>::infinity();  // left out
     } else {
       ++kept;
@@ -373,7 +373,7 @@ void AutoCompression::Apply(const Gathered& g, const Decision& d) {
                "': rank 0 chose setting ", chosen, " of ", candidates);
     const CompressionSpec& before = t.choice < 0 ? list.back() : list[static_cast<size_t>(t.choice)];
     const CompressionSpec& after = list[static_cast<size_t>(chosen)];
-    t.flush = t.flush || (before.codec != "none" && after.codec == "none" && t.auto_spec.error_feedback);
+    t.flush = t.flush || (!before.exact() && after.exact() && t.auto_spec.error_feedback);
     t.choice = chosen;
     t.measured = false;
     t.last_norm = g.trend[i];

@@ -26,8 +26,8 @@ void Executor::Prepare(const Response& r, EntryList& entries) {
       Device& device = DeviceOf(entries);
       if (&device != &HostDevice()) {
         OnDevice& on = On(device);
-        if (r.compression.codec == "none" || r.compression.is_auto()) on.host_stage.Reserve(device, bytes, true);
-        if (r.compression.codec != "none") on.fusion.Reserve(device, bytes);
+        if (r.compression.exact() || r.compression.is_auto()) on.host_stage.Reserve(device, bytes, true);
+        if (!r.compression.exact()) on.fusion.Reserve(device, bytes);
       } else if ((r.names.size() > 1 || any_missing) && fusion_.size() < bytes) {
         fusion_.resize(bytes);
       }
@@ -115,13 +115,12 @@ void Executor::SynchronizeAll(const EntryList& entries) {
   }
 }
 
-bool Executor::UseHierarchy(bool compressed, bool raw_auto) const {
-  const bool wanted = settings_.hierarchical || (compressed && settings_.intra_broadcast) || raw_auto;
-  return wanted && topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
+bool Executor::UseHierarchy() const {
+  return settings_.hierarchical && topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
 }
 
 bool Executor::FusedHierarchy(const Response& r) const {
-  if (r.op != ReduceOp::kAdasum) return UseHierarchy(false);
+  if (r.op != ReduceOp::kAdasum) return UseHierarchy();
   return r.on_device && (!topo_.homogeneous || topo_.local_size() > 1);
 }
 
@@ -137,7 +136,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
     for (const std::string& name : r.names) memory_.Forget(name);  // sent: nothing is owed
     return;
   }
-  if (r.compression.codec != "none" || OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
+  if (!r.compression.exact() || OwnUncompressedAllreduce(r, static_cast<size_t>(total))) {
     return RunCompressedAllreduce(r, entries, static_cast<size_t>(total));
   }
   AllreduceOptions o;
@@ -187,17 +186,17 @@ bool Executor::DeliversResiduals(const Response& r) {
   // caller hands the error-feedback memories of its tensors over, averaged as its results are
   // (DiLoCo's commit), and how auto sends the residual of a tensor that moved to none. Only
   // the codecs' dtypes and ops keep residuals.
-  return r.compression.codec == "none" && r.compression.error_feedback && IsCodecDataType(r.dtype) &&
+  return r.compression.exact() && r.compression.error_feedback && IsCodecDataType(r.dtype) &&
          (r.op == ReduceOp::kSum || r.op == ReduceOp::kAverage);
 }
 
 bool Executor::OwnUncompressedAllreduce(const Response& r, size_t total) const {
   // The "none" codec's scatter-reduce-allgather: the compressed path's algorithm (point-to-point,
   // striped, float32 sums in rank order) with raw float32 values on the wire.
-  const std::string& choice = settings_.uncompressed_algorithm;
-  if (choice == "mpi" || r.dtype != DataType::kFloat32) return false;
+  const UncompressedAlgorithm choice = planner_.settings().uncompressed;
+  if (choice == UncompressedAlgorithm::kCommunicator || r.dtype != DataType::kFloat32) return false;
   if (r.op != ReduceOp::kSum && r.op != ReduceOp::kAverage) return false;
-  if (choice == "sra") return true;
+  if (choice == UncompressedAlgorithm::kSra) return true;
   return total * sizeof(float) >= kOwnUncompressedMinBytes && topo_.cross_size() > 1;
 }
 

@@ -17,7 +17,7 @@
 #include "core/timeline.h"
 #include "ops/comm/topology.h"
 #include "ops/collectives/allreduce.h"
-#include "ops/collectives/compressed_allreduce.h"
+#include "ops/collectives/allreduce_algorithms.h"
 
 namespace gradcomp {
 
@@ -39,7 +39,11 @@ class Executor {
   /// responses whose tensors are in device memory on every rank (Response::on_device).
   Executor(const Topology& topo, const Settings& settings, Timeline& timeline,
            DeviceCommunicatorFactory device_comms = {})
-      : topo_(topo), settings_(settings), timeline_(timeline), device_comms_(std::move(device_comms)) {
+      : topo_(topo),
+        settings_(settings),
+        timeline_(timeline),
+        device_comms_(std::move(device_comms)),
+        planner_(PlannerSettings(settings)) {
     if (settings.auto_cost_model) {
       auto_ = std::make_unique<AutoCompression>(timeline_, [this](size_t bytes) { return TimeUncompressed(bytes); });
     }
@@ -136,24 +140,17 @@ class Executor {
   Staged StageCompressed(const Response& r, EntryList& entries, size_t total, bool dgc);
   void UnstageCompressed(const Response& r, EntryList& entries, const Staged& staged);
   CompressedAllreduceOptions CompressedOptions(const Response& r, const Codec& codec, const Staged& staged);
-  /// Runs the compressed allreduce algorithm that fits the codec and the topology.
-  CompressedAllreduceStats RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o,
-                                                  const Topology& topo);
-  /// Hierarchical collectives: asked for, and a topology of equal nodes, several ranks per node
-  /// and several nodes (GRADCOMP_INTRA_BROADCAST asks for it too in compressed allreduces, and
-  /// `raw_auto`, the uncompressed SRA that GRADCOMP_UNCOMPRESSED_ALGORITHM=auto chose).
-  bool UseHierarchy(bool compressed, bool raw_auto = false) const;
-  /// Whether FusedAllreduce runs `r` hierarchically: UseHierarchy(false), except for Adasum,
+  /// The settings of the allreduce algorithms' table (ops/collectives/allreduce_algorithms.h).
+  static AlgorithmSettings PlannerSettings(const Settings& s);
+  /// The compressed allreduce `o` of `r` over `topo` as the table's choice sees it.
+  AllreduceCase CaseOf(const Response& r, const CompressedAllreduceOptions& o, const Topology& topo);
+  /// Hierarchical uncompressed allreduces: asked for, and a topology of equal nodes, several
+  /// ranks per node and several nodes (the compressed ones: the table's hierarchical row).
+  bool UseHierarchy() const;
+  /// Whether FusedAllreduce runs `r` hierarchically: UseHierarchy(), except for Adasum,
   /// which combines the nodes' averages when the tensors are on a device on every rank (Horovod's
   /// Adasum of GPU tensors), whatever the settings, and whole ranks' tensors otherwise.
   bool FusedHierarchy(const Response& r) const;
-  /// The grid of `across` when the SRA over it runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM),
-  /// made the first time (collectively: every rank runs the same responses) and kept; else null.
-  /// topo.world spanning nodes of several ranks runs on the grid whose rows are the nodes
-  /// (MakeNodeGrid) unless flat SRA is asked for.
-  const Grid* GridFor(const Topology& topo, Communicator& across);
-  /// Whether an SRA over `ranks` ranks runs on a grid (GRADCOMP_COMPRESSED_ALGORITHM, GRADCOMP_GRID_MIN_RANKS).
-  bool WantsGrid(int ranks) const;
   void RunAllgather(const Response& r, EntryList& entries);
   void RunBroadcast(const Response& r, EntryList& entries);
   void RunAlltoall(const Response& r, EntryList& entries);
@@ -189,7 +186,7 @@ class Executor {
   std::unique_ptr<AutoCompression> auto_ = std::make_unique<AutoCompression>(timeline_);
   uint64_t compressed_steps_ = 0;    // keys stochastic rounding; identical on every rank
   std::map<Device*, std::unique_ptr<OnDevice>> devices_;
-  std::map<const Communicator*, std::unique_ptr<Grid>> grids_;
+  AllreducePlanner planner_;  // the compressed allreduce's algorithm, and the grids it keeps
   std::atomic<uint64_t> bytes_in_{0}, bytes_on_wire_{0};  // read by other threads (stats)
   std::atomic<uint64_t> uncompressed_sra_{0}, uncompressed_sra_bytes_{0};
 

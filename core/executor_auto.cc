@@ -71,7 +71,7 @@ void Executor::RunAutoGroup(const Response& r, EntryList& entries, const AutoGro
   } give_back{part, entries, g.members};
   // A tensor that moved to none with a residual sends it this once, exactly, and drops it (none
   // with error feedback: DeliversResiduals); after that, none is the plain allreduce.
-  if (sub.compression.codec == "none") sub.compression.error_feedback = g.flush;
+  if (sub.compression.exact()) sub.compression.error_feedback = g.flush;
   RunAllreduce(sub, part);
 }
 

@@ -26,7 +26,7 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   o.input = entries[0] ? entries[0]->input : nullptr;
   const size_t esize = DataTypeSize(r.dtype), out_bytes = static_cast<size_t>(NumElements(shape)) * esize;
   if (timeline_.active()) timeline_.Begin(r.names[0], "COMMUNICATE");
-  if (r.compression.codec != "none") {
+  if (!r.compression.exact()) {
     RunCompressedAllgather(r, entries, o.input, o.counts, out_bytes);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     RunIntoDeviceOutput(r, entries, o.count * esize, out_bytes, true, [&](Communicator& comm, const void* in, void* out) {
@@ -141,7 +141,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries, bool thro
     o.input = scratch_.data();
   }
   const size_t esize = DataTypeSize(r.dtype), out_bytes = o.counts[me] * esize;
-  if (r.compression.codec != "none" || through_codec) {
+  if (!r.compression.exact() || through_codec) {
     RunCompressedReducescatter(r, entries, o.input, o.counts, out_bytes);
   } else if (&DeviceOf(entries) != &HostDevice()) {
     // Over a communicator on device memory the scale factors and Average's division are the

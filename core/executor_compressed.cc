@@ -3,7 +3,6 @@
 #include "core/executor.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "ops/collectives/compressed_allreduce.h"
 #include "ops/common/enforce.h"
@@ -41,14 +40,16 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
     };
   }
   const Topology* comms = DeviceComms(r, entries);
-  const CompressedAllreduceStats st = RunCompressedAlgorithm(codec, o, comms != nullptr ? *comms : topo_);
+  const AllreduceCase c = CaseOf(r, o, comms != nullptr ? *comms : topo_);
+  const AllreduceAlgorithm& algorithm = planner_.Choose(c);
+  const CompressedAllreduceStats st = algorithm.run(c, o);
   if (feedback) {
     memory_.ScatterResiduals(device, on.stream(), r.names, staged.segments, o.residual,
                              static_cast<const float*>(on.reduced.data()));
   }
   if (dgc) memory_.MaskSent(device, on.stream(), r.names, staged.segments, sent, staged.skip_masking);
   UnstageCompressed(r, entries, staged);
-  if (spec.codec == "none") {  // an uncompressed allreduce on the compressed path's algorithm
+  if (spec.exact()) {  // an uncompressed allreduce on the compressed path's algorithm
     ++uncompressed_sra_;
     uncompressed_sra_bytes_ += st.bytes_sent;
   } else {
@@ -56,12 +57,15 @@ void Executor::RunCompressedAllreduce(const Response& r, EntryList& entries, siz
     bytes_on_wire_ += st.bytes_sent;
   }
   if (record) {
-    // Each tensor's share of the bytes this rank sent, in proportion to its size.
+    // Each tensor's share of the bytes this rank sent, in proportion to its size; the algorithm
+    // and the messages it estimates a rank sends for the whole response.
+    const std::string how = ", \"codec\": \"" + JsonEscape(spec.Describe()) + "\", \"algorithm\": \"" +
+                            algorithm.name + "\", \"estimated_messages\": " +
+                            std::to_string(algorithm.cost(c).messages);
     for (size_t i = 0; i < r.names.size(); ++i) {
       const auto wire = static_cast<int64_t>(static_cast<double>(st.bytes_sent) *
                                              static_cast<double>(staged.segments[i]) / static_cast<double>(total));
-      timeline_.End(r.names[i], "ALLREDUCE",
-                    EndArgs(r.dtype, r.shapes[i], wire) + ", \"codec\": \"" + JsonEscape(spec.Describe()) + "\"");
+      timeline_.End(r.names[i], "ALLREDUCE", EndArgs(r.dtype, r.shapes[i], wire) + how);
     }
   }
   CompleteAll(entries);
@@ -166,53 +170,32 @@ CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const 
   return o;
 }
 
-CompressedAllreduceStats Executor::RunCompressedAlgorithm(const Codec& codec, const CompressedAllreduceOptions& o,
-                                                          const Topology& topo) {
-  if (codec.sparse()) return SparseAllreduce(*topo.world, o);
+AlgorithmSettings Executor::PlannerSettings(const Settings& s) {
+  AlgorithmSettings a;
+  a.algorithm = s.compressed_algorithm;
+  a.grid_min_ranks = static_cast<int>(s.grid_min_ranks);
+  a.grid_node_messages = static_cast<int>(s.grid_node_messages);
+  a.leader_only = s.intra_broadcast;
+  a.uncompressed = ParseUncompressedAlgorithm(s.uncompressed_algorithm);
+  return a;
+}
+
+AllreduceCase Executor::CaseOf(const Response& r, const CompressedAllreduceOptions& o, const Topology& topo) {
+  AllreduceCase c;
+  c.codec = o.codec;
+  c.topo = &topo;
+  c.host_memory = o.device == &HostDevice();
   // The uncompressed SRA chosen automatically goes hierarchical on nodes of several ranks: flat,
   // every rank's scatter and gather cross its node's link, local_size times the traffic of
   // reducing inside the node first (docs/benchmarks.md, "The uncompressed SRA on nodes of
   // several ranks").
-  const bool raw_auto = std::strcmp(codec.name(), "none") == 0 && settings_.uncompressed_algorithm == "auto";
-  if (UseHierarchy(true, raw_auto)) {
-    return HierarchicalCompressedAllreduce(topo, o, settings_.intra_broadcast, GridFor(topo, *topo.cross));
-  }
-  if (const Grid* grid = GridFor(topo, *topo.world)) return CompressedAllreduce2d(*grid, o);
-  return CompressedAllreduce(*topo.world, o);
-}
-
-const Grid* Executor::GridFor(const Topology& topo, Communicator& across) {
-  // On nodes of several ranks flat SRA sends every rank's encoded chunks across the node's link,
-  // local_size times what a node needs to send (docs/benchmarks.md, "2 nodes x 2 ranks: node
-  // rows"): then the grid's rows are the nodes. Elsewhere flat SRA sends 2 (n - 1) messages a
-  // rank of size/n^2 encoded bytes each; past a few dozen ranks their count, not their bytes,
-  // sets the time (simulated 25 Gbit/s clusters, docs/benchmarks.md "Scale"), and the grid is
-  // the most square.
-  const bool node_rows = &across == topo.world.get() && topo.homogeneous && topo.local_size() > 1 &&
-                         topo.cross_size() > 1 && settings_.compressed_algorithm != "sra";
-  if (!node_rows && !WantsGrid(across.size())) return nullptr;
-  std::unique_ptr<Grid>& grid = grids_[&across];
-  if (!grid) {
-    // The columns across nodes run a grid of their own when they are long enough, nested again
-    // when a node's ranks would post too many messages at once on the most square one
-    // (GridShape). Every rank of a node runs one such SRA at once across nodes (the node grid's
-    // columns, the hierarchical SRA's shards); a grid over a world of one node crosses no link.
-    const int per_node = node_rows || &across == topo.cross.get() ? topo.local_size() : 1;
-    const auto shape = [&](int ranks) {
-      return GridShape(ranks, per_node, static_cast<int>(settings_.grid_min_ranks),
-                       static_cast<int>(settings_.grid_node_messages));
-    };
-    grid = std::make_unique<Grid>(node_rows ? MakeNodeGrid(topo, WantsGrid(topo.cross_size()) ? shape(topo.cross_size())
-                                                                                               : std::vector<int>{})
-                                            : MakeNestedGrid(across, shape(across.size())));
-  }
-  // A prime number of ranks makes one row: flat SRA.
-  return grid->rows() > 1 ? grid.get() : nullptr;
-}
-
-bool Executor::WantsGrid(int ranks) const {
-  const std::string& choice = settings_.compressed_algorithm;
-  return ranks >= 4 && (choice == "sra2d" || (choice == "auto" && ranks >= settings_.grid_min_ranks));
+  const bool raw_auto = r.compression.exact() && planner_.settings().uncompressed == UncompressedAlgorithm::kAuto;
+  c.hierarchy = settings_.hierarchical || settings_.intra_broadcast || raw_auto;
+  c.count = o.count;
+  c.dtype = o.dtype;
+  c.params = o.params;
+  c.planner = &planner_;
+  return c;
 }
 
 }  // namespace gradcomp

@@ -52,7 +52,7 @@ bool Executor::ShardsAcrossNodes(const EntryList& entries, bool compressed) cons
   // only: a device's tensors take the flat form (their encodings staged for the host
   // communicator, or straight to a device one).
   const bool nodes = topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
-  const bool flat = compressed ? settings_.compressed_algorithm == "sra" : settings_.uncompressed_algorithm == "mpi";
+  const bool flat = planner_.FlatShards(compressed);
   return nodes && !flat && &DeviceOf(entries) == &HostDevice();
 }
 

@@ -52,7 +52,7 @@ std::shared_ptr<Handle> Runtime::Submit(Request request, const void* input, void
 
 CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_t>& shape, ReduceOp op) const {
   const bool compressible = IsCodecDataType(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
-  if (settings_.compression.codec == "none" || !compressible) return CompressionSpec{};
+  if (settings_.compression.exact() || !compressible) return CompressionSpec{};
   if (shape.size() <= 1 || NumElements(shape) < settings_.min_size) return CompressionSpec{};  // the layer filter
   return settings_.compression;
 }
@@ -60,7 +60,7 @@ CompressionSpec Runtime::CompressionFor(DataType dtype, const std::vector<int64_
 CompressionSpec Runtime::AllgatherCompressionFor(DataType dtype, const std::vector<int64_t>& shape) const {
   // By the rows' size, which every rank's shape shares (the first dimension may differ).
   const std::vector<int64_t> row(shape.empty() ? shape.begin() : shape.begin() + 1, shape.end());
-  if (settings_.allgather_codec == "none" || !IsCodecDataType(dtype) || NumElements(row) < settings_.min_size) {
+  if (IsExactCodec(settings_.allgather_codec) || !IsCodecDataType(dtype) || NumElements(row) < settings_.min_size) {
     return CompressionSpec{};
   }
   CompressionSpec spec;
@@ -96,7 +96,7 @@ bool AllreduceOnly(const CompressionSpec& spec) { return spec.is_auto() || FindC
 CompressionSpec ShardCompression(const CompressionSpec* given, const CompressionSpec& fallback, DataType dtype,
                                  ReduceOp op, const std::string& what, bool reduces) {
   if (given == nullptr) return AllreduceOnly(fallback) ? CompressionSpec{} : fallback;
-  if (given->codec == "none") return *given;
+  if (given->exact()) return *given;
   if (AllreduceOnly(*given) && !(reduces && given->is_auto())) {
     throw InvalidArgument(what + " with compression " + given->Describe() + ": " +
                           (given->is_auto() ? "a per-tensor choice compresses allreduces and reducescatters only"
@@ -134,7 +134,7 @@ Request Runtime::AllreduceRequest(const std::string& name, DataType dtype, const
   r.prescale = prescale;
   r.postscale = postscale;
   r.compression = compression ? *compression : CompressionFor(dtype, shape, op);
-  if (compression != nullptr && compression->codec != "none") {
+  if (compression != nullptr && !compression->exact()) {
     CheckExplicitCompression(*compression, dtype, op, "allreduce of '" + name + "'");
   }
   return r;

@@ -13,6 +13,7 @@
 
 #include "ops/common/enforce.h"
 #include "ops/compression/auto_select.h"
+#include "ops/compression/codec.h"
 
 extern char** environ;
 
@@ -425,7 +426,7 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
     c.codec = "maxmin";
     s.notes.push_back("compression set to maxmin because " + std::to_string(c.bits) + " bits were requested");
   }
-  if (c.codec == "maxmin" && c.bits == 32) {
+  if (LookupCodec(c.codec) == &MaxMinCodec() && c.bits == 32) {
     c.codec = "none";
     s.notes.push_back("maxmin with 32 bits means no quantization: compression set to none");
   }

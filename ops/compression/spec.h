@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace gradcomp {
 
@@ -78,6 +79,9 @@ struct CompressionOptions {
   }
 };
 
+/// Whether `codec` names the exact codec, none (no compression).
+inline bool IsExactCodec(std::string_view codec) { return codec == "none"; }
+
 /// How a float allreduce is compressed: a codec and its options. Part of a tensor's identity
 /// for validation, caching and fusion (only tensors with equal specs are fused).
 struct CompressionSpec : CompressionOptions {
@@ -100,6 +104,8 @@ struct CompressionSpec : CompressionOptions {
   std::string Describe() const;
   /// The adaptive policy rather than one codec.
   bool is_auto() const { return codec == "auto"; }
+  /// The exact codec (none): the values as they are.
+  bool exact() const { return IsExactCodec(codec); }
   /// The fields the codec reads (its fields()); auto: maxmin's and its own; every bit for a
   /// name no codec has.
   uint32_t UsedFields() const;

@@ -473,6 +473,8 @@ def test_timeline_records_phases_and_per_rank_ready_marks():
     end = [e for e in by_tensor["tl.q"] if e["name"] == "ALLREDUCE" and e["ph"] == "E"][0]["args"]
     assert end["bytes"] == 64 * 64 * 4 and 0 < end["wire_bytes"] < end["bytes"]
     assert end["ratio"] > 4 and end["codec"].startswith("maxmin(bits=4")
+    # The table's row and its estimate: the flat SRA, 2 (n - 1) messages a rank.
+    assert end["algorithm"] == "sra" and end["estimated_messages"] == 2 * (gc.size() - 1)
 
 
 def test_the_launch_variables_choose_the_world_and_bad_ones_are_named():
