@@ -29,7 +29,8 @@ std::vector<size_t> CheckedBytes(const AllgatherOptions& o, int ranks, int rank)
 
 // The node-first allgather's staging buffers, kept by the thread that runs the collectives
 // (the background thread; a test's thread ranks each): FSDP gathers a unit's parameters at
-// every step, and new buffers of its size each time cost a zero fill and fresh pages.
+// every step, and new buffers of its size each time cost a zero fill and fresh pages
+// (docs/benchmarks.md, "Node-first exchanges keep their staging buffers").
 thread_local Scratch tls_region, tls_packed;
 
 }  // namespace

@@ -30,7 +30,8 @@ ReduceOp Lowered(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum
 
 // The node-first reduce-scatter's staging buffers, kept by the thread that runs the collectives
 // (as the node-first allgather's, allgather.cc): FSDP reduce-scatters a unit's gradients at
-// every step, and new buffers of its size each time cost a zero fill and fresh pages.
+// every step, and new buffers of its size each time cost a zero fill and fresh pages
+// (docs/benchmarks.md, "Node-first exchanges keep their staging buffers").
 thread_local Scratch tls_packed, tls_node_sum;
 
 }  // namespace
