@@ -69,11 +69,8 @@ void ScatterReduce(Communicator& comm, const CompressedAllreduceOptions& o, cons
   size_t wire_at = 0;  // of this block in every peer's message
   for (const Piece& pc : shards.pieces[me]) {
     const size_t block = o.codec->MaxWireSize(pc.len, p);
-    for (size_t q = 0; q < n; ++q) {
-      if (q == me) continue;
-      DecodeOn(d, *o.codec, ws.recv.device() + recv_at[q] + wire_at, block, pc.len, p, DataType::kFloat32,
-               out + (pc.start - base), true, stream);
-    }
+    AccumulatePeers(d, *o.codec, p, ws.recv.device(), recv_at, wire_at, block, pc.len, me, out + (pc.start - base),
+                    stream);
     wire_at += block;
   }
   scale.Apply(d, out, counts[me], stream);

@@ -158,6 +158,15 @@ void ExchangeAll(Communicator& comm, int tag, const uint8_t* in, const std::vect
 
 }  // namespace
 
+void AccumulatePeers(Device& d, const Codec& codec, const CodecParams& p, const uint8_t* wire,
+                     const std::vector<size_t>& peer_at, size_t wire_at, size_t block_bytes, size_t len, size_t mine,
+                     float* acc, Stream& stream) {
+  for (size_t q = 0; q < peer_at.size(); ++q) {
+    if (q == mine) continue;
+    DecodeOn(d, codec, wire + peer_at[q] + wire_at, block_bytes, len, p, DataType::kFloat32, acc, true, stream);
+  }
+}
+
 void AlltoallAtOnce(Communicator& comm, int tag, const uint8_t* in, const std::vector<size_t>& send_bytes, uint8_t* out,
                     const std::vector<size_t>& recv_bytes) {
   if (!comm.nonblocking()) return comm.Alltoallv(in, send_bytes, out, recv_bytes);

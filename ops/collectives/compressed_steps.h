@@ -75,6 +75,16 @@ size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecPar
 void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const uint8_t* wire,
                   const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out);
 
+/// The scatter-reduce step of every SRA (flat and striped, the 2-D SRA's rows, the reduce-
+/// scatter): adds to `acc`, which holds this rank's own values of one of its pieces (`len`
+/// values), every peer's encoding of that piece decoded in float32, in rank order, skipping
+/// `mine`. The same sums in the same order wherever it runs is what keeps results bit-identical.
+/// `wire` is where the peers' messages landed (device memory), peer_at[p] the offset of rank p's
+/// message there, `wire_at` the piece's offset within each message, `block_bytes` its size.
+void AccumulatePeers(Device& d, const Codec& codec, const CodecParams& p, const uint8_t* wire,
+                     const std::vector<size_t>& peer_at, size_t wire_at, size_t block_bytes, size_t len, size_t mine,
+                     float* acc, Stream& stream);
+
 /// Communicator::Alltoallv and Allgatherv over point-to-point with every message posted at
 /// once, polled to the end (`tag` tells them from other traffic). Every message pays one
 /// latency together, where an MPI allgather's ring or an alltoall's pairwise steps pay one a

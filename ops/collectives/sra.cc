@@ -233,11 +233,8 @@ void SraRun::ReduceOwn(size_t s) {
   for (const Piece& pc : plan_.pieces[s][mine]) {
     d.Copy(a, x_ + pc.start, pc.len * sizeof(float), stream);
     const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
-    for (size_t p = 0; p < plan_.ranks; ++p) {
-      if (p == mine) continue;
-      DecodeOn(d, codec_, ws_.recv.device() + plan_.recv_at[s] + off[p] + wire_at, block_bytes, pc.len, p1_,
-               DataType::kFloat32, a, true, stream);
-    }
+    AccumulatePeers(d, codec_, p1_, ws_.recv.device() + plan_.recv_at[s], off, wire_at, block_bytes, pc.len, mine, a,
+                    stream);
     scale_.Apply(d, a, pc.len, stream);
     float* r = rr_ ? rr_ + (pc.start - plan_.chunk_offsets[mine]) : nullptr;
     if (r) d.Reduce(a, a, r, pc.len, DataType::kFloat32, ReduceOp::kSum, stream);

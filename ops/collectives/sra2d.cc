@@ -269,11 +269,7 @@ float* Sra2dSteps::SumOwnChunk() {
       float* a = out_ + pc.start;
       if (a != x_ + pc.start) d_.Copy(a, x_ + pc.start, pc.len * sizeof(float), stream_);
       const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
-      for (size_t p = 0; p < b_; ++p) {
-        if (p == j_) continue;
-        DecodeOn(d_, codec_, ws_.recv.device() + recv_at_[p] + wire_at, block_bytes, pc.len, p1_, DataType::kFloat32, a,
-                 true, stream_);
-      }
+      AccumulatePeers(d_, codec_, p1_, ws_.recv.device(), recv_at_, wire_at, block_bytes, pc.len, j_, a, stream_);
       wire_at += block_bytes;
     }
     stream_.Synchronize();

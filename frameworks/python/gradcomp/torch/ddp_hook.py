@@ -291,7 +291,18 @@ class _Exchange:
     node's link carries 1/(ranks per node) of what the flat exchange sends across it.
 
     The codecs work in the bucket's memory (on its GPU for a GPU bucket, see DDPHookState);
-    the collectives take the bucket's device, so nothing crosses to the host on the way."""
+    the collectives take the bucket's device, so nothing crosses to the host on the way.
+
+    Why this is not the runtime's compressed reduce-scatter and allgather (ops/collectives/
+    compressed_shards.h): the hook exists for DDP on another backend (gloo, nccl, mpi), and its
+    collectives must be that process group's, issued on the hook's thread in bucket order; the
+    runtime's run on gradcomp's own world, negotiated by its background thread, so they would
+    take the exchange off the group the user chose. DDP on backend gradcomp runs the runtime's
+    collectives instead. The codec steps are the runtime's: the same chunking (`_core.even_split`),
+    rounding streams (`_core.sra_stream_seeds`), encode and decode kernels (`_core.codec_*_at`)
+    and float32 sums in rank order; unlike the runtime's scatter-reduce (AccumulatePeers,
+    compressed_steps.h), which starts from this rank's own values, the hook sums every rank's
+    encoding, its own too, as its all_to_all delivers them."""
 
     def __init__(self, state, bucket, grid):
         self.state, self.grid = state, grid
