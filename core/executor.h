@@ -18,6 +18,7 @@
 #include "ops/comm/topology.h"
 #include "ops/collectives/allreduce.h"
 #include "ops/collectives/allreduce_algorithms.h"
+#include "ops/collectives/shard_algorithms.h"
 
 namespace gradcomp {
 
@@ -170,11 +171,12 @@ class Executor {
   CompressedAllreduceOptions ShardedOptions(const Response& r, EntryList& entries, const void* input,
                                             const std::vector<size_t>& counts, size_t out_bytes,
                                             std::vector<char>& local);
-  /// The communicator their flat forms run over: the device's world where there is one.
-  Communicator& ShardsComm(const Response& r, const EntryList& entries);
-  /// Whether reducescatters and allgathers, compressed or not, sum and gather inside each node
-  /// first (host memory on nodes of several ranks, unless the algorithm setting says flat).
-  bool ShardsAcrossNodes(const EntryList& entries, bool compressed) const;
+  /// Their case for the table of sharded algorithms (ops/collectives/shard_algorithms.h): the
+  /// flat forms over the device's world where there is one.
+  ShardCase ShardCaseOf(const Response& r, const EntryList& entries);
+  /// Whether uncompressed reducescatters and allgathers sum and gather inside each node first
+  /// (host memory on nodes of several ranks, unless GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi).
+  bool ShardsAcrossNodes(const EntryList& entries) const;
 
   const Topology& topo_;
   const Settings& settings_;

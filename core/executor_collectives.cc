@@ -38,7 +38,7 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    if (ShardsAcrossNodes(entries, false)) {
+    if (ShardsAcrossNodes(entries)) {
       HierarchicalAllgather(topo_, o);
     } else {
       Allgather(*topo_.world, o);
@@ -172,7 +172,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries, bool thro
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    if (ShardsAcrossNodes(entries, false)) {
+    if (ShardsAcrossNodes(entries)) {
       HierarchicalReducescatter(topo_, o);
     } else {
       Reducescatter(*topo_.world, o);

@@ -2,7 +2,7 @@
 // a response's tensor on its device, the algorithm for the topology, error feedback by name.
 #include "core/executor.h"
 
-#include "ops/collectives/compressed_shards.h"
+#include "ops/collectives/shard_algorithms.h"
 
 #include "core/executor_parts.h"
 
@@ -39,20 +39,23 @@ CompressedAllreduceOptions Executor::ShardedOptions(const Response& r, EntryList
   return o;
 }
 
-Communicator& Executor::ShardsComm(const Response& r, const EntryList& entries) {
+ShardCase Executor::ShardCaseOf(const Response& r, const EntryList& entries) {
   const Topology* comms = DeviceComms(r, entries);
-  return comms != nullptr ? *comms->world : *topo_.world;
+  ShardCase c;
+  c.topo = &topo_;
+  c.flat = comms != nullptr ? comms->world.get() : topo_.world.get();
+  c.host_memory = &DeviceOf(entries) == &HostDevice();
+  c.planner = &planner_;
+  return c;
 }
 
-bool Executor::ShardsAcrossNodes(const EntryList& entries, bool compressed) const {
-  // On nodes of several ranks the flat forms send every rank's shards (or their encodings)
-  // across its node's link; summing and gathering inside the node first sends a node's once, as
-  // the compressed allreduce's node rows do (GRADCOMP_COMPRESSED_ALGORITHM=sra keeps the
-  // compressed forms flat, GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi the exact ones). Host memory
-  // only: a device's tensors take the flat form (their encodings staged for the host
-  // communicator, or straight to a device one).
+bool Executor::ShardsAcrossNodes(const EntryList& entries) const {
+  // On nodes of several ranks the flat forms send every rank's shards across its node's link;
+  // summing and gathering inside the node first sends a node's once, as the compressed forms'
+  // node_first row does (GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi keeps them flat). Host memory only:
+  // a device's tensors take the flat form.
   const bool nodes = topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
-  const bool flat = planner_.FlatShards(compressed);
+  const bool flat = planner_.FlatShards(false);
   return nodes && !flat && &DeviceOf(entries) == &HostDevice();
 }
 
@@ -70,9 +73,8 @@ void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries,
     o.residual = static_cast<float*>(on.residual.Reserve(device, o.count * sizeof(float)));
     memory_.GatherResiduals(device, on.stream(), names, segments, o.residual, nullptr);
   }
-  const CompressedAllreduceStats st = ShardsAcrossNodes(entries, true)
-                                          ? HierarchicalCompressedReducescatter(topo_, o, counts)
-                                          : CompressedReducescatter(ShardsComm(r, entries), o, counts);
+  const ShardCase c = ShardCaseOf(r, entries);
+  const CompressedAllreduceStats st = ChooseShardAlgorithm(c).reducescatter(c, o, counts);
   if (feedback) memory_.ScatterResiduals(device, on.stream(), names, segments, o.residual, nullptr);
   on.stream().Synchronize();
   // Against what an exact reduce-scatter sends: every peer's shard of this rank's values.
@@ -84,9 +86,8 @@ void Executor::RunCompressedAllgather(const Response& r, EntryList& entries, con
                                       const std::vector<size_t>& counts, size_t out_bytes) {
   std::vector<char> local;
   const CompressedAllreduceOptions o = ShardedOptions(r, entries, input, counts, out_bytes, local);
-  const CompressedAllreduceStats st = ShardsAcrossNodes(entries, true)
-                                          ? HierarchicalCompressedAllgather(topo_, o, counts)
-                                          : CompressedAllgather(ShardsComm(r, entries), o, counts);
+  const ShardCase c = ShardCaseOf(r, entries);
+  const CompressedAllreduceStats st = ChooseShardAlgorithm(c).allgather(c, o, counts);
   // Against what an exact allgather sends: this rank's rows to every peer.
   bytes_in_ += counts[static_cast<size_t>(topo_.rank())] * DataTypeSize(r.dtype) * (counts.size() - 1);
   bytes_on_wire_ += st.bytes_sent;

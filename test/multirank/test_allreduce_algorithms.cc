@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <set>
 
 #include "ops/collectives/allreduce_algorithms.h"
+#include "ops/collectives/shard_algorithms.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #include "test/support/harness.h"
@@ -37,17 +39,13 @@ struct Choice {
   bool host_memory = true;
 };
 
-// The row every rank of `world` ranks in nodes of `local` (0: one node) chooses; fails the test
+// What every rank of `world` ranks in nodes of `local` (0: one node) chooses; fails the test
 // where ranks disagree.
-std::string Chosen(int world, int local, const Choice& choice) {
+std::string Agreed(int world, int local, const std::function<std::string(Topology&)>& choose) {
   std::mutex m;
   std::set<std::string> names;
   const auto errors = RunTopology(world, local, [&](Topology& topo) {
-    AllreducePlanner planner(choice.settings);
-    AllreduceCase c = CaseFor(topo, planner, choice.codec, 1 << 12);
-    c.hierarchy = choice.hierarchy;
-    c.host_memory = choice.host_memory;
-    const std::string name = planner.Choose(c).name;
+    const std::string name = choose(topo);
     std::lock_guard<std::mutex> lock(m);
     names.insert(name);
     return std::string();
@@ -55,6 +53,17 @@ std::string Chosen(int world, int local, const Choice& choice) {
   EXPECT_EQ(Failures(errors), "");
   EXPECT_EQ(names.size(), 1u) << "the ranks chose different rows";
   return names.empty() ? "" : *names.begin();
+}
+
+// The allreduce's row.
+std::string Chosen(int world, int local, const Choice& choice) {
+  return Agreed(world, local, [&](Topology& topo) {
+    AllreducePlanner planner(choice.settings);
+    AllreduceCase c = CaseFor(topo, planner, choice.codec, 1 << 12);
+    c.hierarchy = choice.hierarchy;
+    c.host_memory = choice.host_memory;
+    return std::string(planner.Choose(c).name);
+  });
 }
 
 Choice Named(const char* algorithm) {
@@ -118,6 +127,33 @@ TEST(AllreduceTable, AnUnknownSettingNamesItselfAndTheRows) {
   EXPECT_EQ(ParseUncompressedAlgorithm("mpi"), UncompressedAlgorithm::kCommunicator);
 }
 
+// The sharded collectives' row.
+std::string ShardChosen(int world, int local, const char* algorithm, bool host_memory = true) {
+  AlgorithmSettings settings;
+  settings.algorithm = algorithm;
+  return Agreed(world, local, [&](Topology& topo) {
+    const AllreducePlanner planner(settings);
+    ShardCase c;
+    c.topo = &topo;
+    c.flat = topo.world.get();
+    c.host_memory = host_memory;
+    c.planner = &planner;
+    return std::string(ChooseShardAlgorithm(c).name);
+  });
+}
+
+TEST(ShardTable, NodesOfSeveralRanksGoNodeFirstInHostMemoryUnlessFlatIsAsked) {
+  std::vector<std::string> names;
+  for (const ShardAlgorithm& row : ShardAlgorithms()) names.push_back(row.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"node_first", "flat"}));
+  EXPECT_EQ(ShardChosen(4, 2, "auto"), "node_first");
+  EXPECT_EQ(ShardChosen(4, 2, "sra2d"), "node_first");
+  EXPECT_EQ(ShardChosen(4, 2, "sra"), "flat");
+  EXPECT_EQ(ShardChosen(4, 2, "auto", false), "flat");  // a device's buffers
+  EXPECT_EQ(ShardChosen(4, 1, "auto"), "flat");
+  EXPECT_EQ(ShardChosen(4, 0, "auto"), "flat");
+}
+
 // A test-only row: every rank's raw float32 values allgathered and summed in rank order on every
 // rank, in host memory only, chosen only where the setting names it.
 constexpr const char* kToy = "toy_allgather";
@@ -149,8 +185,8 @@ CompressedAllreduceStats ToyRun(const AllreduceCase& c, const CompressedAllreduc
 class ToyRow : public ::testing::Test {
  protected:
   void SetUp() override {
-    RegisterAllreduceAlgorithm({kToy, "allgather and sum (test only)", CodecKind::kDense, false, 1, true, ToyNamed,
-                                ToyCost, ToyRun});
+    RegisterAllreduceAlgorithm(
+        {kToy, "allgather and sum (test only)", CodecKind::kDense, false, 1, true, ToyNamed, ToyCost, ToyRun});
   }
   void TearDown() override { UnregisterAllreduceAlgorithm(kToy); }
 };

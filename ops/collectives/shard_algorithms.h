@@ -1,0 +1,50 @@
+// The compressed reduce-scatter's and allgather's algorithms (compressed_shards.h) as a table, as
+// the allreduce's (allreduce_algorithms.h): each row names an algorithm, says what it needs (equal
+// nodes of several ranks, host memory), whether the settings want it, and runs both halves. The
+// runtime asks ChooseShardAlgorithm for a sharded collective's row: the first whose needs hold
+// and which the settings want.
+//   node_first  summed (gathered) inside each node first, only a node's share crosses its link
+//               (HierarchicalCompressedReducescatter / Allgather), unless the setting is sra;
+//   flat        every rank's shards straight to their owners (CompressedReducescatter / Allgather).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "ops/collectives/allreduce_algorithms.h"
+#include "ops/collectives/compressed_shards.h"
+
+namespace gradcomp {
+
+/// One sharded collective, as the choice sees it.
+struct ShardCase {
+  /// The host's communicators (the node-first forms run over them).
+  const Topology* topo = nullptr;
+  /// What the flat forms run over: the world of the buffers' device where it has one.
+  Communicator* flat = nullptr;
+  /// Whether its buffers are in host memory.
+  bool host_memory = true;
+  /// The settings (AllreducePlanner::FlatShards).
+  const AllreducePlanner* planner = nullptr;
+};
+
+/// A row of the table.
+struct ShardAlgorithm {
+  const char* name;
+  const char* description;
+  /// What it needs: equal nodes of several ranks (and several nodes), host memory.
+  bool nodes;
+  bool host_only;
+  bool (*wanted)(const ShardCase& c);
+  CompressedAllreduceStats (*reducescatter)(const ShardCase& c, const CompressedAllreduceOptions& o,
+                                            const std::vector<size_t>& counts);
+  CompressedAllreduceStats (*allgather)(const ShardCase& c, const CompressedAllreduceOptions& o,
+                                        const std::vector<size_t>& counts);
+};
+
+/// The rows, in the order they are tried.
+const std::vector<ShardAlgorithm>& ShardAlgorithms();
+/// The first row whose needs hold and which the settings want (flat holds everywhere).
+const ShardAlgorithm& ChooseShardAlgorithm(const ShardCase& c);
+
+}  // namespace gradcomp
