@@ -2,7 +2,8 @@
 // waits for a late one spins a few microseconds, then sleeps on a futex until the last arrives.
 // MPI_Barrier polls instead (Open MPI's shared-memory transport spins at full speed unless it
 // knows the node is oversubscribed): a node's ranks waiting for a peer then burn the cores that
-// peer, or its GPU's host threads, or the framework's threads, need to catch up.
+// peer, or its GPU's host threads, or the framework's threads, need to catch up
+// (docs/benchmarks.md, "The node's barrier: a futex in the window").
 #pragma once
 
 #include <atomic>
