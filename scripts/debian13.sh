@@ -88,8 +88,8 @@ test_in_root() {
   in_root cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_WERROR=ON -DGRADCOMP_BUILD_TESTS=ON \
     -DGRADCOMP_BUILD_BENCHMARKS=OFF
   in_root cmake --build build -j "$(nproc)" --target gradcomp_python gradcomp_header_check
-  # A slot more than cores, as scripts/test_pip_torch.sh: the fault matrix mostly waits out timeouts in
-  # its one slot, and the -np 2 suites (two slots each) run beside it instead of after it.
+  # A slot more than cores: the fault matrix mostly waits out timeouts in its one slot, and the -np 2
+  # suites (two slots each) run beside it instead of after it.
   in_root bash -c 'cd build && exec ctest --output-on-failure -j "$(($(nproc) + 1))" --timeout 900 -R "$0"' \
     "$debian13_suites"
   in_root bash scripts/check_horovod.sh build/horovod-conformance.log  # build-debian13/ here
