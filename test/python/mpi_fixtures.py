@@ -16,7 +16,9 @@ def use_job_port(salt=""):
     if torchrun():
         return
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1((salt + job_id()).encode()).hexdigest(), 16) % 20000)
+    # Below Linux's ephemeral range (32768-60999), where any connection's local port may already
+    # hold the one a hash picks there.
+    os.environ["MASTER_PORT"] = str(20000 + int(hashlib.sha1((salt + job_id()).encode()).hexdigest(), 16) % 12768)
 
 
 def torch_runtime(backend, salt=""):
