@@ -116,7 +116,7 @@ void Executor::SynchronizeAll(const EntryList& entries) {
 }
 
 bool Executor::UseHierarchy() const {
-  return settings_.hierarchical && topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
+  return settings_.hierarchical && topo_.nodes_of_several_ranks();
 }
 
 bool Executor::FusedHierarchy(const Response& r) const {

@@ -54,9 +54,7 @@ bool Executor::ShardsAcrossNodes(const EntryList& entries) const {
   // summing and gathering inside the node first sends a node's once, as the compressed forms'
   // node_first row does (GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi keeps them flat). Host memory only:
   // a device's tensors take the flat form.
-  const bool nodes = topo_.homogeneous && topo_.local_size() > 1 && topo_.cross_size() > 1;
-  const bool flat = planner_.FlatShards(false);
-  return nodes && !flat && &DeviceOf(entries) == &HostDevice();
+  return topo_.nodes_of_several_ranks() && !planner_.FlatShards(false) && &DeviceOf(entries) == &HostDevice();
 }
 
 void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries, const void* input,

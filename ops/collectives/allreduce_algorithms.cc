@@ -126,8 +126,7 @@ void UnregisterAllreduceAlgorithm(std::string_view name) {
 bool NeedsHold(const AllreduceAlgorithm& row, const AllreduceCase& c) {
   const Topology& topo = *c.topo;
   const CodecKind kind = c.codec->sparse() ? CodecKind::kSparse : CodecKind::kDense;
-  const bool nodes = topo.homogeneous && topo.local_size() > 1 && topo.cross_size() > 1;
-  return row.codec == kind && (!row.nodes || nodes) && topo.world->size() >= row.min_ranks &&
+  return row.codec == kind && (!row.nodes || topo.nodes_of_several_ranks()) && topo.world->size() >= row.min_ranks &&
          (!row.host_only || c.host_memory);
 }
 
@@ -160,8 +159,7 @@ const Grid* AllreducePlanner::GridFor(const Topology& topo, Communicator& across
   // rank of size/n^2 encoded bytes each; past a few dozen ranks their count, not their bytes,
   // sets the time (simulated 25 Gbit/s clusters, docs/benchmarks.md "Scale"), and the grid is
   // the most square.
-  const bool node_rows = &across == topo.world.get() && topo.homogeneous && topo.local_size() > 1 &&
-                         topo.cross_size() > 1 && settings_.algorithm != "sra";
+  const bool node_rows = &across == topo.world.get() && topo.nodes_of_several_ranks() && settings_.algorithm != "sra";
   if (!node_rows && !WantsGrid(across.size())) return nullptr;
   std::unique_ptr<Grid>& grid = grids_[&across];
   if (!grid) {

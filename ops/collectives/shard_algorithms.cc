@@ -38,10 +38,9 @@ const std::vector<ShardAlgorithm>& ShardAlgorithms() {
 }
 
 const ShardAlgorithm& ChooseShardAlgorithm(const ShardCase& c) {
-  const Topology& topo = *c.topo;
-  const bool nodes = topo.homogeneous && topo.local_size() > 1 && topo.cross_size() > 1;
   for (const ShardAlgorithm& row : ShardAlgorithms()) {
-    if ((!row.nodes || nodes) && (!row.host_only || c.host_memory) && row.wanted(c)) return row;
+    if ((!row.nodes || c.topo->nodes_of_several_ranks()) && (!row.host_only || c.host_memory) && row.wanted(c))
+      return row;
   }
   return ShardAlgorithms().back();  // flat: its needs always hold
 }

@@ -25,6 +25,8 @@ struct Topology {
   int local_size() const { return local->size(); }
   int cross_rank() const { return cross->rank(); }
   int cross_size() const { return cross->size(); }
+  /// Equal nodes of several ranks each, and several nodes: where node-first algorithms pay.
+  bool nodes_of_several_ranks() const { return homogeneous && local_size() > 1 && cross_size() > 1; }
 };
 
 /// The ranks of a communicator as a grid for two-level algorithms (the 2-D SRA): rows of
