@@ -123,7 +123,12 @@ TEST(AllreduceTable, AnUnknownSettingNamesItselfAndTheRows) {
                  "GRADCOMP_COMPRESSED_ALGORITHM='ring': no such allreduce algorithm (auto, sparse, hierarchical, "
                  "sra2d, sra)");
   }
-  EXPECT_THROW(ParseUncompressedAlgorithm("ring"), InvalidArgument);
+  try {
+    ParseUncompressedAlgorithm("ring");
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "GRADCOMP_UNCOMPRESSED_ALGORITHM='ring': auto, mpi or sra");
+  }
   EXPECT_EQ(ParseUncompressedAlgorithm("mpi"), UncompressedAlgorithm::kCommunicator);
 }
 
