@@ -1,10 +1,11 @@
-// Compressed reduce-scatter (compressed_shards.h): SRA's scatter and the owner's float32 sum,
-// over one communicator, or summed inside each node first and compressed across nodes.
+// Compressed reduce-scatter (compressed_shards.h): SRA's reduce-scatter half (the scatter and the
+// owner's float32 sum) over one communicator, or summed inside each node first and compressed
+// across nodes.
 
 #include "ops/collectives/compressed_shards.h"
 #include "ops/collectives/compressed_steps.h"
 #include "ops/collectives/context.h"
-#include "ops/compression/codec_on_device.h"
+#include "ops/collectives/sra_halves.h"
 
 namespace gradcomp {
 
@@ -21,61 +22,32 @@ CompressedAllreduceOptions ShardOf(const CompressedAllreduceOptions& o, size_t c
   return shard;
 }
 
-// Over `comm`: every peer's shard of x (o.count float32 values, prescaled and compensated)
-// encoded and exchanged, this rank's shard summed in float32 (its own values first, then the
-// peers' in rank order) and scaled into `out`. o.residual (o.count floats, or null) receives
-// what each peer's encoding lost.
+// Over `comm`: the reduce-scatter half (sra_halves.h) over the shards' plan: every peer's shard
+// of x (o.count float32 values, prescaled and compensated) encoded and exchanged, this rank's
+// shard summed in float32 (its own values first, then the peers' in rank order) and scaled into
+// `out`. o.residual (o.count floats, or null) receives what each peer's encoding lost.
 void ScatterReduce(Communicator& comm, const CompressedAllreduceOptions& o, const std::vector<size_t>& counts,
                    const float* x, const OutputScaling& scale, float* out, CompressionWorkspace& ws,
                    CompressedAllreduceStats* st) {
-  Device& d = ws.device;
   Stream& stream = *ws.stream;
-  const size_t n = counts.size(), me = static_cast<size_t>(comm.rank());
-  const ShardPieces shards(o, counts);
-  const CodecParams p = SraScatterParams(o.params, comm.rank());
-  std::vector<size_t> send_bytes(n, 0), recv_bytes(n, 0);
-  for (size_t q = 0; q < n; ++q) {
-    if (q == me) continue;
-    send_bytes[q] = shards.bytes[q];
-    recv_bytes[q] = shards.bytes[me];
-  }
-  const std::vector<size_t> send_at = Offsets(send_bytes), recv_at = Offsets(recv_bytes);
-  const size_t send_total = send_at.back() + send_bytes.back(), recv_total = recv_at.back() + recv_bytes.back();
-  const bool wire_on_device = WireOnDevice(comm, ws);
-  ws.send.Reserve(d, send_total, wire_on_device);
-  ws.recv.Reserve(d, recv_total, wire_on_device);
+  const SraPlan plan = SraPlan::OfShards(o, counts, static_cast<size_t>(comm.rank()));
+  ScatterHalf half(o, plan, SraScatterParams(o.params, comm.rank()), x, ws, false);
+  half.Reserve(WireOnDevice(comm, ws));
   {
     Phase phase(o, "COMPRESS", &st->compress_seconds);
-    for (size_t q = 0; q < n; ++q) {
-      if (q == me) continue;
-      uint8_t* dst = ws.send.device() + send_at[q];
-      EncodePieces(ws, *o.codec, p, x, 0, shards.pieces[q], dst);
-      if (o.residual == nullptr) continue;
-      float* r = o.residual + shards.offsets[q];
-      DecodePieces(ws, *o.codec, p, dst, shards.pieces[q], shards.offsets[q], DataType::kFloat32, r);
-      d.Subtract(r, x + shards.offsets[q], r, counts[q], stream);
-    }
-    ws.send.ToWire(0, send_total, stream);
+    half.EncodePeers(0);
     stream.Synchronize();
   }
   {
     Phase phase(o, "COMMUNICATE", &st->communicate_seconds);
-    AlltoallAtOnce(comm, kReducescatterTag, ws.send.wire(), send_bytes, ws.recv.wire(), recv_bytes);
+    AlltoallAtOnce(comm, kReducescatterTag, ws.send.wire(), plan.ScatterBytes(0, true), ws.recv.wire(),
+                   plan.ScatterBytes(0, false));
   }
   Phase phase(o, "DECOMPRESS", &st->decompress_seconds);
-  ws.recv.FromWire(0, recv_total, stream);
-  const size_t base = shards.offsets[me];
-  d.Copy(out, x + base, counts[me] * sizeof(float), stream);
-  size_t wire_at = 0;  // of this block in every peer's message
-  for (const Piece& pc : shards.pieces[me]) {
-    const size_t block = o.codec->MaxWireSize(pc.len, p);
-    AccumulatePeers(d, *o.codec, p, ws.recv.device(), recv_at, wire_at, block, pc.len, me, out + (pc.start - base),
-                    stream);
-    wire_at += block;
-  }
-  scale.Apply(d, out, counts[me], stream);
+  half.Reduce(0, out, plan.chunk_offsets[plan.mine], nullptr);
+  scale.Apply(ws.device, out, plan.chunks[plan.mine], stream);
   stream.Synchronize();
-  st->bytes_sent += send_total;
+  st->bytes_sent += plan.send_total;
 }
 
 // Copies the shards of `column` from the buffer layout (shards at `offsets`) into one region

@@ -59,16 +59,6 @@ size_t EncodedSize(const Codec& codec, const CodecParams& p, const std::vector<P
   return total;
 }
 
-ShardPieces::ShardPieces(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts)
-    : offsets(Offsets(counts)) {
-  const std::vector<size_t> bounds = SegmentBounds(o);
-  const size_t bucket = static_cast<size_t>(std::max<int64_t>(1, o.params.bucket_size));
-  for (size_t r = 0; r < counts.size(); ++r) {
-    pieces.push_back(CutIntoBlocks(PiecesIn(offsets[r], counts[r], bounds), bucket));
-    bytes.push_back(EncodedSize(*o.codec, o.params, pieces.back()));
-  }
-}
-
 void ValidateShards(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts, int ranks, int me,
                     bool gather) {
   if (o.codec != nullptr && o.codec->sparse()) {
@@ -157,15 +147,6 @@ void ExchangeAll(Communicator& comm, int tag, const uint8_t* in, const std::vect
 }
 
 }  // namespace
-
-void AccumulatePeers(Device& d, const Codec& codec, const CodecParams& p, const uint8_t* wire,
-                     const std::vector<size_t>& peer_at, size_t wire_at, size_t block_bytes, size_t len, size_t mine,
-                     float* acc, Stream& stream) {
-  for (size_t q = 0; q < peer_at.size(); ++q) {
-    if (q == mine) continue;
-    DecodeOn(d, codec, wire + peer_at[q] + wire_at, block_bytes, len, p, DataType::kFloat32, acc, true, stream);
-  }
-}
 
 void AlltoallAtOnce(Communicator& comm, int tag, const uint8_t* in, const std::vector<size_t>& send_bytes, uint8_t* out,
                     const std::vector<size_t>& recv_bytes) {

@@ -46,16 +46,6 @@ std::vector<Piece> PiecesIn(size_t begin, size_t len, const std::vector<size_t>&
 constexpr size_t kBlockValues = size_t{1} << 14;
 std::vector<Piece> CutIntoBlocks(const std::vector<Piece>& pieces, size_t bucket_size);
 
-/// The shards of a sharded collective (compressed_shards.h): shard r is counts[r] values at
-/// offsets[r] of the buffer, cut into pieces as SRA cuts its chunks (at the tensors' bounds,
-/// then into blocks), bytes[r] their encoded size.
-struct ShardPieces {
-  ShardPieces(const CompressedAllreduceOptions& o, const std::vector<size_t>& counts);
-  std::vector<size_t> offsets;
-  std::vector<std::vector<Piece>> pieces;
-  std::vector<size_t> bytes;
-};
-
 /// Throws InvalidArgument for a sharded collective's options (compressed_shards.h) that cannot
 /// run over `ranks` ranks on rank `me`: ValidateCompressed's, a sparse codec, shard counts that
 /// are not one per rank or do not sum to o.count. `gather`: the input holds this rank's shard and
@@ -74,16 +64,6 @@ size_t EncodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecPar
 /// Decodes pieces (device memory) into `out`, whose element 0 is buffer element `base`.
 void DecodePieces(CompressionWorkspace& ws, const Codec& codec, const CodecParams& p, const uint8_t* wire,
                   const std::vector<Piece>& pieces, size_t base, DataType out_dtype, void* out);
-
-/// The scatter-reduce step of every SRA (flat and striped, the 2-D SRA's rows, the reduce-
-/// scatter): adds to `acc`, which holds this rank's own values of one of its pieces (`len`
-/// values), every peer's encoding of that piece decoded in float32, in rank order, skipping
-/// `mine`. The same sums in the same order wherever it runs is what keeps results bit-identical.
-/// `wire` is where the peers' messages landed (device memory), peer_at[p] the offset of rank p's
-/// message there, `wire_at` the piece's offset within each message, `block_bytes` its size.
-void AccumulatePeers(Device& d, const Codec& codec, const CodecParams& p, const uint8_t* wire,
-                     const std::vector<size_t>& peer_at, size_t wire_at, size_t block_bytes, size_t len, size_t mine,
-                     float* acc, Stream& stream);
 
 /// Communicator::Alltoallv and Allgatherv over point-to-point with every message posted at
 /// once, polled to the end (`tag` tells them from other traffic). Every message pays one

@@ -15,8 +15,7 @@
 #include "ops/collectives/context.h"
 #include "ops/collectives/pipeline.h"
 #include "ops/collectives/sra.h"
-#include "ops/compression/codec_on_device.h"
-#include "ops/reduce/reduce.h"
+#include "ops/collectives/sra_halves.h"
 
 namespace gradcomp {
 
@@ -164,8 +163,6 @@ class Sra2dSteps {
       : grid_(grid),
         row_(*grid.row),
         o_(o),
-        codec_(*o.codec),
-        x_(x),
         out_(out),
         ws_(ws),
         st_(st),
@@ -174,14 +171,15 @@ class Sra2dSteps {
         b_(static_cast<size_t>(row_.size())),
         j_(static_cast<size_t>(row_.rank())),
         rp_(RowPlan(o, b_, j_)),
-        p1_(SraScatterParams(o.params, grid.rank)),
+        scatter_(o, rp_, SraScatterParams(o.params, grid.rank), x, ws, false),
         wire_on_device_(WireOnDevice(row_, ws)),
         overlap_(o.pipeline_stripes > 1 && o.count >= kPipelineMinValues && row_.nonblocking()) {}
 
-  /// 1. The row's scatter: every other chunk of the row, encoded for its owner.
+  /// 1. The row's scatter (the reduce-scatter half): every other chunk of the row, encoded for
+  /// its owner.
   void Scatter();
   /// 2. The row sum of chunk j in float32, where chunk j's result goes (x may be out): this
-  /// rank's values, then the peers' in row order. Returns where it is.
+  /// rank's values, then the peers' in row order (the half's Reduce). Returns where it is.
   float* SumOwnChunk();
   /// 3. (ColumnAllreduce of that sum, with these options.)
   CompressedAllreduceOptions ColumnOptionsOfOwnChunk() const { return ColumnOptions(o_, rp_, j_); }
@@ -190,15 +188,9 @@ class Sra2dSteps {
   void Allgather(bool keep_encodings);
 
  private:
-  // Peer p's chunk, encoded into its place in ws.send (staged for the network by the caller),
-  // and its compression error into the residual.
-  void EncodeFor(size_t p);
-
   const Grid& grid_;
   Communicator& row_;
   const CompressedAllreduceOptions& o_;
-  const Codec& codec_;
-  const float* x_;
   float* out_;
   CompressionWorkspace& ws_;
   CompressedAllreduceStats* st_;
@@ -206,30 +198,14 @@ class Sra2dSteps {
   Stream& stream_;
   const size_t b_, j_;  // the row's size, this rank's place in it
   const SraPlan rp_;
-  const CodecParams p1_;
+  ScatterHalf scatter_;
   const bool wire_on_device_, overlap_;
   Pipeline codec_work_{true};
-  std::vector<size_t> send_bytes_, send_at_, recv_at_;
 };
 
-void Sra2dSteps::EncodeFor(size_t p) {
-  uint8_t* dst = ws_.send.device() + send_at_[p];
-  EncodePieces(ws_, codec_, p1_, x_, 0, rp_.pieces[0][p], dst);
-  if (o_.residual) {
-    const size_t begin = rp_.StripeBegin(p, 0), len = rp_.StripeLength(p, 0);
-    float* r = o_.residual + begin;
-    DecodePieces(ws_, codec_, p1_, dst, rp_.pieces[0][p], begin, DataType::kFloat32, r);
-    d_.Subtract(r, x_ + begin, r, len, stream_);
-  }
-}
-
 void Sra2dSteps::Scatter() {
-  ws_.send.Reserve(d_, rp_.send_total, wire_on_device_);
-  ws_.recv.Reserve(d_, rp_.recv_total, wire_on_device_);
-  send_bytes_ = rp_.ScatterBytes(0, true);
-  const std::vector<size_t> recv_bytes = rp_.ScatterBytes(0, false);
-  send_at_ = Offsets(send_bytes_);
-  recv_at_ = Offsets(recv_bytes);
+  scatter_.Reserve(wire_on_device_);
+  const std::vector<size_t> send_bytes = rp_.ScatterBytes(0, true), recv_bytes = rp_.ScatterBytes(0, false);
   if (overlap_) {
     Pipeline helper(false);
     std::vector<size_t> encoded(b_);
@@ -237,25 +213,22 @@ void Sra2dSteps::Scatter() {
       const size_t p = (j_ + k) % b_;
       encoded[p] = helper.Submit([&, p] {
         Phase phase(o_, "COMPRESS", &st_->compress_seconds);
-        EncodeFor(p);
-        ws_.send.ToWire(send_at_[p], send_bytes_[p], stream_);
+        scatter_.Encode(0, p);
+        scatter_.Stage(0, p);
         stream_.Synchronize();
       });
     }
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    RowExchange(row_, kRowScatterTag, helper, ws_.send.wire(), send_bytes_, false, ws_.recv.wire(), recv_bytes,
+    RowExchange(row_, kRowScatterTag, helper, ws_.send.wire(), send_bytes, false, ws_.recv.wire(), recv_bytes,
                 [&](size_t p) { return helper.Done(encoded[p]); }, nullptr);
   } else {
     codec_work_.Submit([&] {
       Phase phase(o_, "COMPRESS", &st_->compress_seconds);
-      for (size_t p = 0; p < b_; ++p) {
-        if (p != j_) EncodeFor(p);
-      }
-      ws_.send.ToWire(0, rp_.send_total, stream_);
+      scatter_.EncodePeers(0);
       stream_.Synchronize();
     });
     Phase phase(o_, "COMMUNICATE", &st_->communicate_seconds);
-    AlltoallAtOnce(row_, kRowScatterTag, ws_.send.wire(), send_bytes_, ws_.recv.wire(), recv_bytes);
+    AlltoallAtOnce(row_, kRowScatterTag, ws_.send.wire(), send_bytes, ws_.recv.wire(), recv_bytes);
   }
   st_->bytes_sent += rp_.send_total;
 }
@@ -263,15 +236,7 @@ void Sra2dSteps::Scatter() {
 float* Sra2dSteps::SumOwnChunk() {
   codec_work_.Submit([&] {
     Phase phase(o_, "DECOMPRESS", &st_->decompress_seconds);
-    ws_.recv.FromWire(0, rp_.recv_total, stream_);
-    size_t wire_at = 0;  // of this block in every peer's message
-    for (const Piece& pc : rp_.pieces[0][j_]) {
-      float* a = out_ + pc.start;
-      if (a != x_ + pc.start) d_.Copy(a, x_ + pc.start, pc.len * sizeof(float), stream_);
-      const size_t block_bytes = codec_.MaxWireSize(pc.len, p1_);
-      AccumulatePeers(d_, codec_, p1_, ws_.recv.device(), recv_at_, wire_at, block_bytes, pc.len, j_, a, stream_);
-      wire_at += block_bytes;
-    }
+    scatter_.Reduce(0, out_, 0, nullptr);
     stream_.Synchronize();
   });
   return out_ + rp_.chunk_offsets[j_];

@@ -300,8 +300,8 @@ class _Exchange:
     take the exchange off the group the user chose. DDP on backend gradcomp runs the runtime's
     collectives instead. The codec steps are the runtime's: the same chunking (`_core.even_split`),
     rounding streams (`_core.sra_stream_seeds`), encode and decode kernels (`_core.codec_*_at`)
-    and float32 sums in rank order; unlike the runtime's scatter-reduce (AccumulatePeers,
-    compressed_steps.h), which starts from this rank's own values, the hook sums every rank's
+    and float32 sums in rank order; unlike the runtime's scatter-reduce (ScatterHalf::Reduce,
+    sra_halves.h), which starts from this rank's own values, the hook sums every rank's
     encoding, its own too, as its all_to_all delivers them."""
 
     def __init__(self, state, bucket, grid):
