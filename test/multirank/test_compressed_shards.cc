@@ -1,11 +1,14 @@
 // Compressed reduce-scatter and allgather (ops/collectives/compressed_shards.h) over thread
 // ranks: within their analytic bounds against float64, bit-identical gathers, the same bytes on
-// the host and through the separate-memory device, the hierarchical forms, error feedback.
+// the host and through the separate-memory device, the hierarchical forms, error feedback, and
+// the reduce-scatter then the allgather giving the compressed allreduce's bits (SRA's halves).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
+#include "ops/collectives/compressed_allreduce.h"
 #include "ops/collectives/compressed_shards.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
@@ -189,6 +192,45 @@ INSTANTIATE_TEST_SUITE_P(Worlds, AllgatherSweep,
                            return "world" + std::to_string(c.param.world) +
                                   (c.param.rows ? "_rows" + std::to_string(c.param.rows) : "");
                          });
+
+// SRA is its reduce-scatter half followed by its allgather half (ops/collectives/sra_halves.h):
+// the compressed reduce-scatter of even shards, then the compressed allgather of each rank's
+// reduced shard, give the bits of the compressed allreduce (one stripe) and of its first
+// compression's residual, nearest and stochastic rounding alike.
+TEST(CompressedShards, ReducescatterThenAllgatherIsTheCompressedAllreduce) {
+  const size_t count = (size_t{1} << 20) + 7;
+  const std::vector<size_t> segments{3000, count - 3000};
+  for (int world : {2, 3, 5}) {
+    const std::vector<size_t> shards = EvenSplit(count, world);
+    for (bool stochastic : {false, true}) {
+      const std::string failures = Failures(RunRanks(world, [&](Communicator& comm) {
+        const std::vector<float> in = Gradient(count, comm.rank(), 1e4);
+        std::vector<float> sra(count, -1.0f), sra_residual(count, 0.0f);
+        CompressedAllreduceOptions a = ShardOptions(in, sra, count, segments);
+        a.params.stochastic = stochastic;
+        a.residual = sra_residual.data();
+        CompressedAllreduce(comm, a);
+        std::vector<float> shard(shards[static_cast<size_t>(comm.rank())]), halves(count, -2.0f),
+            residual(count, 0.0f);
+        CompressedAllreduceOptions rs = ShardOptions(in, shard, count, segments);
+        rs.params.stochastic = stochastic;
+        rs.residual = residual.data();
+        CompressedReducescatter(comm, rs, shards);
+        CompressedAllreduceOptions ag = ShardOptions(shard, halves, count, segments);
+        ag.params.stochastic = stochastic;
+        CompressedAllgather(comm, ag, shards);
+        if (std::memcmp(halves.data(), sra.data(), count * sizeof(float)) != 0) {
+          return std::string("the halves' result is not the allreduce's");
+        }
+        if (std::memcmp(residual.data(), sra_residual.data(), count * sizeof(float)) != 0) {
+          return std::string("the reduce-scatter's residual is not the allreduce's");
+        }
+        return std::string();
+      }));
+      EXPECT_EQ(failures, "") << "world " << world << (stochastic ? ", stochastic" : ", nearest");
+    }
+  }
+}
 
 struct NodeShape {
   int world, local;
