@@ -210,8 +210,7 @@ TEST(CompressedShards, ReducescatterThenAllgatherIsTheCompressedAllreduce) {
         a.params.stochastic = stochastic;
         a.residual = sra_residual.data();
         CompressedAllreduce(comm, a);
-        std::vector<float> shard(shards[static_cast<size_t>(comm.rank())]), halves(count, -2.0f),
-            residual(count, 0.0f);
+        std::vector<float> shard(shards[static_cast<size_t>(comm.rank())]), halves(count, -2.0f), residual(count, 0.0f);
         CompressedAllreduceOptions rs = ShardOptions(in, shard, count, segments);
         rs.params.stochastic = stochastic;
         rs.residual = residual.data();
