@@ -71,29 +71,36 @@ make_root() {
 
 # CI's Debian 13 stage: what differs here is GCC 14, Open MPI 5 and Python 3.13 (the C++ suites run
 # on Debian 12, under the sanitizers too; every Python suite runs on pip's torch 2.13 there). So:
-# the library, the Python package and every product header built with GCC 14 under warnings as
-# errors (no C++ test binaries); the Python suites that meet Open MPI 5's launcher and transports
-# (each once: -np 2, or the forced two nodes for the hierarchy), on torch 2.6, and one started by the
+# the library and the Python package built once, by `pip install .` into a venv, and every product
+# header, with GCC 14 under warnings as errors (no C++ test binaries); the Python suites that meet
+# Open MPI 5's launcher and transports (each once: -np 2, or the forced two nodes for the
+# hierarchy), on torch 2.6, and one started by the
 # env:// variables alone (a world without MPI: POSIX shared memory, TCP; Debian's torchrun does not
 # start, its store lacking libuv); the fault matrix (test_faults.py: what a user sees from Open MPI 5's
-# launcher when a rank dies, stops, mismatches or its link goes silent); Horovod's own suite;
-# and `pip install .` into a venv, whose digits job runs the example through gcrun (the examples'
-# suite runs on pip's torch 2.13). The simulation suite (SimGrid 4.0 here, 3.32 on Debian 12) is
+# launcher when a rank dies, stops, mismatches or its link goes silent) and Horovod's own suite,
+# all against that installed package; the venv's digits job runs the example through gcrun (the
+# examples' suite runs on pip's torch 2.13). The simulation suite (SimGrid 4.0 here, 3.32 on Debian 12) is
 # not in this stage for CI's time: it needs a second build of the data plane against SMPI. It
 # passes here (GRADCOMP_SIM_BUILD_DIR=build/sim python3 -m pytest test/python/test_simulation.py)
 # since simulate.py puts its fat tree inside a zone of its own (SimGrid 4.0 crashes on a root one).
 debian13_suites="^pytest_(codec|torch_versions|numpy_np2|torch_np2|torch_parity_np2|ddp_hook_np2|nonfinite_np2|elastic_state_np2|process_sets_np4_two_nodes|adasum_np4_two_nodes|torch_compile_np2|fsdp_np2_compressed|fsdp_np4_two_nodes|gcrun|envrun_process_sets_np4_two_nodes|envrun_numpy_without_torch_np3|faults)$"
 test_in_root() {
   [ -f "$CLONE/../shared/horovod-conformance/run.sh" ] || die "Horovod's suite is not in ../shared/horovod-conformance"
+  local venv=/tmp/gradcomp-venv/venv
+  # Every product header compiled alone (only those units: the header check needs no library).
   in_root cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_WERROR=ON -DGRADCOMP_BUILD_TESTS=ON \
     -DGRADCOMP_BUILD_BENCHMARKS=OFF
-  in_root cmake --build build -j "$(nproc)" --target gradcomp_python gradcomp_header_check
-  # A slot more than cores: the fault matrix mostly waits out timeouts in its one slot, and the -np 2
-  # suites (two slots each) run beside it instead of after it.
-  in_root bash -c 'cd build && exec ctest --output-on-failure -j "$(($(nproc) + 1))" --timeout 900 -R "$0"' \
-    "$debian13_suites"
-  in_root bash scripts/check_horovod.sh build/horovod-conformance.log  # build-debian13/ here
-  in_root bash scripts/check_pip_install.sh /tmp/gradcomp-venv/venv
+  in_root cmake --build build -j "$(nproc)" --target gradcomp_header_check
+  # The stage's one build of gradcomp: `pip install .` with warnings as errors, as a user installs
+  # it (scripts/check_pip_install.sh, which then runs its digits job); the suites and Horovod's
+  # then import that package (GRADCOMP_TEST_INSTALLED, as the pip-torch stage's do).
+  in_root env GRADCOMP_CMAKE_ARGS=-DGRADCOMP_WERROR=ON bash scripts/check_pip_install.sh "$venv"
+  local tests=/tmp/gradcomp-venv/tests
+  in_root rm -rf "$tests"
+  in_root cmake -S . -B "$tests" -G Ninja -DGRADCOMP_TEST_INSTALLED=ON -DGRADCOMP_PYTHON="$venv/bin/python"
+  in_root bash -c 'cd "$1" && exec ctest --output-on-failure -j "$(($(nproc) + 1))" --timeout 900 -R "$0"' \
+    "$debian13_suites" "$tests"
+  in_root bash scripts/check_horovod.sh build/horovod-conformance.log "$venv/bin/python"  # build-debian13/ here
 }
 
 case "${1:-}" in
