@@ -14,7 +14,10 @@ if(GRADCOMP_SANITIZE)
     message(FATAL_ERROR "GRADCOMP_SANITIZE: thread and address cannot be combined")
   endif()
   # -fno-sanitize-recover: an undefined-behaviour report fails the test instead of scrolling by.
-  set(flags -fsanitize=${GRADCOMP_SANITIZE} -fno-omit-frame-pointer -g)
+  # -g1 (after the build type's -g, it wins): line tables and functions, inlined ones included,
+  # which is all a report's stack needs; full debug info cost ~25% more compile time per unit
+  # under ASan+UBSan (test_compressed_allreduce.cc 51 s against 39, executor.cc 7.4 against 5.7).
+  set(flags -fsanitize=${GRADCOMP_SANITIZE} -fno-omit-frame-pointer -g1)
   if("undefined" IN_LIST wanted)
     list(APPEND flags -fno-sanitize-recover=undefined)
   endif()
