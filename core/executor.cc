@@ -163,18 +163,24 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   // Device arithmetic is needed for the scale factors and Average; without it, staging.
   const bool arithmetic = r.op == ReduceOp::kAverage || r.prescale != 1.0 || r.postscale != 1.0;
   // Adasum is gradcomp's own algorithm on host memory (a device communicator has no such op).
+  const UncompressedAllreduceAlgorithm* algorithm = nullptr;
   if (comms != nullptr && comms->world->device_memory() != nullptr && comms->world->reduces(r.dtype) &&
       r.op != ReduceOp::kAdasum && (!arithmetic || DeviceOf(entries).Arithmetic(r.dtype))) {
     RunDeviceAllreduce(r, entries, o, *comms->world);
+    algorithm = &CommunicatorAllreduce();  // the device communicator's own
   } else if (&DeviceOf(entries) != &HostDevice()) {
-    RunStagedAllreduce(r, entries, o);
+    algorithm = &RunStagedAllreduce(r, entries, o);
   } else {
-    FusedAllreduce(topo_, FusedHierarchy(r), pieces, o, fusion_);
+    algorithm = &FusedAllreduce(topo_, FusedHierarchy(r), pieces, o, fusion_);
   }
   if (record) {
+    // The algorithm and the messages it estimates a rank sends for the whole response.
+    const UncompressedCase c{comms != nullptr ? comms : &topo_, r.op, r.dtype, o.count, FusedHierarchy(r)};
+    const std::string how = ", \"algorithm\": \"" + std::string(algorithm->name) +
+                            "\", \"estimated_messages\": " + std::to_string(algorithm->cost(c).messages);
     for (size_t i = 0; i < n; ++i) {
       const int64_t bytes = NumElements(r.shapes[i]) * static_cast<int64_t>(esize);
-      timeline_.End(r.names[i], "COMMUNICATE", EndArgs(r.dtype, r.shapes[i], bytes));
+      timeline_.End(r.names[i], "COMMUNICATE", EndArgs(r.dtype, r.shapes[i], bytes) + how);
     }
   }
   CompleteAll(entries);
@@ -278,7 +284,8 @@ void Executor::RunIntoDeviceOutput(const Response& r, EntryList& entries, size_t
   stream.Synchronize();
 }
 
-void Executor::RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o) {
+const UncompressedAllreduceAlgorithm& Executor::RunStagedAllreduce(const Response& r, EntryList& entries,
+                                                                   const AllreduceOptions& o) {
   // Without a communicator that reads device memory, the values go through host staging: each
   // tensor is copied in, the host buffer reduced in place, each result copied back.
   WaitReady(entries);
@@ -293,13 +300,14 @@ void Executor::RunStagedAllreduce(const Response& r, EntryList& entries, const A
     pieces[i].input = pieces[i].output = stage + at;
   }
   SynchronizeAll(entries);
-  FusedAllreduce(topo_, FusedHierarchy(r), pieces, o, fusion_);
+  const UncompressedAllreduceAlgorithm& algorithm = FusedAllreduce(topo_, FusedHierarchy(r), pieces, o, fusion_);
   for (size_t i = 0; i < r.names.size(); ++i) {
     if (!entries[i]) continue;
     Device& d = EntryDevice(*entries[i]);
     d.CopyFromHost(entries[i]->output, pieces[i].input, pieces[i].count * esize, StreamOf(d));
   }
   SynchronizeAll(entries);
+  return algorithm;
 }
 
 }  // namespace gradcomp

@@ -17,6 +17,7 @@
 #include "core/timeline.h"
 #include "ops/comm/topology.h"
 #include "ops/collectives/allreduce.h"
+#include "ops/collectives/uncompressed_algorithms.h"
 #include "ops/collectives/allreduce_algorithms.h"
 #include "ops/collectives/shard_algorithms.h"
 
@@ -124,8 +125,9 @@ class Executor {
   /// Codec none with error feedback: the tensors' residuals are sent with them, exactly, and dropped.
   static bool DeliversResiduals(const Response& r);
   static constexpr size_t kOwnUncompressedMinBytes = size_t{256} << 10;
-  /// Uncompressed allreduce of entries on a device: through host staging.
-  void RunStagedAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o);
+  /// Uncompressed allreduce of entries on a device: through host staging. Returns the row that ran.
+  const UncompressedAllreduceAlgorithm& RunStagedAllreduce(const Response& r, EntryList& entries,
+                                                           const AllreduceOptions& o);
   /// Uncompressed allreduce of entries on a device over a communicator that takes its memory.
   void RunDeviceAllreduce(const Response& r, EntryList& entries, const AllreduceOptions& o, Communicator& comm);
   /// A compressed allreduce's buffer: where the tensors are packed (or the one tensor in place).

@@ -17,6 +17,7 @@
 
 #include "core/settings.h"
 #include "ops/collectives/allreduce.h"
+#include "ops/collectives/uncompressed_algorithms.h"
 #include "ops/comm/mpi_environment.h"
 
 namespace {

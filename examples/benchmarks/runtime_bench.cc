@@ -19,6 +19,7 @@
 
 #include "core/runtime.h"
 #include "ops/collectives/allreduce.h"
+#include "ops/collectives/uncompressed_algorithms.h"
 #include "ops/comm/mpi_environment.h"
 
 namespace {

@@ -8,19 +8,19 @@
 
 namespace gradcomp {
 
-namespace {
-
-void ValidateOp(const AllreduceOptions& o) {
+void ValidateAllreduceOp(const AllreduceOptions& o) {
   if (o.dtype == DataType::kBool && o.op == ReduceOp::kAverage) {
     throw InvalidArgument("allreduce: op average is not defined for bool tensors (use sum, min or max)");
   }
 }
 
+namespace {
+
 void Validate(const AllreduceOptions& o) {
   if (o.count > 0 && (o.input == nullptr || o.output == nullptr)) {
     throw InvalidArgument("allreduce got a null buffer for " + std::to_string(o.count) + " elements");
   }
-  ValidateOp(o);
+  ValidateAllreduceOp(o);
 }
 
 // Copies input to output scaled by prescale when needed; returns the buffer to reduce from.
@@ -72,46 +72,6 @@ void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& o) {
     std::vector<size_t> bytes(counts.size());
     for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * esize;
     local.Allgatherv(shard.data(), o.output, bytes);
-  });
-}
-
-void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<BufferPiece>& pieces,
-                    const AllreduceOptions& o, std::vector<char>& fusion) {
-  WithTensorContext("allreduce", o.name, [&] {
-    ValidateOp(o);  // the pieces carry the buffers
-    if (o.op == ReduceOp::kAdasum) {  // a tree of whole ranks, or of node averages
-      if (hierarchical) {
-        NodeAdasumAllreduce(topo, pieces, o, fusion);
-      } else {
-        AdasumAllreduce(*topo.world, pieces, o, fusion);
-      }
-      return;
-    }
-    if (hierarchical) {
-      AllreduceOptions whole = o;
-      if (pieces.size() == 1 && pieces[0].input != nullptr && pieces[0].output != nullptr) {
-        whole.input = pieces[0].input;
-        whole.output = pieces[0].output;
-        whole.count = pieces[0].count;
-        HierarchicalAllreduce(topo, whole);
-        return;
-      }
-      whole.count = FusePieces(pieces, o.dtype, o.prescale, fusion);
-      whole.input = whole.output = fusion.data();
-      whole.prescale = 1.0;
-      HierarchicalAllreduce(topo, whole);
-      UnfusePieces(pieces, o.dtype, fusion.data(), nullptr);
-      return;
-    }
-    FinishFn finish;
-    if (o.op == ReduceOp::kAverage || o.postscale != 1.0) {
-      const int ranks = topo.size();
-      finish = [&o, ranks](void* data, size_t count) {
-        FinishReduction(data, count, o.dtype, o.op, o.postscale, ranks);
-      };
-    }
-    Communicator& comm = topo.cross_size() == 1 ? *topo.local : *topo.world;
-    comm.AllreducePieces(pieces, o.dtype, LoweredOp(o.op), o.prescale, finish, fusion);
   });
 }
 

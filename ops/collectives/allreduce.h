@@ -1,5 +1,7 @@
 // Uncompressed allreduce: flat (the communicator's own collective, i.e. MPI_Allreduce)
 // and hierarchical (node-local reduce-scatter, cross-node allreduce, node-local allgather).
+// FusedAllreduce, of several tensors as one, chooses among these and Adasum by its table
+// (uncompressed_algorithms.h).
 #pragma once
 
 #include <cstddef>
@@ -35,13 +37,7 @@ void Allreduce(Communicator& comm, const AllreduceOptions& opts);
 /// local rank, allgather inside each node. Needs the same number of ranks on every node.
 void HierarchicalAllreduce(const Topology& topo, const AllreduceOptions& opts);
 
-/// Allreduce of several tensors as one (Horovod's tensor fusion). `opts` gives dtype, op,
-/// scale factors and name; its buffers and count are ignored. Flat: the node's
-/// communicator when the whole world is one node (the shared-memory one stages straight
-/// from the pieces, without a fusion buffer), else the world's. Hierarchical: through
-/// `fusion` and HierarchicalAllreduce. Adasum: AdasumAllreduce over the world, or hierarchical,
-/// NodeAdasumAllreduce (Adasum of the nodes' averages). Every rank gets the same bits.
-void FusedAllreduce(const Topology& topo, bool hierarchical, const std::vector<BufferPiece>& pieces,
-                    const AllreduceOptions& opts, std::vector<char>& fusion);
+/// Throws InvalidArgument for an op the allreduce does not define for its dtype (Average of bool).
+void ValidateAllreduceOp(const AllreduceOptions& opts);
 
 }  // namespace gradcomp

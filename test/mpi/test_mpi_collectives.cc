@@ -17,6 +17,7 @@
 #include "core/settings.h"
 #include "ops/collectives/allgather.h"
 #include "ops/collectives/allreduce.h"
+#include "ops/collectives/uncompressed_algorithms.h"
 #include "ops/collectives/alltoall.h"
 #include "ops/collectives/broadcast.h"
 #include "ops/collectives/compressed_allreduce.h"

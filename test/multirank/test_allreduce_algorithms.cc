@@ -1,6 +1,8 @@
 // The compressed allreduce's table of algorithms (ops/collectives/allreduce_algorithms.h) over
 // thread ranks: the row each codec, topology and setting gets, a test-only row added through the
-// table and run, and the rows' estimates of their bytes against what they sent.
+// table and run, and the rows' estimates of their bytes against what they sent; the sharded
+// halves' table; the uncompressed allreduce's table (uncompressed_algorithms.h): the row each op,
+// topology and hierarchy gets, and FusedAllreduce running it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 
 #include "ops/collectives/allreduce_algorithms.h"
 #include "ops/collectives/shard_algorithms.h"
+#include "ops/collectives/uncompressed_algorithms.h"
 #include "ops/common/enforce.h"
 #include "ops/compression/codec.h"
 #include "test/support/harness.h"
@@ -110,6 +113,63 @@ TEST(AllreduceTable, NodesOfSeveralRanksTakeNodeRowsUnlessFlatOrHierarchicalIsAs
   EXPECT_EQ(Chosen(4, 2, hierarchy), "hierarchical");
   EXPECT_EQ(Chosen(4, 0, hierarchy), "sra");  // one node: nothing to cross
   EXPECT_EQ(Chosen(4, 1, hierarchy), "sra");  // nodes of one rank
+}
+
+TEST(UncompressedTable, ListsTheRowsInTheOrderTheyAreTried) {
+  std::vector<std::string> names;
+  for (const UncompressedAllreduceAlgorithm& row : UncompressedAllreduceAlgorithms()) names.push_back(row.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"adasum_nodes", "adasum", "hierarchical", "node", "communicator"}));
+  EXPECT_EQ(LookupUncompressedAllreduce("sra"), nullptr);  // the compressed table's, with the exact codec
+  ASSERT_NE(LookupUncompressedAllreduce("node"), nullptr);
+  EXPECT_TRUE(LookupUncompressedAllreduce("node")->one_node);
+  EXPECT_EQ(std::string(CommunicatorAllreduce().name), "communicator");
+}
+
+// The uncompressed row every rank of `world` ranks in nodes of `local` (0: one node) chooses.
+std::string UncompressedChosen(int world, int local, ReduceOp op, bool hierarchy) {
+  return Agreed(world, local, [&](Topology& topo) {
+    return std::string(ChooseUncompressedAllreduce({&topo, op, DataType::kFloat32, 1 << 12, hierarchy}).name);
+  });
+}
+
+TEST(UncompressedTable, TheOpTheHierarchyAndTheNodesChooseTheRow) {
+  EXPECT_EQ(UncompressedChosen(4, 0, ReduceOp::kSum, false), "node");  // one node: its communicator
+  EXPECT_EQ(UncompressedChosen(4, 2, ReduceOp::kSum, false), "communicator");
+  EXPECT_EQ(UncompressedChosen(4, 1, ReduceOp::kAverage, false), "communicator");
+  EXPECT_EQ(UncompressedChosen(4, 2, ReduceOp::kMax, true), "hierarchical");
+  EXPECT_EQ(UncompressedChosen(4, 2, ReduceOp::kAdasum, false), "adasum");
+  EXPECT_EQ(UncompressedChosen(4, 2, ReduceOp::kAdasum, true), "adasum_nodes");
+  EXPECT_EQ(UncompressedChosen(4, 0, ReduceOp::kAdasum, false), "adasum");  // Adasum's tree on one node too
+}
+
+// FusedAllreduce runs the row it returns: two tensors summed over 2 nodes of 2 ranks, flat and
+// hierarchical, give every rank the sum; the rows estimate a ring's messages.
+TEST(UncompressedTable, FusedAllreduceRunsTheChosenRow) {
+  for (bool hierarchy : {false, true}) {
+    const auto errors = RunTopology(4, 2, [&](Topology& topo) {
+      std::vector<float> a(3001, static_cast<float>(topo.rank() + 1)), b(517, static_cast<float>(10 * topo.rank()));
+      const std::vector<BufferPiece> pieces{{a.data(), a.data(), a.size()}, {b.data(), b.data(), b.size()}};
+      AllreduceOptions o;
+      o.dtype = DataType::kFloat32;
+      o.op = ReduceOp::kSum;
+      o.name = "pair";
+      std::vector<char> fusion;
+      const UncompressedAllreduceAlgorithm& row = FusedAllreduce(topo, hierarchy, pieces, o, fusion);
+      if (std::string(row.name) != (hierarchy ? "hierarchical" : "communicator")) return std::string(row.name);
+      for (float v : a) {
+        if (v != 10.0f) return "a holds " + std::to_string(v);
+      }
+      for (float v : b) {
+        if (v != 60.0f) return "b holds " + std::to_string(v);
+      }
+      const UncompressedCase c{&topo, o.op, o.dtype, a.size() + b.size(), hierarchy};
+      // A ring over the 4 ranks: 6 messages; the node's two halves (2) and the ring across 2 nodes (2).
+      const size_t messages = row.cost(c).messages;
+      if (messages != (hierarchy ? 4u : 6u)) return "estimated " + std::to_string(messages) + " messages";
+      return std::string();
+    });
+    EXPECT_EQ(Failures(errors), "") << (hierarchy ? "hierarchical" : "flat");
+  }
 }
 
 TEST(AllreduceTable, AnUnknownSettingNamesItselfAndTheRows) {

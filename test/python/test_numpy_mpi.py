@@ -461,6 +461,10 @@ def test_timeline_records_phases_and_per_rank_ready_marks():
     ends = [e for e in by_tensor["tl.0"] if e["ph"] == "E" and e["name"] == "COMMUNICATE"]
     assert ends and ends[0]["args"]["dtype"] == "float32" and ends[0]["args"]["shape"] == [1000]
     assert ends[0]["args"]["bytes"] == 4000 and ends[0]["args"]["ratio"] == 1
+    # The uncompressed table's row (one node: its communicator; else the world's) and its estimate.
+    one_node = gc.cross_size() == 1
+    assert ends[0]["args"]["algorithm"] == ("node" if one_node else "communicator")
+    assert ends[0]["args"]["estimated_messages"] == 2 * ((gc.local_size() if one_node else gc.size()) - 1)
     # Begin/end pairs balance per tensor and phase; timestamps never go backwards per row.
     for tensor, evs in by_tensor.items():
         for phase in {e["name"] for e in evs if e["ph"] in "BE"}:
