@@ -176,9 +176,6 @@ class Executor {
   /// Their case for the table of sharded algorithms (ops/collectives/shard_algorithms.h): the
   /// flat forms over the device's world where there is one.
   ShardCase ShardCaseOf(const Response& r, const EntryList& entries);
-  /// Whether uncompressed reducescatters and allgathers sum and gather inside each node first
-  /// (host memory on nodes of several ranks, unless GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi).
-  bool ShardsAcrossNodes(const EntryList& entries) const;
 
   const Topology& topo_;
   const Settings& settings_;

@@ -38,11 +38,9 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    if (ShardsAcrossNodes(entries)) {
-      HierarchicalAllgather(topo_, o);
-    } else {
-      Allgather(*topo_.world, o);
-    }
+    ShardCase c = ShardCaseOf(r, entries);
+    c.compressed = false;
+    ChooseShardAlgorithm(c).plain_allgather(c, o);
   }
   if (timeline_.active()) {
     timeline_.End(r.names[0], "COMMUNICATE",
@@ -172,11 +170,9 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries, bool thro
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    if (ShardsAcrossNodes(entries)) {
-      HierarchicalReducescatter(topo_, o);
-    } else {
-      Reducescatter(*topo_.world, o);
-    }
+    ShardCase c = ShardCaseOf(r, entries);
+    c.compressed = false;
+    ChooseShardAlgorithm(c).plain_reducescatter(c, o);
   }
   std::vector<int64_t> out_shape = shape;
   out_shape[0] = static_cast<int64_t>(rows[me]);

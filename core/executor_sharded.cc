@@ -49,14 +49,6 @@ ShardCase Executor::ShardCaseOf(const Response& r, const EntryList& entries) {
   return c;
 }
 
-bool Executor::ShardsAcrossNodes(const EntryList& entries) const {
-  // On nodes of several ranks the flat forms send every rank's shards across its node's link;
-  // summing and gathering inside the node first sends a node's once, as the compressed forms'
-  // node_first row does (GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi keeps them flat). Host memory only:
-  // a device's tensors take the flat form.
-  return topo_.nodes_of_several_ranks() && !planner_.FlatShards(false) && &DeviceOf(entries) == &HostDevice();
-}
-
 void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries, const void* input,
                                           const std::vector<size_t>& counts, size_t out_bytes) {
   std::vector<char> local;

@@ -5,7 +5,7 @@ namespace gradcomp {
 
 namespace {
 
-bool NodeFirstWanted(const ShardCase& c) { return !c.planner->FlatShards(true); }
+bool NodeFirstWanted(const ShardCase& c) { return !c.planner->FlatShards(c.compressed); }
 bool Always(const ShardCase&) { return true; }
 
 CompressedAllreduceStats NodeFirstReducescatter(const ShardCase& c, const CompressedAllreduceOptions& o,
@@ -24,15 +24,22 @@ CompressedAllreduceStats FlatAllgather(const ShardCase& c, const CompressedAllre
                                        const std::vector<size_t>& counts) {
   return CompressedAllgather(*c.flat, o, counts);
 }
+void NodeFirstPlainReducescatter(const ShardCase& c, const ReducescatterOptions& o) {
+  HierarchicalReducescatter(*c.topo, o);
+}
+void NodeFirstPlainAllgather(const ShardCase& c, const AllgatherOptions& o) { HierarchicalAllgather(*c.topo, o); }
+void FlatPlainReducescatter(const ShardCase& c, const ReducescatterOptions& o) { Reducescatter(*c.flat, o); }
+void FlatPlainAllgather(const ShardCase& c, const AllgatherOptions& o) { Allgather(*c.flat, o); }
 
 }  // namespace
 
 const std::vector<ShardAlgorithm>& ShardAlgorithms() {
   static const std::vector<ShardAlgorithm> table{
-      {"node_first", "inside each node first (exact), only a node's share of encodings crosses its link", true, true,
-       NodeFirstWanted, NodeFirstReducescatter, NodeFirstAllgather},
-      {"flat", "every rank's shards, encoded, straight to their owners", false, false, Always, FlatReducescatter,
-       FlatAllgather},
+      {"node_first", "inside each node first (exact), only a node's share (of encodings) crosses its link", true, true,
+       NodeFirstWanted, NodeFirstReducescatter, NodeFirstAllgather, NodeFirstPlainReducescatter,
+       NodeFirstPlainAllgather},
+      {"flat", "every rank's shards (encoded) straight to their owners", false, false, Always, FlatReducescatter,
+       FlatAllgather, FlatPlainReducescatter, FlatPlainAllgather},
   };
   return table;
 }

@@ -1,18 +1,24 @@
-// The compressed reduce-scatter's and allgather's algorithms (compressed_shards.h) as a table, as
-// the allreduce's (allreduce_algorithms.h): each row names an algorithm, says what it needs (equal
-// nodes of several ranks, host memory), whether the settings want it, and runs both halves. The
-// runtime asks ChooseShardAlgorithm for a sharded collective's row: the first whose needs hold
-// and which the settings want.
+// The reduce-scatter's and allgather's algorithms, compressed (compressed_shards.h) and not
+// (reducescatter.h, allgather.h), as a table, as the allreduce's (allreduce_algorithms.h): each row
+// names an algorithm, says what it needs (equal nodes of several ranks, host memory), whether the
+// settings want it, and runs both collectives in both forms. The runtime asks
+// ChooseShardAlgorithm for a sharded collective's row: the first whose needs hold and which the
+// settings want.
 //   node_first  summed (gathered) inside each node first, only a node's share crosses its link
-//               (HierarchicalCompressedReducescatter / Allgather), unless the setting is sra;
-//   flat        every rank's shards straight to their owners (CompressedReducescatter / Allgather).
+//               (HierarchicalCompressedReducescatter / Allgather, HierarchicalReducescatter /
+//               Allgather), unless the setting asks for the flat form (compressed: sra;
+//               uncompressed: mpi);
+//   flat        every rank's shards straight to their owners (CompressedReducescatter / Allgather,
+//               the communicator's Reducescatter / Allgather).
 #pragma once
 
 #include <cstddef>
 #include <vector>
 
+#include "ops/collectives/allgather.h"
 #include "ops/collectives/allreduce_algorithms.h"
 #include "ops/collectives/compressed_shards.h"
+#include "ops/collectives/reducescatter.h"
 
 namespace gradcomp {
 
@@ -26,6 +32,8 @@ struct ShardCase {
   bool host_memory = true;
   /// The settings (AllreducePlanner::FlatShards).
   const AllreducePlanner* planner = nullptr;
+  /// Whether it is the compressed form (the settings that keep it flat differ).
+  bool compressed = true;
 };
 
 /// A row of the table.
@@ -40,6 +48,9 @@ struct ShardAlgorithm {
                                             const std::vector<size_t>& counts);
   CompressedAllreduceStats (*allgather)(const ShardCase& c, const CompressedAllreduceOptions& o,
                                         const std::vector<size_t>& counts);
+  /// The uncompressed forms.
+  void (*plain_reducescatter)(const ShardCase& c, const ReducescatterOptions& o);
+  void (*plain_allgather)(const ShardCase& c, const AllgatherOptions& o);
 };
 
 /// The rows, in the order they are tried.

@@ -1,7 +1,7 @@
 // The compressed allreduce's table of algorithms (ops/collectives/allreduce_algorithms.h) over
 // thread ranks: the row each codec, topology and setting gets, a test-only row added through the
-// table and run, and the rows' estimates of their bytes against what they sent; the sharded
-// halves' table; the uncompressed allreduce's table (uncompressed_algorithms.h): the row each op,
+// table and run, and the rows' estimates of their bytes against what they sent; the reduce-
+// scatter's and allgather's table (compressed and not); the uncompressed allreduce's table (uncompressed_algorithms.h): the row each op,
 // topology and hierarchy gets, and FusedAllreduce running it.
 #include <gtest/gtest.h>
 
@@ -193,9 +193,11 @@ TEST(AllreduceTable, AnUnknownSettingNamesItselfAndTheRows) {
 }
 
 // The sharded collectives' row.
-std::string ShardChosen(int world, int local, const char* algorithm, bool host_memory = true) {
+std::string ShardChosen(int world, int local, const char* algorithm, bool host_memory = true,
+                        UncompressedAlgorithm uncompressed = UncompressedAlgorithm::kAuto, bool compressed = true) {
   AlgorithmSettings settings;
   settings.algorithm = algorithm;
+  settings.uncompressed = uncompressed;
   return Agreed(world, local, [&](Topology& topo) {
     const AllreducePlanner planner(settings);
     ShardCase c;
@@ -203,6 +205,7 @@ std::string ShardChosen(int world, int local, const char* algorithm, bool host_m
     c.flat = topo.world.get();
     c.host_memory = host_memory;
     c.planner = &planner;
+    c.compressed = compressed;
     return std::string(ChooseShardAlgorithm(c).name);
   });
 }
@@ -217,6 +220,13 @@ TEST(ShardTable, NodesOfSeveralRanksGoNodeFirstInHostMemoryUnlessFlatIsAsked) {
   EXPECT_EQ(ShardChosen(4, 2, "auto", false), "flat");  // a device's buffers
   EXPECT_EQ(ShardChosen(4, 1, "auto"), "flat");
   EXPECT_EQ(ShardChosen(4, 0, "auto"), "flat");
+  // The uncompressed forms: flat only where GRADCOMP_UNCOMPRESSED_ALGORITHM=mpi asks (not sra's setting).
+  const auto kAuto = UncompressedAlgorithm::kAuto, kMpi = UncompressedAlgorithm::kCommunicator;
+  EXPECT_EQ(ShardChosen(4, 2, "sra", true, kAuto, false), "node_first");
+  EXPECT_EQ(ShardChosen(4, 2, "auto", true, kMpi, false), "flat");
+  EXPECT_EQ(ShardChosen(4, 2, "auto", true, kMpi, true), "node_first");
+  EXPECT_EQ(ShardChosen(4, 2, "auto", false, kAuto, false), "flat");  // a device's buffers
+  EXPECT_EQ(ShardChosen(4, 1, "auto", true, kAuto, false), "flat");
 }
 
 // A test-only row: every rank's raw float32 values allgathered and summed in rank order on every
