@@ -65,13 +65,7 @@ size_t DecodeResult(size_t ranks, const Grid* grid, const CompressedAllreduceOpt
                     float* out, CompressionWorkspace& ws) {
   if (grid == nullptr) {
     const SraPlan cp = SraPlan::Make(o, ranks, 0);
-    for (size_t s = 0; s < cp.stripes; ++s) {
-      const std::vector<size_t> aoff = Offsets(cp.bytes[s]);
-      for (size_t c = 0; c < cp.ranks; ++c) {
-        DecodePieces(ws, *o.codec, SraGatherParams(o.params, static_cast<int>(c)), encodings + cp.all_at[s] + aoff[c],
-                     cp.pieces[s][c], 0, DataType::kFloat32, out);
-      }
-    }
+    GatherHalf(o, cp, ws, false, out, DataType::kFloat32).DecodeFrom(encodings);
     return cp.all_total;
   }
   const SraPlan rp = RowPlan(o, static_cast<size_t>(grid->columns()), 0);

@@ -182,4 +182,10 @@ void GatherHalf::DecodeAll(size_t s, bool own_too) {
   }
 }
 
+void GatherHalf::DecodeFrom(const uint8_t* all) {
+  for (size_t s = 0; s < plan_.stripes; ++s) {
+    for (size_t c = 0; c < plan_.ranks; ++c) Decode(s, c, all + all_at_[s][c]);
+  }
+}
+
 }  // namespace gradcomp

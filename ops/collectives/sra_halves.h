@@ -90,6 +90,9 @@ class GatherHalf {
   /// Decodes every other chunk of stripe s from where it landed (with `own_too`, this rank's
   /// from ws.own as well), in rank order. Nothing when raw: they landed in place.
   void DecodeAll(size_t s, bool own_too);
+  /// Decodes every chunk of every stripe from `all` (device memory in ws.all's layout: a column's
+  /// encodings the 2-D SRA's row gathered), stripe by stripe, in rank order.
+  void DecodeFrom(const uint8_t* all);
 
  private:
   const CompressedAllreduceOptions& o_;
