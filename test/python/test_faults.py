@@ -297,24 +297,29 @@ def test_creating_the_group_again_under_load_joins_one_generation_or_fails_namin
     """3 ranks create, use and destroy the default group 20 times on one MASTER_PORT beside two busy
     loops. A rank that met rank 0's previous store used to go on into MPI and wait there forever
     (and rank 0 for it in torch's store): now every rank finishes, or the job fails with a named
-    error within the group's timeout."""
+    error within the group's timeout of the last generation any rank joined. (The 20 generations
+    themselves take 10-15 s on an idle 2-core machine and longer beside CI's other suites: the
+    bound is on the time after progress stops, not on the job's.)"""
     group_timeout = 10
     busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
     try:
         cmd = MPIRUN + ["-np", "3", "-x", f"MASTER_PORT={21000 + os.getpid() % 20000}", "-x", "MASTER_ADDR=127.0.0.1",
                         "-x", "USE_LIBUV=0", PY, REGROUP, "20", str(group_timeout)]
+        started = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
-        job = finish(tmp_path, proc, time.time(), deadline=group_timeout + 60)
+        job = finish(tmp_path, proc, started, deadline=group_timeout + 90)
     finally:
         for p in busy:
             p.kill()
         subprocess.run(["pkill", "-9", "-f", REGROUP])  # a hung job's ranks (mpirun alone was killed)
-    output, elapsed = job.output, job.elapsed
+    output = job.output
+    joined = [float(t) for t in re.findall(r"^regroup rank \d at ([\d.]+): generation \d+$", output, re.M)]
     # A rank that failed in torch's rendezvous (its store connection reset: before the backend is
     # asked) waits at exit for the others' teardown; rank 0, waiting for its workers in torch's
     # store, ends on that store's timeout (the group's), a second one where it timed out connecting.
-    assert elapsed < 2 * group_timeout + 15, f"{elapsed:.1f} s\n{output[-6000:]}"
+    after = started + job.elapsed - max(joined, default=started)
+    assert after < 2 * group_timeout + 15, f"ended {after:.1f} s after the last generation joined\n{output[-6000:]}"
     assert "Segmentation" not in output, output[-6000:]
     if job.rc == 0:
         assert output.count("finished 20 generations") == 3, output[-6000:]
