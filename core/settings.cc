@@ -442,8 +442,10 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
   }
 
   // Besides the settings: what gradcomp's own launcher sets for its adapters (gcrun --elastic:
-  // launcher/elastic.py, read by gradcomp/elastic.py), which the runtime does not read.
-  std::set<std::string> known = {"GRADCOMP_ELASTIC", "GRADCOMP_ELASTIC_DIR", "GRADCOMP_ELASTIC_RESETS"};
+  // launcher/elastic.py, read by gradcomp/elastic.py), which the runtime does not read, and what
+  // its pip build reads (setup.py; docs/install.md), which a user may keep exported.
+  std::set<std::string> known = {"GRADCOMP_ELASTIC", "GRADCOMP_ELASTIC_DIR", "GRADCOMP_ELASTIC_RESETS",
+                                 "GRADCOMP_CMAKE_ARGS"};
   for (const Entry& e : Registry()) known.insert(e.name);
   for (const std::string& name : all_names) {
     if (name.rfind("GRADCOMP_", 0) == 0 && !known.count(name)) {

@@ -28,6 +28,7 @@ done
 if [ -z "$sanitize" ]; then
   bash scripts/setup.sh --tests -DGRADCOMP_WERROR=ON
   cd "${GRADCOMP_BUILD_DIR:-build}"
+  unset GRADCOMP_BUILD_DIR  # this script's, not a gradcomp setting: the suites' jobs would warn of it
   exec ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
 fi
 
@@ -39,6 +40,7 @@ case "$sanitize" in
   *) echo "test.sh: --sanitize takes address,undefined, address, undefined or thread, not '$sanitize'" >&2; exit 2 ;;
 esac
 dir=${GRADCOMP_BUILD_DIR:-$dir}
+unset GRADCOMP_BUILD_DIR
 bash scripts/install_deps.sh
 # Benchmarks are left out (nothing runs them here), and the Python module without --python;
 # optimized with debug info, so the reports have lines and the suites run at a useful speed.

@@ -20,6 +20,9 @@ ROOT=$(pwd)
 TORCH=${GRADCOMP_TORCH:-2.13.0}
 WORK=${GRADCOMP_PIP_DIR:-$ROOT/build-pip}
 PYTHON=${GRADCOMP_VENV_PYTHON:-$(command -v python3)}
+# This script's, not gradcomp settings: the jobs it runs would warn of them (the quick start's
+# check fails on a warning).
+unset GRADCOMP_TORCH GRADCOMP_PIP_DIR GRADCOMP_VENV_PYTHON
 venv=$WORK/venv
 # What the suites, Horovod's suite and the examples import beyond torch and gradcomp.
 TEST_PACKAGES=(numpy pytest scikit-learn matplotlib cloudpickle psutil packaging mock

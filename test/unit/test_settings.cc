@@ -178,9 +178,12 @@ TEST(Settings, UnknownGradcompVariablesAreNoted) {
   const Settings s = Settings::FromMap({{"GRADCOMP_BIT", "4"}});
   ASSERT_EQ(s.notes.size(), 1u);
   EXPECT_NE(s.notes[0].find("GRADCOMP_BIT is not a gradcomp setting"), std::string::npos);
-  // What gcrun --elastic sets for the adapters is known; a typo of it is not.
-  const Settings elastic = Settings::FromMap(
-      {{"GRADCOMP_ELASTIC", "1"}, {"GRADCOMP_ELASTIC_DIR", "/tmp/e"}, {"GRADCOMP_ELASTIC_RESETS", "2"}});
+  // What gcrun --elastic sets for the adapters, and what the pip build reads, are known; a typo
+  // of them is not.
+  const Settings elastic = Settings::FromMap({{"GRADCOMP_ELASTIC", "1"},
+                                              {"GRADCOMP_ELASTIC_DIR", "/tmp/e"},
+                                              {"GRADCOMP_ELASTIC_RESETS", "2"},
+                                              {"GRADCOMP_CMAKE_ARGS", "-DGRADCOMP_WITH_CUDA=OFF"}});
   EXPECT_TRUE(elastic.notes.empty()) << elastic.notes[0];
   const Settings typo = Settings::FromMap({{"GRADCOMP_ELASTIC_RESET", "2"}});
   ASSERT_EQ(typo.notes.size(), 1u);
