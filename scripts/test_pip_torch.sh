@@ -12,8 +12,11 @@
 # native module is not built against torch.
 #
 #   bash scripts/test_pip_torch.sh [ctest args]        (e.g. -R torch)
+#   bash scripts/test_pip_torch.sh --venv-only         the venv with torch and the suites' packages
 #
-# Everything goes to build-pip/ (GRADCOMP_PIP_DIR): venvs, the wheel, the ctest trees.
+# Everything goes to build-pip/ (GRADCOMP_PIP_DIR): venvs, the wheel, the ctest trees. A venv made
+# for the same interpreter, torch and packages is kept (with --venv-only CI makes it behind the
+# Debian 12 stage: a minute of pip's unpacking, mostly one core); the wheel is built every time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -28,13 +31,28 @@ venv=$WORK/venv
 TEST_PACKAGES=(numpy pytest scikit-learn matplotlib cloudpickle psutil packaging mock
                lightning==2.6.6 accelerate==1.16.0 transformers==5.25.0)  # test_frameworks.py
 
+# make_venv: the venv of $PYTHON with pip's torch and TEST_PACKAGES, unless one made for them is there.
+make_venv() {
+  local made_for
+  made_for="$("$PYTHON" --version) torch==$TORCH ${TEST_PACKAGES[*]}"
+  [ "$(cat "$venv/.made-for" 2>/dev/null)" = "$made_for" ] && return
+  rm -rf "$venv"
+  mkdir -p "$WORK"
+  "$PYTHON" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet "torch==$TORCH" "${TEST_PACKAGES[@]}"
+  echo "$made_for" > "$venv/.made-for"
+}
+if [ "${1:-}" = "--venv-only" ]; then
+  make_venv
+  exit 0
+fi
+
 bash scripts/install_deps.sh  # the compiler, Open MPI and spdlog the wheel's build needs
-rm -rf "$venv" "$WORK/wheel" "$WORK/venv-debian"
-mkdir -p "$WORK"
-"$PYTHON" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet "torch==$TORCH" "${TEST_PACKAGES[@]}"
+make_venv
+rm -rf "$WORK/wheel" "$WORK/venv-debian"
 "$venv/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$WORK/wheel" "$ROOT"
 wheel=$(ls "$WORK"/wheel/gradcomp-*.whl)
+"$venv/bin/python" -m pip uninstall --quiet --yes gradcomp 2>/dev/null || true  # a kept venv has the last run's
 "$venv/bin/python" -m pip install --quiet "$wheel"
 echo "test_pip_torch: $(basename "$wheel") into a venv of $("$venv/bin/python" --version) with torch" \
      "$("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
