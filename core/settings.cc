@@ -371,30 +371,9 @@ bool Same(const Entry& e, const std::string& a, const std::string& b) {
   return std::visit([&](const auto& m) { return m.In(x) == m.In(y); }, e.field);
 }
 
-}  // namespace
-
-Settings Settings::Parse(const std::function<const char*(const std::string&)>& lookup,
-                         const std::vector<std::string>& all_names) {
-  Settings s;
-  std::set<std::string> explicitly_set;
-  std::set<std::string> from_alias;
-  for (const Entry& e : Registry()) {
-    Assign(e, e.name, e.default_value, &s);
-    const char* primary = lookup(e.name);
-    const char* alias = e.alias ? lookup(e.alias) : nullptr;
-    if (alias != nullptr) Assign(e, e.alias, alias, &s);  // validated even when overridden
-    if (primary != nullptr) {
-      if (alias != nullptr && !Same(e, primary, alias)) {
-        s.notes.push_back(std::string(e.name) + "=" + primary + " overrides " + e.alias + "=" + alias);
-      }
-      Assign(e, e.name, primary, &s);
-    } else if (alias != nullptr) {
-      from_alias.insert(e.name);
-    }
-    if (primary != nullptr || alias != nullptr) explicitly_set.insert(e.name);
-  }
-
-  // Horovod's variables whose meaning needs a conversion (the others are aliases in the registry).
+// Horovod's variables whose meaning needs a conversion (the others are aliases in the registry).
+void ReadHorovodConversions(const std::function<const char*(const std::string&)>& lookup,
+                            const std::set<std::string>& explicitly_set, Settings& s) {
   if (const char* bytes = lookup("HOROVOD_FUSION_THRESHOLD"); bytes != nullptr) {
     double b = -1;
     std::istringstream in(bytes);
@@ -419,7 +398,11 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
     }
     if (disable && !explicitly_set.count("GRADCOMP_STALL_CHECK_TIME_SECONDS")) s.stall_check_time_seconds = 0;
   }
+}
 
+// CGX's semantics of the bits, and the defaults that follow the settings given.
+void ApplyCgxSemantics(const std::set<std::string>& explicitly_set, const std::set<std::string>& from_alias,
+                       Settings& s) {
   // CGX semantics: choosing a bit width below 32 turns quantization on, 32 turns it off.
   CompressionSpec& c = s.compression;
   if (!explicitly_set.count("GRADCOMP_COMPRESSION") && explicitly_set.count("GRADCOMP_BITS") && c.bits < 32) {
@@ -440,7 +423,10 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
     s.notes.push_back("CGX_COMPRESSION_MINIMAL_SIZE=" + std::to_string(s.min_size) + " raised to 16, as CGX does");
     s.min_size = 16;
   }
+}
 
+// Notes every GRADCOMP_ variable that is not a setting (a typo, most likely).
+void NoteUnknownNames(const std::vector<std::string>& all_names, Settings& s) {
   // Besides the settings: what gradcomp's own launcher sets for its adapters (gcrun --elastic:
   // launcher/elastic.py, read by gradcomp/elastic.py), which the runtime does not read, and what
   // its pip build reads (setup.py; docs/install.md), which a user may keep exported.
@@ -452,6 +438,34 @@ Settings Settings::Parse(const std::function<const char*(const std::string&)>& l
       s.notes.push_back(name + " is not a gradcomp setting and is ignored (docs/settings.md lists every setting)");
     }
   }
+}
+
+}  // namespace
+
+Settings Settings::Parse(const std::function<const char*(const std::string&)>& lookup,
+                         const std::vector<std::string>& all_names) {
+  Settings s;
+  std::set<std::string> explicitly_set;
+  std::set<std::string> from_alias;
+  for (const Entry& e : Registry()) {
+    Assign(e, e.name, e.default_value, &s);
+    const char* primary = lookup(e.name);
+    const char* alias = e.alias ? lookup(e.alias) : nullptr;
+    if (alias != nullptr) Assign(e, e.alias, alias, &s);  // validated even when overridden
+    if (primary != nullptr) {
+      if (alias != nullptr && !Same(e, primary, alias)) {
+        s.notes.push_back(std::string(e.name) + "=" + primary + " overrides " + e.alias + "=" + alias);
+      }
+      Assign(e, e.name, primary, &s);
+    } else if (alias != nullptr) {
+      from_alias.insert(e.name);
+    }
+    if (primary != nullptr || alias != nullptr) explicitly_set.insert(e.name);
+  }
+
+  ReadHorovodConversions(lookup, explicitly_set, s);
+  ApplyCgxSemantics(explicitly_set, from_alias, s);
+  NoteUnknownNames(all_names, s);
   return s;
 }
 
