@@ -174,8 +174,9 @@ class Executor {
                                             const std::vector<size_t>& counts, size_t out_bytes,
                                             std::vector<char>& local);
   /// Their case for the table of sharded algorithms (ops/collectives/shard_algorithms.h): the
-  /// flat forms over the device's world where there is one.
-  ShardCase ShardCaseOf(const Response& r, const EntryList& entries);
+  /// flat forms over the device's world where there is one; `compressed` picks the setting that
+  /// keeps them flat.
+  ShardCase ShardCaseOf(const Response& r, const EntryList& entries, bool compressed);
 
   const Topology& topo_;
   const Settings& settings_;

@@ -38,8 +38,7 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    ShardCase c = ShardCaseOf(r, entries);
-    c.compressed = false;
+    const ShardCase c = ShardCaseOf(r, entries, false);
     ChooseShardAlgorithm(c).plain_allgather(c, o);
   }
   if (timeline_.active()) {
@@ -170,8 +169,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries, bool thro
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
-    ShardCase c = ShardCaseOf(r, entries);
-    c.compressed = false;
+    const ShardCase c = ShardCaseOf(r, entries, false);
     ChooseShardAlgorithm(c).plain_reducescatter(c, o);
   }
   std::vector<int64_t> out_shape = shape;

@@ -39,13 +39,14 @@ CompressedAllreduceOptions Executor::ShardedOptions(const Response& r, EntryList
   return o;
 }
 
-ShardCase Executor::ShardCaseOf(const Response& r, const EntryList& entries) {
+ShardCase Executor::ShardCaseOf(const Response& r, const EntryList& entries, bool compressed) {
   const Topology* comms = DeviceComms(r, entries);
   ShardCase c;
   c.topo = &topo_;
   c.flat = comms != nullptr ? comms->world.get() : topo_.world.get();
   c.host_memory = &DeviceOf(entries) == &HostDevice();
   c.planner = &planner_;
+  c.compressed = compressed;
   return c;
 }
 
@@ -63,7 +64,7 @@ void Executor::RunCompressedReducescatter(const Response& r, EntryList& entries,
     o.residual = static_cast<float*>(on.residual.Reserve(device, o.count * sizeof(float)));
     memory_.GatherResiduals(device, on.stream(), names, segments, o.residual, nullptr);
   }
-  const ShardCase c = ShardCaseOf(r, entries);
+  const ShardCase c = ShardCaseOf(r, entries, true);
   const CompressedAllreduceStats st = ChooseShardAlgorithm(c).reducescatter(c, o, counts);
   if (feedback) memory_.ScatterResiduals(device, on.stream(), names, segments, o.residual, nullptr);
   on.stream().Synchronize();
@@ -76,7 +77,7 @@ void Executor::RunCompressedAllgather(const Response& r, EntryList& entries, con
                                       const std::vector<size_t>& counts, size_t out_bytes) {
   std::vector<char> local;
   const CompressedAllreduceOptions o = ShardedOptions(r, entries, input, counts, out_bytes, local);
-  const ShardCase c = ShardCaseOf(r, entries);
+  const ShardCase c = ShardCaseOf(r, entries, true);
   const CompressedAllreduceStats st = ChooseShardAlgorithm(c).allgather(c, o, counts);
   // Against what an exact allgather sends: this rank's rows to every peer.
   bytes_in_ += counts[static_cast<size_t>(topo_.rank())] * DataTypeSize(r.dtype) * (counts.size() - 1);
