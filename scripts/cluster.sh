@@ -19,7 +19,8 @@
 # address octet as $1 (tests give nodes other interfaces, listed before eth0).
 # Scripts may instead `source` this file and call cluster_up / cluster_cut / cluster_heal /
 # cluster_unplug / cluster_plug / cluster_down;
-# cluster_up then fills the array CLUSTER_MPIRUN.
+# cluster_up then fills the array CLUSTER_MPIRUN. The benchmarks' scripts start with
+# cluster_benchmark (their settings and checks) and cluster_session (a cluster for their run).
 set -euo pipefail
 
 CLUSTER_SUBNET=10.199.0
@@ -135,6 +136,25 @@ cluster_unplug() {  # cluster_unplug TAG NODE: the node's link down at the bridg
 
 cluster_plug() {  # cluster_plug TAG NODE: the node's link up again
   ip link set "$1$((10 + $2))" up
+}
+
+cluster_benchmark() {  # cluster_benchmark NAME OUT_DIR_NAME [module | BINARY]: the benchmarks' preamble
+  # For examples/benchmarks/*_cluster.sh, which source this file: sets ROOT (the clone), BUILD
+  # (GRADCOMP_BUILD_DIR, default build/), PY (GRADCOMP_PYTHON, default Debian's /usr/bin/python3)
+  # and OUT (the caller's --out, default $BUILD/OUT_DIR_NAME, made), and checks that BUILD has
+  # what the benchmark runs: gradcomp's Python package (module, the default) or BINARY under it.
+  local name=$1 what=${3:-module}
+  ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
+  PY=${GRADCOMP_PYTHON:-/usr/bin/python3}
+  if [ "$what" = module ]; then
+    ls "$BUILD"/python/gradcomp/_core*.so >/dev/null 2>&1 ||
+      { echo "$name: $BUILD/python has no gradcomp build (bash scripts/setup.sh)" >&2; exit 2; }
+  else
+    [ -x "$BUILD/$what" ] || { echo "$name: $BUILD/$what not built (bash scripts/test.sh builds it)" >&2; exit 2; }
+  fi
+  OUT=${OUT:-$BUILD/$2}
+  mkdir -p "$OUT"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -33,16 +33,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
-PY=${GRADCOMP_PYTHON:-/usr/bin/python3}
-ls "$BUILD"/python/gradcomp/_core*.so >/dev/null 2>&1 ||
-  { echo "diloco_cluster: $BUILD/python has no gradcomp build (bash scripts/setup.sh)" >&2; exit 2; }
-OUT=${OUT:-$BUILD/diloco}
-mkdir -p "$OUT"
+source "$(dirname "$0")/../../scripts/cluster.sh"
+cluster_benchmark diloco_cluster diloco
 RECORDS="$OUT/diloco-$RATE-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
-
-source "$ROOT/scripts/cluster.sh"
 cluster_session gcd "$NODES" "$RATE" 1
 LINK="$RATE links, $NODES nodes x 1 rank, $(date -u +%FT%TZ), $("$PY" -c 'import torch; print("torch", torch.__version__)')"
 echo "DiLoCo side by side: $LINK"

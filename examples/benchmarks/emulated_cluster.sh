@@ -6,7 +6,8 @@
 #   sudo bash examples/benchmarks/emulated_cluster.sh [--rate 1gbit] [--nodes 2] [--ranks-per-node 1]
 #        [--sizes-mb 1,4,16,64,256] [--reps 3] [--variants mpi,none,fp16,maxmin8,maxmin4,maxmin2,topk1]
 #        [--hierarchical] [--no-gloo] [--queue 20ms] [--no-ingress] [--out build/cluster]
-# GRADCOMP_* variables in the environment are passed to every rank. --queue sets how much the
+# GRADCOMP_* variables in the environment are passed to every rank; GRADCOMP_PYTHON (default
+# /usr/bin/python3) runs gloo's side and the plot. --queue sets how much the
 # link shaper's queue holds; --no-ingress shapes only each node's egress (default: both ways).
 #
 # Runs, in the same session: gradcomp none / fp16 / maxmin 8 / 4 / 2 bits / topk 1%, raw
@@ -37,15 +38,11 @@ for tool in ip tc mpirun; do
   command -v "$tool" >/dev/null || { echo "emulated_cluster: $tool not found (run scripts/install_deps.sh)" >&2; exit 2; }
 done
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
+source "$(dirname "$0")/../../scripts/cluster.sh"
+cluster_benchmark emulated_cluster cluster examples/compressed_bench
 BENCH=$BUILD/examples/compressed_bench
-[ -x "$BENCH" ] || { echo "emulated_cluster: $BENCH not built (bash scripts/test.sh builds it)" >&2; exit 2; }
-OUT=${OUT:-$BUILD/cluster}
-mkdir -p "$OUT"
 
 # ---- the cluster (scripts/cluster.sh) -----------------------------------------------------
-source "$ROOT/scripts/cluster.sh"
 cluster_session gcb "$NODES" "$RATE" "$RPN"
 NP=$((NODES * RPN))
 MPIRUN=("${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np "$NP")
@@ -60,9 +57,9 @@ for var in $(env | grep -o '^GRADCOMP_[A-Z0-9_]*' | grep -v '^GRADCOMP_HIERARCHI
 # ---- torch.distributed gloo ---------------------------------------------------------------
 if [ "$GLOO" = 1 ]; then
   "${MPIRUN[@]}" -x MASTER_ADDR="$CLUSTER_SUBNET.11" -x MASTER_PORT=29511 -x GLOO_SOCKET_IFNAME=eth0 \
-    /usr/bin/python3 "$ROOT/examples/benchmarks/gloo_allreduce.py" --sizes-mb "$SIZES" --reps "$REPS" \
+    "$PY" "$ROOT/examples/benchmarks/gloo_allreduce.py" --sizes-mb "$SIZES" --reps "$REPS" \
     | tee -a "$OUT/results.txt"
 fi
 
-/usr/bin/python3 "$ROOT/examples/benchmarks/plot_cluster.py" "$OUT/results.txt" --rate "$RATE" --ranks "$NP" \
+"$PY" "$ROOT/examples/benchmarks/plot_cluster.py" "$OUT/results.txt" --rate "$RATE" --ranks "$NP" \
   --ranks-per-node "$RPN" --png "$OUT/cluster.png"

@@ -43,11 +43,8 @@ if [ "$REPLICAS" = hsdp ]; then
   REPLICAS=$NODES
 fi
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
-PY=${GRADCOMP_PYTHON:-/usr/bin/python3}
-ls "$BUILD"/python/gradcomp/_core*.so >/dev/null 2>&1 ||
-  { echo "fsdp_cluster: $BUILD/python has no gradcomp build (bash scripts/setup.sh)" >&2; exit 2; }
+source "$(dirname "$0")/../../scripts/cluster.sh"
+cluster_benchmark fsdp_cluster fsdp
 if [ "$FSDP" = 2 ]; then
   "$PY" -c "from torch.distributed.fsdp import FSDPModule; FSDPModule.set_custom_reduce_scatter" 2>/dev/null ||
     { echo "fsdp_cluster: $PY has no torch with FSDP2's custom collectives (2.9 or newer: pip's, GRADCOMP_PYTHON=)" >&2; exit 2; }
@@ -55,10 +52,7 @@ else
   "$PY" -c "import torch.distributed.fsdp, sys; sys.exit(int(torch.__version__.split('.')[0]) < 2)" 2>/dev/null ||
     { echo "fsdp_cluster: $PY has no torch 2 (run it in the Debian 13 root: bash scripts/debian13.sh run ...)" >&2; exit 2; }
 fi
-OUT=${OUT:-$BUILD/fsdp}
-mkdir -p "$OUT"
 
-source "$ROOT/scripts/cluster.sh"
 cluster_session gcf "$NODES" "$RATE" "$RPN"
 SHAPING="queue ${CLUSTER_QUEUE:-20ms}, $([ "${CLUSTER_INGRESS:-1}" = 1 ] && echo both ways || echo egress only)"
 

@@ -26,17 +26,10 @@ while [ $# -gt 0 ]; do
     *) echo "launcher_cluster: unknown flag $1 (see the header of this script)" >&2; exit 2 ;;
   esac
 done
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
-PY=${GRADCOMP_PYTHON:-/usr/bin/python3}
-ls "$BUILD"/python/gradcomp/_core*.so >/dev/null 2>&1 ||
-  { echo "launcher_cluster: $BUILD/python has no gradcomp build (bash scripts/setup.sh)" >&2; exit 2; }
-OUT=${OUT:-$BUILD/launchers}
-mkdir -p "$OUT"
+source "$(dirname "$0")/../../scripts/cluster.sh"
+cluster_benchmark launcher_cluster launchers
 : > "$OUT/launchers.jsonl"
 : > "$OUT/steps.jsonl"
-
-source "$ROOT/scripts/cluster.sh"
 cluster_session gcl "$NODES" "$RATE" "$RPN"
 NP=$((NODES * RPN))
 LINK="$RATE, $NODES nodes x $RPN"

@@ -11,7 +11,8 @@
 # Appends one JSON record per (model, variant) to OUT/steps.jsonl and prints each model's
 # table. The runtime's compression setting is maxmin 4 bits (what the backend4 row uses); the
 # DistributedOptimizer rows pass their compression explicitly. GRADCOMP_* variables in the
-# environment are passed to every rank.
+# environment are passed to every rank; GRADCOMP_PYTHON picks the ranks' interpreter (default
+# Debian's /usr/bin/python3; a venv's python runs pip's torch).
 set -euo pipefail
 
 RATE=1gbit NODES=2 RPN=1 MODELS=mlp,resnet20,resnet18,gpt2 VARIANTS="" STEPS=8 WARMUP=3 HIER=0 OUT="" AUTO=3
@@ -37,14 +38,8 @@ while [ $# -gt 0 ]; do
 done
 [ "$RPN" -ge 1 ] || { echo "step_cluster: --ranks-per-node must be >= 1, got $RPN" >&2; exit 2; }
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${GRADCOMP_BUILD_DIR:-$ROOT/build}
-ls "$BUILD"/python/gradcomp/_core*.so >/dev/null 2>&1 ||
-  { echo "step_cluster: $BUILD/python has no gradcomp build (bash scripts/setup.sh)" >&2; exit 2; }
-OUT=${OUT:-$BUILD/steps}
-mkdir -p "$OUT"
-
-source "$ROOT/scripts/cluster.sh"
+source "$(dirname "$0")/../../scripts/cluster.sh"
+cluster_benchmark step_cluster steps
 cluster_session gcs "$NODES" "$RATE" "$RPN"
 NP=$((NODES * RPN))
 SHAPING="queue ${CLUSTER_QUEUE:-20ms}, $([ "${CLUSTER_INGRESS:-1}" = 1 ] && echo both ways || echo egress only)"
@@ -61,10 +56,10 @@ port=29600
 bench() {  # bench MODEL VARIANTS
   port=$((port + 1))
   "${CLUSTER_MPIRUN[@]}" -H "$CLUSTER_SLOTS" -np "$NP" "${ENVS[@]}" -x MASTER_PORT=$port \
-    /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --model "$1" --steps "$STEPS" --warmup "$WARMUP" --auto-interval "$AUTO" \
+    "$PY" "$ROOT/examples/benchmarks/step_bench.py" --model "$1" --steps "$STEPS" --warmup "$WARMUP" --auto-interval "$AUTO" \
     "${INTERLEAVE[@]}" "${BATCH[@]}" --variants "$2" --link "$LINK" --json "$OUT/steps.jsonl" 2>&1 | grep --line-buffered -v '\[warning\]' | tee -a "$OUT/steps.txt"
 }
-ALL=$(PYTHONPATH="$BUILD/python" /usr/bin/python3 "$ROOT/examples/benchmarks/step_bench.py" --list-variants)
+ALL=$(PYTHONPATH="$BUILD/python" "$PY" "$ROOT/examples/benchmarks/step_bench.py" --list-variants)
 for model in ${MODELS//,/ }; do
   if [ -n "$VARIANTS" ]; then
     bench "$model" "$VARIANTS"
