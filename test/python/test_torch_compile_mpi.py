@@ -6,6 +6,9 @@ compiled code calls gradcomp (and DDP its backend) without tracing into gradcomp
 
 Run by ctest as: mpirun -np N python3 -m pytest test/python/test_torch_compile_mpi.py
 Every rank runs the same tests in the same order (they are collective)."""
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -154,3 +157,24 @@ def test_compiled_code_calls_gradcomp_as_a_library_without_tracing_into_it():
     x, _ = shard(0)
     on_gloo = graph_breaks(DDP(make_model(), process_group=gloo), x)
     assert graph_breaks(DDP(make_model()), x) == on_gloo
+
+
+LOADS = """
+import importlib.util, sys
+import gradcomp.torch as hvd
+from gradcomp.torch import backend
+assert "torch._dynamo" not in sys.modules, "import gradcomp.torch loaded torch's compiler"
+assert importlib.util.find_spec("torch._dynamo") is not None  # looked up, not imported: nothing runs
+assert not hasattr(hvd.allreduce, "_torchdynamo_disable")
+import torch
+torch.compile(lambda x: x + 1)  # imports the compiler, which marks gradcomp's calls then
+assert hvd.allreduce._torchdynamo_disable and backend.ProcessGroupGradcomp.allreduce._torchdynamo_disable
+assert backend.ProcessGroupGradcomp.reduce_scatter_module._torchdynamo_disable
+"""
+
+
+def test_import_leaves_the_compiler_unloaded_until_torch_compile_loads_it():
+    """Loading torch's compiler takes over a second a process (torch 2.13): `import gradcomp.torch`
+    leaves it to torch.compile (or whatever first imports torch._dynamo), whose import marks
+    gradcomp's calls untraced then (the tests above compile after it)."""
+    subprocess.run([sys.executable, "-c", LOADS], check=True, timeout=120)

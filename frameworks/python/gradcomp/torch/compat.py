@@ -14,6 +14,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from gradcomp import import_hooks
+
 # The torch releases gradcomp is tested against (docs/install.md): Debian 12's 1.13, Debian 13's 2.6
 # and pip's 2.13, and so the range between them.
 TESTED_TORCH = ((1, 13), (2, 13))
@@ -64,27 +66,32 @@ def register_backend(name, creator, devices):
 
 
 def _compiler_disable():
-    """torch.compiler.disable (2.1+), torch._dynamo.disable (2.0), or None (1.13: no compiler)."""
+    """torch.compiler.disable (2.1+), or torch._dynamo.disable (2.0 has no torch.compiler)."""
     compiler = getattr(torch, "compiler", None)
     if compiler is not None and hasattr(compiler, "disable"):
         return compiler.disable
-    try:
-        import torch._dynamo as dynamo
-        return dynamo.disable
-    except ImportError:
-        return None
+    import torch._dynamo as dynamo
+    return dynamo.disable
 
 
 def run_untraced(owner, names):
     """Makes torch.compile call each of `owner`'s functions `names` (a module's or a class's) as it
     calls a C++ library's: one graph break at the call, instead of tracing into gradcomp's Python
     (locks, handles, pointer checks), which broke every compiled graph several times over and
-    recompiled at each call. The functions keep their names, signatures and documentation."""
-    disable = _compiler_disable()
-    if disable is None:
-        return
-    for name in names:
-        setattr(owner, name, disable(getattr(owner, name)))
+    recompiled at each call. The functions keep their names, signatures and documentation.
+
+    Done when torch's compiler (torch._dynamo) is first imported, by torch.compile or anything
+    else: importing it here would cost every rank of every job over a second. So the owner's
+    attributes change then: code that calls them through the owner (hvd.allreduce, the process
+    group's methods) gets the untraced ones; a name bound by `from gradcomp.torch import ...`
+    before then keeps the plain function."""
+    def apply():
+        disable = _compiler_disable()
+        for name in names:
+            setattr(owner, name, disable(getattr(owner, name)))
+
+    if hasattr(torch, "compile"):  # torch 2: it has a compiler
+        import_hooks.when_imported("torch._dynamo", apply)
 
 
 # torch 2.13 renamed the one-tensor collectives (all_gather_single, reduce_scatter_single) and
