@@ -56,11 +56,14 @@ class CharGPT(nn.Module):
         self.register_buffer("mask", torch.triu(torch.full((context, context), float("-inf")), diagonal=1))
 
     def forward(self, idx):
+        """Logits, one row per position: (batch * context, vocab). Rows, not (batch, context,
+        vocab): a Linear on 3-D input returns a view of its 2-D product, and FSDP2 warns that an
+        in-place op on a root module's view output would skip its pre-backward hook."""
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t))
         for b in self.blocks:
             x = b(x, self.mask[:t, :t])
-        return self.head(self.ln(x))
+        return self.head(self.ln(x).flatten(0, 1))
 
 
 def windows(text, count, context, generator):
