@@ -78,6 +78,7 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
   out.busy = !(words[0] & kIdle);
   if (!(words[0] & kNoShutdown)) {
     out.shutdown = true;
+    out.stopped_by = RanksShuttingDown(input.shutdown);
     return out;
   }
   const bool join_active = !(words[0] & kNoJoin);
@@ -103,6 +104,18 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
     if (!out.fatal.empty()) out.shutdown = true;
   }
   return out;
+}
+
+std::vector<int> Controller::RanksShuttingDown(bool mine) {
+  const int n = world_.size();
+  std::vector<uint64_t> bits((static_cast<size_t>(n) + 63) / 64, ~uint64_t{0});
+  if (mine) bits[static_cast<size_t>(rank_) / 64] &= ~(uint64_t{1} << (rank_ % 64));
+  world_.Allreduce(bits.data(), bits.data(), bits.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
+  std::vector<int> ranks;
+  for (int r = 0; r < n; ++r) {
+    if (((bits[static_cast<size_t>(r) / 64] >> (r % 64)) & 1) == 0) ranks.push_back(r);
+  }
+  return ranks;
 }
 
 std::vector<uint64_t> Controller::CycleWords(CycleInput& input, Clock::time_point now) {

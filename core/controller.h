@@ -86,6 +86,7 @@ class Controller {
     std::string fatal;                ///< why, when it is an error (stall shutdown)
     bool busy = false;                ///< some rank has work pending: keep cycling briskly
     size_t from_cache = 0;            ///< the first `from_cache` responses came from the cache
+    std::vector<int> stopped_by;      ///< on shutdown: the ranks that asked for it
   };
   /// Collective over the world: one negotiation cycle (see the protocol above).
   CycleOutput RunCycle(CycleInput input);
@@ -140,6 +141,9 @@ class Controller {
     Request request;
     Clock::time_point since;
   };
+  // The shutdown round's second allreduce (every rank takes part: every rank saw the flag):
+  // the ranks that asked to stop, so the others' errors can name them.
+  std::vector<int> RanksShuttingDown(bool mine);
   // Moves the pending hit at `pos` to the coordinator's next slow path.
   void SendPendingToCoordinator(size_t pos);
   // This rank's words of a cycle's agreement (flags, ready bits, keep bits), from the fresh

@@ -331,8 +331,7 @@ void Runtime::BackgroundLoop() {
         stats_.negotiating_tensors = controller_.open_tensors();
       }
       if (out.shutdown) {
-        reason = out.fatal.empty() ? "gradcomp was shut down (shutdown() was called on a rank)"
-                                   : AgreedStop(out.fatal);
+        reason = out.fatal.empty() ? ShutDownBy(out.stopped_by) : AgreedStop(out.fatal);
         break;
       }
       // Ready tensors waiting for a larger batch are not urgent: cycle less often, and only

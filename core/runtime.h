@@ -250,6 +250,8 @@ class Runtime {
   /// The background thread's failure `e`: tells the TCP peers, leaves MPI unfinalized, logs and
   /// returns the reason, which says how the job will end.
   std::string BackgroundFailed(const std::exception& e);
+  /// What every caller hears after a shutdown round: the ranks (`stopped_by`) that asked for it.
+  std::string ShutDownBy(const std::vector<int>& stopped_by) const;
   /// What every caller hears when the background thread fails.
   static std::string BackgroundFailure(const std::exception& e);
   [[noreturn]] void ExitProcess(const std::string& why);

@@ -28,6 +28,16 @@ std::string Runtime::BackgroundFailure(const std::exception& e) {
   return std::string("gradcomp's background thread failed: ") + e.what();
 }
 
+std::string Runtime::ShutDownBy(const std::vector<int>& stopped_by) const {
+  std::string who;
+  for (size_t i = 0; i < stopped_by.size(); ++i) {
+    who += (i == 0 ? "" : i + 1 == stopped_by.size() ? " and " : ", ") + std::to_string(RankName(rank_names_, stopped_by[i]));
+  }
+  if (who.empty()) return "gradcomp was shut down (shutdown() was called on a rank)";
+  return "gradcomp was shut down by rank" + std::string(stopped_by.size() > 1 ? "s " : " ") + who +
+         " (its script called shutdown() or ended, on an error or not)";
+}
+
 void Runtime::OnCollectiveTimeout(Watchdog::Expired expired) {
   if (mpi_world_) AbandonMpiAtExit();  // MPI_Finalize would wait for the lost peer
   const std::string message =
@@ -96,11 +106,17 @@ void Runtime::MeetBeforeMpiTeardown() {
   // ends. A rank that dies in between (SIGKILLed, the OOM killer) never reaches MPI_Win_free, and
   // under a launcher that lets the survivors run (mpirun --enable-recovery) they would wait for it
   // there forever. The dead rank's TCP connections close with it: this barrier fails at once on
-  // every rank, naming it. A rank still running its script is waited for, as MPI would.
+  // every rank, naming it. A rank still running its script is waited for, as MPI would, up to
+  // the collective timeout: a rank alive but never coming (its script waits in torch's
+  // rendezvous for this one, say) then ends this process (the watchdog, OnCollectiveTimeout).
+  // A script ending on an uncaught exception does not come here at all (MPI abandoned: the
+  // Python package's sys.excepthook).
   if (!mpi_world_ || !tcp_ || MpiAbandoned()) return;
   try {
     // Bounded as MPI's own teardown steps are after a stall shutdown (a stopped rank never comes).
     MpiTeardownStep step("the ranks' meeting before MPI_Win_free");
+    Watchdog::Step watched(watchdog_, "the ranks' meeting at shutdown, before MPI's teardown (a rank that has not "
+                                      "shut gradcomp down: its script still runs, or waits outside gradcomp)");
     tcp_->Barrier();
   } catch (const std::exception& e) {
     AbandonMpiAtExit();

@@ -4,6 +4,8 @@
     fault_worker.py --fault stop [--victim R]     # the victim stops calling gradcomp
     fault_worker.py --fault none                  # allreduces until killed (a link cut from outside)
     fault_worker.py --fault stall|shape --catch   # the victim submits another name / shape at step 3
+    fault_worker.py --fault raise --at first_step|mid|outside|exit [--victim R]
+    fault_worker.py --fault linger --steps N        # the victim stays 60 s after its last step
 
 --at teardown: the victim submits w3 with another op (the ranks agree on an error; the others'
 scripts end on it, shutting gradcomp down on every rank) and dies 50 ms later, before its own
@@ -11,6 +13,11 @@ teardown.
 
 --catch: the script catches gradcomp's error, says so and exits 0 (as one that saves a
 checkpoint and ends would); after a shape mismatch it trains on first (the job goes on).
+
+--fault raise: the victim's script raises an exception it does not catch: before its first
+allreduce (first_step), at step 3 (mid), at step 3 while the others spend 60 s outside gradcomp
+(outside: an evaluation, a checkpoint), or after its last step (exit) while the others end
+cleanly.
 
 Every rank prints `fault-worker rank R at T: ...` lines (flushed; T is the wall clock) so the
 test sees how far it got and when. The victim SIGKILLs itself at the chosen point, as the OOM
@@ -26,10 +33,11 @@ import time
 import numpy as np
 
 p = argparse.ArgumentParser()
-p.add_argument("--fault", choices=["kill", "stop", "stall", "shape", "none"], required=True)
+p.add_argument("--fault", choices=["kill", "stop", "stall", "shape", "none", "raise", "linger"], required=True)
 p.add_argument("--catch", action="store_true")
 p.add_argument("--steps", type=int, default=100000)
-p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp", "teardown"], default="negotiation")
+p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp", "teardown", "first_step", "mid", "outside",
+                                "exit"], default="negotiation")
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--elements", type=int, default=1 << 20)
 p.add_argument("--kill-after", type=float, default=0.3, help="--at allreduce: seconds after the submit")
@@ -142,9 +150,24 @@ def step_of_the_victim(step):
     return gc.allreduce(x, name=name, op=gc.Sum)
 
 
+def raise_here(step):
+    """--fault raise: the victim's exception at `step` (the others' time outside gradcomp)."""
+    at = {"first_step": 0, "mid": 3, "outside": 3}.get(args.at)
+    if step != at:
+        return
+    if victim:
+        say("raises")
+        raise RuntimeError(f"the user's script failed on rank {world_rank} at step {step}")
+    if args.at == "outside":
+        say("outside gradcomp for 60 s")
+        time.sleep(60)
+
+
 for step in range(args.steps):
     if step == 3:
         say("steady")
+    if args.fault == "raise":
+        raise_here(step)
     try:
         out = step_of_the_victim(step) if step == 3 and victim else gc.allreduce(x, name=f"w{step}", op=gc.Sum)
     except gc.GradcompError as e:
@@ -158,3 +181,9 @@ for step in range(args.steps):
     if step in (0, args.steps - 1):
         assert np.all(out == gc.size()), out
 say("finished")
+if args.fault == "linger" and victim:
+    say("lingers 60 s")
+    time.sleep(60)
+if args.fault == "raise" and args.at == "exit" and victim:
+    say("raises")
+    raise RuntimeError(f"the user's script failed on rank {world_rank} after training")

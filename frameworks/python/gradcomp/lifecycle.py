@@ -122,6 +122,19 @@ def barrier(process_set=None):
     runtime(process_set).barrier_async().wait()
 
 
+def _leave_mpi_on_uncaught_exception(kind, value, tb, previous=sys.excepthook):
+    """sys.excepthook while gradcomp is imported. A script ending on an exception it did not catch
+    (KeyboardInterrupt included) must not wait at exit for the other ranks to reach MPI's teardown:
+    a rank still training, or waiting in a rendezvous for this one, may never reach it. This
+    process then leaves MPI unfinalized (and exits non-zero, as Python does), so mpirun ends the
+    job; without MPI (torchrun, env://) there is nothing to leave and the launcher ends it."""
+    _core.abandon_mpi_at_exit()
+    previous(kind, value, tb)
+
+
+sys.excepthook = _leave_mpi_on_uncaught_exception
+
+
 @atexit.register
 def _shutdown_at_exit():
     try:
