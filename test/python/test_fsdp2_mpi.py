@@ -13,6 +13,8 @@ modules (four blocks and the root; shards uneven at -np 3).
 
 Run by ctest as: mpirun -np N python -m pytest test/python/test_fsdp2_mpi.py (torch >= 2.9).
 Every rank runs the same tests in the same order (they are collective)."""
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -357,3 +359,29 @@ def test_compress_fsdp_names_each_model_apart_and_refuses_other_backends(meshes)
         model(x)
     with pytest.raises(ValueError, match="holds no FSDP2 module"):
         hvd.compress_fsdp(make_model())
+
+
+def test_compressed_without_compress_fsdp_warns_once_naming_it(meshes):
+    """The settings' codec on FSDP2's own reduce-scatter (no compress_fsdp): unnamed, so no error
+    feedback. Every rank warns once, naming compress_fsdp; with compress_fsdp, no such warning.
+    (This suite's settings are exact: the groups' codec is set to 4 bits here, as
+    GRADCOMP_COMPRESSION=maxmin GRADCOMP_BITS=4 would.)"""
+    groups = [g for g in backend._live_groups if g._compress is None]
+    for g in groups:
+        g._compress = {"codec": "maxmin", "bits": 4}
+    try:
+        for named, expected in ((False, 1), (True, 0)):
+            backend._warned_fsdp2.clear()
+            model = wrap(make_model(), meshes[("gradcomp", 1)])
+            if named:
+                hvd.compress_fsdp(model, compression=hvd.Compression.maxmin(bits=4))
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                train(model, steps=2)
+            mine = [str(w.message) for w in seen if "compress_fsdp" in str(w.message)]
+            assert len(mine) == expected, [str(w.message) for w in seen]
+            assert not mine or "FSDP2's reduce-scatter is compressed (maxmin" in mine[0], mine
+    finally:
+        for g in groups:
+            g._compress = None
+        backend._warned_fsdp2.clear()

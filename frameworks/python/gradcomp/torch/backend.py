@@ -23,6 +23,7 @@ import atexit
 import collections
 import contextlib
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -49,6 +50,26 @@ def _drain_at_exit():
     # Registered after gradcomp.basics' shutdown hook, so it runs before it (atexit is LIFO).
     for group in list(_live_groups):
         group._drain(timeout=10.0)
+
+
+_warned_fsdp2 = []
+
+
+def _warn_if_fsdp2(codec):
+    """Once a process, when FSDP2's own reduce-scatter (its _fsdp_collectives module, torch 2.4 on)
+    calls a compressed one: without compress_fsdp it has no name, so each step is quantized afresh
+    with no residual carried to the next."""
+    frame = sys._getframe(2)
+    while frame is not None and "_fsdp_collectives" not in frame.f_code.co_filename:
+        frame = frame.f_back
+    if frame is None:
+        return
+    _warned_fsdp2.append(True)
+    warnings.warn(f"backend gradcomp: FSDP2's reduce-scatter is compressed ({codec}, GRADCOMP_COMPRESSION) without "
+                  "error feedback: c10d names no tensor, so no residual is kept from one step to the next. Call "
+                  "hvd.compress_fsdp(model) after fully_shard: each module's reduce-scatter then has its name and "
+                  "its error feedback (GRADCOMP_ERROR_FEEDBACK=1); without it the quantization errors of every "
+                  "step are lost and training can end well above an exact reduction's loss", stacklevel=2)
 
 
 def _reduce_op(op):
@@ -551,10 +572,12 @@ class ProcessGroupGradcomp(dist.ProcessGroup):
             # Rows one value wider than every rank's output: the operation fails on every rank
             # (a shape mismatch naming this rank's rows) instead of leaving the others waiting.
             flat = output.detach().new_zeros(self.size() * (output.numel() + 1))
+        spec = self._reduction_spec(flat, op, compress)
+        if name is None and spec is not None and spec.get("codec", "none") != "none" and not _warned_fsdp2:
+            _warn_if_fsdp2(spec["codec"])
         h = mpi_ops.reducescatter_async(flat.reshape(self.size(), -1), op=op, prescale_factor=prescale,
                                         name=name or self._name("reduce_scatter"), process_set=self._process_set,
-                                        compression=self._reduction_spec(flat, op, compress),
-                                        output=output if problem is None else None)
+                                        compression=spec, output=output if problem is None else None)
         if problem is None:
             return [h], None  # the shard lands in `output` (mpi_ops)
         return [], lambda: self._fail_on_every_rank(h, problem)
