@@ -820,6 +820,55 @@ def test_overlap_forward_updates_each_module_in_the_next_forward_exactly_as_step
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
 
 
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "custom"])
+def test_step_applies_each_update_as_its_exchange_ends_exactly_as_after_all(opt_name):
+    """step() without a closure steps torch.optim's per-parameter optimizers on the parameters
+    whose exchanges have ended while the others are still on the wire (exchange_order_step.py):
+    the same parameters as synchronize() then step(). A subclass of its own (which may add work
+    across parameters) and an optimizer with a step hook take the plain path."""
+    class Custom(torch.optim.SGD):
+        pass
+
+    def make(model):
+        if opt_name == "adam":
+            return torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-4)
+        kind = Custom if opt_name == "custom" else torch.optim.SGD
+        return kind(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+    models = [make_wide_model() for _ in range(3)]
+    opts = [hvd.DistributedOptimizer(make(m), named_parameters=[(f"eo{i}.{n}", p) for n, p in m.named_parameters()],
+                                     compression=hvd.Compression.none) for i, m in enumerate(models)]
+    hooked = []
+    hooks = hasattr(opts[2], "register_step_post_hook")  # torch 2's step hooks (1.13 has none)
+    if hooks:
+        opts[2].register_step_post_hook(lambda *_: hooked.append(1))
+    in_order = []
+    for o in opts:
+        original = o._step_in_exchange_order
+        o._step_in_exchange_order = lambda original=original, o=o: (in_order.append(o), original())[1]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in opts]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(4):
+        x, y = wide_batch(step)
+        for i, (m, o, sched) in enumerate(zip(models, opts, scheds)):
+            o.zero_grad()
+            loss_fn(m(x), y).backward()
+            if i == 1:  # the reference: every exchange first, then one step
+                o.synchronize()
+                with o.skip_synchronize():
+                    o.step()
+            else:
+                o.step()
+            sched.step()
+    in_exchange_order = 0 if opt_name == "custom" else 4
+    assert in_order.count(opts[0]) == in_exchange_order, in_order
+    assert opts[1] not in in_order and in_order.count(opts[2]) == (0 if hooks else in_exchange_order), in_order
+    assert bool(hooked) == hooks
+    assert not opts[0]._deferred
+    assert_trained_alike(models[0], models[1])
+    assert_trained_alike(models[2], models[1])
+
+
 def test_overlap_forward_errors():
     model = make_wide_model()
     named = list(model.named_parameters())

@@ -1,8 +1,9 @@
 """The averaging DistributedOptimizer (gradcomp.torch.optimizer documents what it does), made of
-three parts, each a base class in a file of its own: each parameter's compression plan, DGC's
+four parts, each a base class in a file of its own: each parameter's compression plan, DGC's
 momentum takeover and `groups` (parameter_plans.py); the gradient hooks and the exchange, dense,
 sparse, grouped and PowerSGD's (gradient_exchange.py); the updates deferred to the next forward
-(overlap_forward.py). Here: the constructor, synchronize() and step()."""
+(overlap_forward.py); step()'s updates applied as the exchanges end (exchange_order_step.py).
+Here: the constructor, synchronize() and step()."""
 import contextlib
 import warnings
 import weakref
@@ -11,12 +12,13 @@ import torch
 
 from gradcomp import basics as _b
 from gradcomp.basics import Average, check_op
+from gradcomp.torch.exchange_order_step import _ExchangeOrderStep
 from gradcomp.torch.gradient_exchange import _GradientExchange, _remove_hooks
 from gradcomp.torch.overlap_forward import _OverlapForward, _settings_of
 from gradcomp.torch.parameter_plans import _names_of, _ParameterPlans
 from gradcomp.torch.powersgd import PowerSGDState
 
-_PARTS = (_ParameterPlans, _OverlapForward, _GradientExchange)
+_PARTS = (_ParameterPlans, _OverlapForward, _ExchangeOrderStep, _GradientExchange)
 
 
 def _check_process_set(process_set):
@@ -153,6 +155,11 @@ class _DistributedOptimizer(*_PARTS, torch.optim.Optimizer):
                               "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
                               "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
                               "your code.")
+            if closure is None and self._steps_in_exchange_order(self._wrapped_class):
+                self._apply_deferred(list(self._deferred))
+                self._step_in_exchange_order()
+                self._synchronized = False
+                return None
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
@@ -182,4 +189,5 @@ def averaging_class(optimizer_class):
     Horovod's: a subclass of it by the same name, so isinstance checks hold), with the methods of
     _DistributedOptimizer and of its parts; `super(self.__class__, self)` in them is the wrapped
     optimizer's class (the parts define none of its methods)."""
-    return type(optimizer_class.__name__, _PARTS + (optimizer_class,), dict(_DistributedOptimizer.__dict__))
+    return type(optimizer_class.__name__, _PARTS + (optimizer_class,),
+                dict(_DistributedOptimizer.__dict__, _wrapped_class=optimizer_class))

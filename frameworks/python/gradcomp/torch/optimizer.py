@@ -3,7 +3,12 @@
 Hooks on the parameters' gradient accumulators start each gradient's allreduce as soon as
 backward produces it (after `backward_passes_per_step` local passes), so communication
 overlaps the rest of backward; ``step()`` waits for them (``synchronize()``) and then runs
-the wrapped optimizer.
+the wrapped optimizer. For torch.optim's per-parameter optimizers (SGD, Adam, AdamW, RMSprop,
+...; not a subclass of them) stepped without a closure and without step hooks, ``step()``
+steps each batch of parameters as soon as their exchanges have ended, in the order they were
+started, so the update of the other layers runs while the first layers' gradients (backward's
+last) are still on the wire: the same arithmetic on the same gradients as one step after all
+(exchange_order_step.py).
 
 Compression per parameter
     ``compression=None`` (default) follows the settings (GRADCOMP_COMPRESSION, ...; as
