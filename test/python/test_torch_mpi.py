@@ -1151,6 +1151,25 @@ def test_broadcast_parameters_and_optimizer_state():
     assert_same_on_every_rank(params_digest(other))
 
 
+def test_broadcast_optimizer_state_whatever_order_each_rank_created_it_in():
+    """Rank 0 created its Adam state last parameter first (as a step in exchange order does, or a
+    checkpoint of one), the others first parameter first: every rank ends with rank 0's state."""
+    me = hvd.rank()
+    model = make_model(seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.full_like(p, float(me + 1))
+    group = opt.param_groups[0]["params"]
+    for p in (reversed(params) if me == 0 else params):  # one parameter at a time
+        opt.param_groups[0]["params"] = [p]
+        opt.step()
+    opt.param_groups[0]["params"] = group
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for p in params:
+        assert torch.equal(opt.state[p]["exp_avg"], torch.full_like(p, 0.1)), p.shape  # (1 - beta1) * rank 0's 1
+
+
 # -- SyncBatchNorm ------------------------------------------------------------------------------------
 
 

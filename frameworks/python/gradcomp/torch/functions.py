@@ -63,7 +63,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     # Tensors travel in place, one broadcast each; everything else as one skeleton of plain
     # values, loaded as such (it runs no code): one that is not is refused on the root, and the
     # refusal reaches every rank instead of the skeleton.
-    skeleton, tensors = state_skeleton.split(optimizer.state_dict())
+    skeleton, tensors = state_skeleton.split(_in_parameter_order(optimizer.state_dict()))
     if _b.rank() == root_rank:
         try:
             plain.refuse_unplain(skeleton, "broadcast_optimizer_state", "the optimizer's state_dict()")
@@ -80,6 +80,16 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
         synchronize(h)
     # The root's hyper-parameters (learning rate, momentum, step counts) win as well.
     optimizer.load_state_dict(state_skeleton.fill(root_sent["skeleton"], [t for _, t in tensors]))
+
+
+def _in_parameter_order(state_dict):
+    """`state_dict` with its per-parameter state ordered by parameter index: the order a state
+    was created in (the parameters stepped first, as step() steps them as their exchanges end,
+    or a checkpoint's) differs between ranks, and the tensors travel in this order."""
+    def index(item):
+        key = item[0]
+        return (0, key, "") if isinstance(key, int) else (1, 0, repr(key))
+    return dict(state_dict, state=dict(sorted(state_dict["state"].items(), key=index)))
 
 
 def _pickled(obj, what):
