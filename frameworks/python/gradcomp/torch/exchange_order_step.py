@@ -54,7 +54,13 @@ class _ExchangeOrderStep:
         self._start_all()
         self._deferred = self._take_handles()
         self._deferred_settings = [_settings_of(g) for g in self.param_groups]
-        while self._deferred:
-            first = next(iter(self._deferred))
-            self._deferred[first].wait()
-            self._apply_deferred([p for p, pending in self._deferred.items() if _arrived(pending)])
+        try:
+            while self._deferred:
+                first = next(iter(self._deferred))
+                self._deferred[first].wait()
+                self._apply_deferred([p for p, pending in self._deferred.items() if _arrived(pending)])
+        except BaseException:
+            # A failed exchange (a lost peer): the step raises as synchronize() would, and the
+            # rest is dropped, so that state_dict() or a restore afterwards does not wait on it.
+            self._deferred, self._deferred_settings = {}, None
+            raise
