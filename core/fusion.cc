@@ -7,8 +7,6 @@
 
 namespace gradcomp {
 
-bool ReducedAlone(bool on_device, int64_t bytes) { return !on_device && bytes >= kHostAloneBytes; }
-
 bool Fusable(const Response& a, const Response& b) {
   return a.type == RequestType::kAllreduce && b.type == RequestType::kAllreduce && a.error.empty() &&
          b.error.empty() && a.dtype == b.dtype && a.op == b.op && a.prescale == b.prescale &&
@@ -18,7 +16,7 @@ bool Fusable(const Response& a, const Response& b) {
 template <typename R>
 void FusionPlanner::AddImpl(R&& r) {
   const int64_t bytes = r.PayloadBytes();
-  if (threshold_ > 0 && r.type == RequestType::kAllreduce && r.error.empty() && !ReducedAlone(r.on_device, bytes)) {
+  if (threshold_ > 0 && r.type == RequestType::kAllreduce && r.error.empty() && bytes < kAloneBytes) {
     for (Open& g : open_) {
       Response& group = out_[g.index];
       if (g.bytes + bytes <= threshold_ && Fusable(group, r)) {

@@ -10,15 +10,13 @@
 
 namespace gradcomp {
 
-/// A tensor in host memory of at least this many bytes is reduced alone, where it lies: fused,
-/// it would be copied into the fusion buffer and back, two passes over it on the rank's core,
-/// to save one response's latency (the 25.2M-parameter MLP of step_bench.py, whose 16.8 MB
-/// gradient was fused with a 40 KB one: the exchange threads' CPU 0.041-0.043 s a step before,
-/// 0.038 after). Device memory copies at hundreds of GB/s: fused as before.
-constexpr int64_t kHostAloneBytes = int64_t{4} << 20;
-
-/// True when a tensor of `bytes` (in device memory or not) is never fused.
-bool ReducedAlone(bool on_device, int64_t bytes);
+/// A tensor of at least this many bytes is reduced alone, where it lies: fused, it would be
+/// copied into the fusion buffer and back, two passes over it on the rank's core, to save one
+/// response's latency (the 25.2M-parameter MLP of step_bench.py, whose 16 MiB gradient was fused
+/// with a 40 KB one: the exchange threads' CPU 0.041-0.043 s a step before, 0.038 after). The
+/// same in device memory, where the copies are cheap, so that a tensor's bytes on the wire and
+/// its result do not depend on where it lives (test_runtime_device).
+constexpr int64_t kAloneBytes = int64_t{16} << 20;
 
 /// True when `a` and `b` may share a fusion buffer.
 bool Fusable(const Response& a, const Response& b);

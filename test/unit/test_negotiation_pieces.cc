@@ -159,22 +159,21 @@ TEST(Fusion, FusesCompatibleTensorsUpToTheThreshold) {
   EXPECT_TRUE(planner.Take().empty());
 }
 
-TEST(Fusion, LargeHostTensorsGoAloneWhereTheyLie) {
-  // Under a 64 MB threshold: the 16 MB host gradient is not copied into a fusion buffer with its
-  // 40 KB neighbour; the small ones still fuse; in device memory the large one fuses too.
+TEST(Fusion, LargeTensorsGoAloneWhereTheyLie) {
+  // Under a 64 MB threshold: the 16 MiB gradient is not copied into a fusion buffer with its
+  // 40 KB neighbours, which still fuse; in device memory alike (the same bytes on the wire).
   const int64_t threshold = int64_t{64} << 20;
-  const int64_t large = kHostAloneBytes / 4;  // float32 values
-  std::vector<Response> host = {Allreduce("a", 10240), Allreduce("big", 4 * large), Allreduce("b", 10240)};
-  std::vector<Response> out = FuseResponses(host, threshold);
-  ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(out[0].names, (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(out[1].names, std::vector<std::string>{"big"});
+  const int64_t large = kAloneBytes / 4;  // float32 values
+  for (bool on_device : {false, true}) {
+    std::vector<Response> in = {Allreduce("a", 10240), Allreduce("big", large), Allreduce("b", 10240)};
+    for (Response& r : in) r.on_device = on_device;
+    const std::vector<Response> out = FuseResponses(in, threshold);
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].names, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(out[1].names, std::vector<std::string>{"big"});
+  }
   EXPECT_EQ(FuseResponses({Allreduce("x", large - 1), Allreduce("y", 1)}, threshold).size(), 1u);
   EXPECT_EQ(FuseResponses({Allreduce("x", large), Allreduce("y", 1)}, threshold).size(), 2u);
-  for (Response& r : host) r.on_device = true;
-  out = FuseResponses(host, threshold);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].names, (std::vector<std::string>{"a", "big", "b"}));
 }
 
 TEST(TensorQueue, BurstEndsWhenACallerBlocksOrThePushesStop) {
