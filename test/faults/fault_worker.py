@@ -4,7 +4,7 @@
     fault_worker.py --fault stop [--victim R]     # the victim stops calling gradcomp
     fault_worker.py --fault none                  # allreduces until killed (a link cut from outside)
     fault_worker.py --fault stall|shape --catch   # the victim submits another name / shape at step 3
-    fault_worker.py --fault raise --at first_step|mid|outside|exit [--victim R]
+    fault_worker.py --fault raise --at before_init|first_step|mid|outside|exit [--victim R]
     fault_worker.py --fault linger --steps N        # the victim stays 60 s after its last step
 
 --at teardown: the victim submits w3 with another op (the ranks agree on an error; the others'
@@ -14,8 +14,8 @@ teardown.
 --catch: the script catches gradcomp's error, says so and exits 0 (as one that saves a
 checkpoint and ends would); after a shape mismatch it trains on first (the job goes on).
 
---fault raise: the victim's script raises an exception it does not catch: before its first
-allreduce (first_step), at step 3 (mid), at step 3 while the others spend 60 s outside gradcomp
+--fault raise: the victim's script raises an exception it does not catch: before gradcomp's init
+(before_init, the others waiting in it), before its first allreduce (first_step), at step 3 (mid), at step 3 while the others spend 60 s outside gradcomp
 (outside: an evaluation, a checkpoint), or after its last step (exit) while the others end
 cleanly.
 
@@ -36,8 +36,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--fault", choices=["kill", "stop", "stall", "shape", "none", "raise", "linger"], required=True)
 p.add_argument("--catch", action="store_true")
 p.add_argument("--steps", type=int, default=100000)
-p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp", "teardown", "first_step", "mid", "outside",
-                                "exit"], default="negotiation")
+p.add_argument("--at", choices=["init", "negotiation", "allreduce", "ddp", "teardown", "before_init", "first_step", "mid",
+                                "outside", "exit"], default="negotiation")
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--elements", type=int, default=1 << 20)
 p.add_argument("--kill-after", type=float, default=0.3, help="--at allreduce: seconds after the submit")
@@ -119,6 +119,9 @@ if args.at == "ddp":
 
 import gradcomp.numpy as gc  # noqa: E402
 
+if args.fault == "raise" and args.at == "before_init" and victim:
+    say("raises")
+    raise RuntimeError(f"the user's script failed on rank {world_rank} before init")
 gc.init()
 say("up")
 x = np.ones((args.elements // 1024, 1024), np.float32)

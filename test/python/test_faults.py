@@ -346,13 +346,13 @@ def torchrun_starts():
     return subprocess.run([PY, "-c", code], capture_output=True).returncode == 0
 
 
-def run_env_launched(tmp_path, worker_args, grace):
-    """The 3 ranks started by torchrun, or envrun.py where torchrun cannot start (no MPI: a world
-    connected through a store), each wrapped as under mpirun. The launcher ends the others `grace`
-    seconds after a rank failed (torchrun's monitor interval): a long one leaves the survivors to
-    end on their own."""
+def run_env_launched(tmp_path, worker_args, grace, bare=False):
+    """The 3 ranks started by torchrun, or envrun.py where torchrun cannot start or `bare` asks
+    for the env:// variables alone (no MPI: a world connected through a store), each wrapped as
+    under mpirun. The launcher ends the others `grace` seconds after a rank failed (torchrun's
+    monitor interval): a long one leaves the survivors to end on their own."""
     wrapper = WRAPPER.replace("$OMPI_COMM_WORLD_RANK", "$RANK")
-    if torchrun_starts():
+    if torchrun_starts() and not bare:
         launcher = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
                     f"--monitor_interval={grace}", "--no_python"]
     else:
@@ -400,17 +400,19 @@ def test_a_rank_killed_before_init_without_mpi_ends_the_job_in_seconds(tmp_path)
         assert job.event(r, "finished") is None, job.describe()
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-@pytest.mark.parametrize("at", ["first_step", "mid", "outside", "exit"])
+@pytest.mark.parametrize("launcher", ["mpirun", "env"] + (["torchrun"] if torchrun_starts() else []))
+@pytest.mark.parametrize("at", ["before_init", "first_step", "mid", "outside", "exit"])
 def test_an_uncaught_exception_anywhere_ends_the_job_in_seconds(tmp_path, at, launcher):
-    """Rank 1's script raises: before its first allreduce, mid-training, while the others spend
-    60 s outside gradcomp (an evaluation), or after its last step while the others end cleanly.
+    """Rank 1's script raises: before gradcomp's init, before its first allreduce, mid-training,
+    while the others spend 60 s outside gradcomp (an evaluation), or after its last step while the
+    others end cleanly; under mpirun, torchrun, and the env:// variables alone (envrun.py).
     Its process leaves at once without meeting the others before MPI's teardown (they may never
     come: a rank outside gradcomp, or waiting in a rendezvous for this one, used to hold it there
     until they returned), exits 1 with MPI unfinalized, and the launcher ends the job naming it:
     within seconds of the raise, the exception's text printed, no abort, nothing left running."""
     worker = ["--fault", "raise", "--at", at, "--steps", "8" if at == "exit" else "100000"]
-    job = run(tmp_path, worker, deadline=90) if launcher == "mpirun" else run_env_launched(tmp_path, worker, grace=1)
+    job = (run(tmp_path, worker, deadline=90) if launcher == "mpirun" else
+           run_env_launched(tmp_path, worker, grace=1, bare=launcher == "env"))
     raised = job.event(1, "raises")
     assert raised, job.describe()
     assert job.rc != 0, job.describe()
@@ -422,9 +424,9 @@ def test_an_uncaught_exception_anywhere_ends_the_job_in_seconds(tmp_path, at, la
     for r in (0, 2):
         if at == "exit":
             assert job.event(r, "finished"), f"rank {r}\n{job.describe()}"
-        if job.exit(r) is not None and at != "outside" and (at != "exit" or launcher == "mpirun"):
+        if job.exit(r) is not None and at not in ("outside", "before_init") and (at != "exit" or launcher == "mpirun"):
             assert re.search(r"by rank 1 |to rank 1 ", job.logs[r]), f"rank {r}\n{job.describe()}"
-    if at == "outside":
+    if at in ("outside", "before_init"):  # the others wait outside gradcomp, or in its init
         assert re.search(r"\[\[\d+,\d+\],1\]|rank\s*:\s*1 \(local_rank|envrun: rank 1 exited", job.output), \
             job.describe()
     for r in range(3):
