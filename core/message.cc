@@ -85,6 +85,26 @@ class Writer {
         },
         c);
   }
+  /// Any field of a message (Request::ForEachField), as its type travels: flags as one byte,
+  /// lists as their length then their items.
+  template <typename T>
+  void Field(const T& v) {
+    if constexpr (std::is_same_v<T, bool>) {
+      Pod(static_cast<uint8_t>(v));
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      Str(v);
+    } else if constexpr (std::is_same_v<T, CompressionSpec>) {
+      Spec(v);
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      Ints(v);
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>> ||
+                         std::is_same_v<T, std::vector<std::vector<int64_t>>>) {
+      Pod(static_cast<uint64_t>(v.size()));
+      for (const auto& item : v) Field(item);
+    } else {
+      Pod(v);
+    }
+  }
   std::string Take() { return std::move(out_); }
 
  private:
@@ -93,20 +113,20 @@ class Writer {
 
 // Fewest bytes a serialized request / response takes (empty strings and lists): bounds how
 // many a message of a given size can hold.
-uint64_t MinSpecBytes() {
-  CompressionSpec empty;  // every string field empty
+template <typename M>
+uint64_t MinBytes() {
+  M empty;  // its own lists and strings are empty; the spec's strings emptied too
   CompressionSpec::ForEachField(
       [](const SpecField&, auto& v) {
         if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) v.clear();
       },
-      empty);
+      empty.compression);
   Writer w;
-  w.Spec(empty);
+  M::ForEachField(empty, [&w](const auto& v) { w.Field(v); });
   return w.Take().size();
 }
-const uint64_t kMinSpecBytes = MinSpecBytes();
-const uint64_t kMinRequestBytes = 4 + 1 + 8 + 1 + 8 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 1 + 4;
-const uint64_t kMinResponseBytes = 1 + 8 + 8 + 1 + 1 + 4 + 8 + 8 + kMinSpecBytes + 8 + 8 + 4 + 1 + 8;
+const uint64_t kMinRequestBytes = MinBytes<Request>();
+const uint64_t kMinResponseBytes = MinBytes<Response>();
 
 class Reader {
  public:
@@ -164,6 +184,32 @@ class Reader {
         c);
     return c;
   }
+  /// Any field of a message, as Writer::Field wrote it; enums checked to name a known value.
+  template <typename T>
+  void Field(T& v) {
+    if constexpr (std::is_same_v<T, bool>) {
+      v = Pod<uint8_t>() != 0;
+    } else if constexpr (std::is_same_v<T, RequestType>) {
+      v = Enum<RequestType>(kNumRequestTypes, "request type");
+    } else if constexpr (std::is_same_v<T, DataType>) {
+      v = Enum<DataType>(kNumDataTypes, "dtype");
+    } else if constexpr (std::is_same_v<T, ReduceOp>) {
+      v = Enum<ReduceOp>(kNumReduceOps, "reduce op");
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      v = Str();
+    } else if constexpr (std::is_same_v<T, CompressionSpec>) {
+      v = Spec();
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      v = Ints();
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>> ||
+                         std::is_same_v<T, std::vector<std::vector<int64_t>>>) {
+      v.resize(Count(sizeof(uint64_t)));
+      for (auto& item : v) Field(item);
+    } else {
+      static_assert(std::is_arithmetic_v<T>, "a message field of a type the encoding does not know");
+      v = Pod<T>();
+    }
+  }
   bool Done() const { return pos_ == in_.size(); }
 
  private:
@@ -177,96 +223,38 @@ class Reader {
 
 }  // namespace
 
-std::string SerializeRequests(const std::vector<Request>& requests) {
+namespace {
+
+// A list of messages: its length, then each message's fields (M::ForEachField) in order.
+template <typename M>
+std::string SerializeList(const std::vector<M>& messages) {
   Writer w;
-  w.Pod(static_cast<uint64_t>(requests.size()));
-  for (const Request& r : requests) {
-    w.Pod(r.rank);
-    w.Pod(r.type);
-    w.Str(r.name);
-    w.Pod(r.dtype);
-    w.Ints(r.shape);
-    w.Pod(r.op);
-    w.Pod(r.root);
-    w.Pod(r.prescale);
-    w.Pod(r.postscale);
-    w.Spec(r.compression);
-    w.Ints(r.splits);
-    w.Pod(static_cast<uint8_t>(r.on_device));
-    w.Pod(r.priority);
-  }
+  w.Pod(static_cast<uint64_t>(messages.size()));
+  for (const M& m : messages) M::ForEachField(m, [&w](const auto& v) { w.Field(v); });
   return w.Take();
 }
+
+template <typename M>
+std::vector<M> ParseList(const std::string& bytes, uint64_t min_bytes, const char* what) {
+  Reader rd(bytes);
+  std::vector<M> out(rd.Count(min_bytes));
+  for (M& m : out) M::ForEachField(m, [&rd](auto& v) { rd.Field(v); });
+  GC_ENFORCE(rd.Done(), "trailing bytes after the ", what, " list");
+  return out;
+}
+
+}  // namespace
+
+std::string SerializeRequests(const std::vector<Request>& requests) { return SerializeList(requests); }
 
 std::vector<Request> ParseRequests(const std::string& bytes) {
-  Reader rd(bytes);
-  std::vector<Request> out(rd.Count(kMinRequestBytes));
-  for (Request& r : out) {
-    r.rank = rd.Pod<int32_t>();
-    r.type = rd.Enum<RequestType>(kNumRequestTypes, "request type");
-    r.name = rd.Str();
-    r.dtype = rd.Enum<DataType>(kNumDataTypes, "dtype");
-    r.shape = rd.Ints();
-    r.op = rd.Enum<ReduceOp>(kNumReduceOps, "reduce op");
-    r.root = rd.Pod<int32_t>();
-    r.prescale = rd.Pod<double>();
-    r.postscale = rd.Pod<double>();
-    r.compression = rd.Spec();
-    r.splits = rd.Ints();
-    r.on_device = rd.Pod<uint8_t>() != 0;
-    r.priority = rd.Pod<int32_t>();
-  }
-  GC_ENFORCE(rd.Done(), "trailing bytes after the request list");
-  return out;
+  return ParseList<Request>(bytes, kMinRequestBytes, "request");
 }
 
-std::string SerializeResponses(const std::vector<Response>& responses) {
-  Writer w;
-  w.Pod(static_cast<uint64_t>(responses.size()));
-  for (const Response& r : responses) {
-    w.Pod(r.type);
-    w.Str(r.error);
-    w.Pod(static_cast<uint64_t>(r.names.size()));
-    for (const auto& n : r.names) w.Str(n);
-    w.Pod(r.dtype);
-    w.Pod(r.op);
-    w.Pod(r.root);
-    w.Pod(r.prescale);
-    w.Pod(r.postscale);
-    w.Spec(r.compression);
-    w.Pod(static_cast<uint64_t>(r.shapes.size()));
-    for (const auto& s : r.shapes) w.Ints(s);
-    w.Ints(r.rank_dims);
-    w.Pod(r.last_joined);
-    w.Pod(static_cast<uint8_t>(r.on_device));
-    w.Ints(r.priorities);
-  }
-  return w.Take();
-}
+std::string SerializeResponses(const std::vector<Response>& responses) { return SerializeList(responses); }
 
 std::vector<Response> ParseResponses(const std::string& bytes) {
-  Reader rd(bytes);
-  std::vector<Response> out(rd.Count(kMinResponseBytes));
-  for (Response& r : out) {
-    r.type = rd.Enum<RequestType>(kNumRequestTypes, "request type");
-    r.error = rd.Str();
-    r.names.resize(rd.Count(sizeof(uint64_t)));
-    for (auto& n : r.names) n = rd.Str();
-    r.dtype = rd.Enum<DataType>(kNumDataTypes, "dtype");
-    r.op = rd.Enum<ReduceOp>(kNumReduceOps, "reduce op");
-    r.root = rd.Pod<int32_t>();
-    r.prescale = rd.Pod<double>();
-    r.postscale = rd.Pod<double>();
-    r.compression = rd.Spec();
-    r.shapes.resize(rd.Count(sizeof(uint64_t)));
-    for (auto& s : r.shapes) s = rd.Ints();
-    r.rank_dims = rd.Ints();
-    r.last_joined = rd.Pod<int32_t>();
-    r.on_device = rd.Pod<uint8_t>() != 0;
-    r.priorities = rd.Ints();
-  }
-  GC_ENFORCE(rd.Done(), "trailing bytes after the response list");
-  return out;
+  return ParseList<Response>(bytes, kMinResponseBytes, "response");
 }
 
 }  // namespace gradcomp

@@ -48,6 +48,24 @@ struct Request {
 
   /// Product of the shape (1 for a scalar).
   int64_t NumElements() const;
+  /// Calls f(field) on every field in wire order: the one list the encoding writes and reads
+  /// (core/message.cc), as CompressionSpec::ForEachField is the spec's. `Self`: (const) Request.
+  template <typename Self, typename F>
+  static void ForEachField(Self& r, F&& f) {
+    f(r.rank);
+    f(r.type);
+    f(r.name);
+    f(r.dtype);
+    f(r.shape);
+    f(r.op);
+    f(r.root);
+    f(r.prescale);
+    f(r.postscale);
+    f(r.compression);
+    f(r.splits);
+    f(r.on_device);
+    f(r.priority);
+  }
 };
 
 /// What every rank executes, in the same order. A response names one tensor, or several
@@ -82,6 +100,24 @@ struct Response {
   int64_t Priority() const;
   /// The response of tensor k alone (a fused response unfused), without copying the others.
   Response Single(size_t k) const;
+  /// Calls f(field) on every field in wire order (as Request::ForEachField).
+  template <typename Self, typename F>
+  static void ForEachField(Self& r, F&& f) {
+    f(r.type);
+    f(r.error);
+    f(r.names);
+    f(r.dtype);
+    f(r.op);
+    f(r.root);
+    f(r.prescale);
+    f(r.postscale);
+    f(r.compression);
+    f(r.shapes);
+    f(r.rank_dims);
+    f(r.last_joined);
+    f(r.on_device);
+    f(r.priorities);
+  }
 };
 
 /// Binary encoding of request and response lists (little-endian, length-prefixed).
