@@ -141,11 +141,7 @@ void Executor::RunAllreduce(const Response& r, EntryList& entries) {
   }
   AllreduceOptions o;
   o.count = static_cast<size_t>(total);
-  o.dtype = r.dtype;
-  o.op = r.op;
-  o.prescale = r.prescale;
-  o.postscale = r.postscale;
-  o.name = FusedName(r);
+  DescribeReduction(r, o);
   // The tensors are reduced where they lie, as one buffer: the communicator fuses them (or
   // stages them straight into shared memory); a joined rank contributes zeros.
   std::vector<BufferPiece> pieces(n);

@@ -29,12 +29,7 @@ void Executor::RunAllgather(const Response& r, EntryList& entries) {
   if (!r.compression.exact()) {
     RunCompressedAllgather(r, entries, o.input, o.counts, out_bytes);
   } else if (&DeviceOf(entries) != &HostDevice()) {
-    RunIntoDeviceOutput(r, entries, o.count * esize, out_bytes, true, [&](Communicator& comm, const void* in, void* out) {
-      AllgatherOptions d = o;
-      d.input = in;
-      d.output = out;
-      Allgather(comm, d);
-    });
+    RunIntoDeviceOutput(r, entries, o.count * esize, out_bytes, true, OnBuffers(o, Allgather));
   } else {
     std::vector<char> local;
     o.output = HostOutput(entries, out_bytes, local);
@@ -101,12 +96,7 @@ void Executor::RunAlltoall(const Response& r, EntryList& entries) {
   if (&DeviceOf(entries) != &HostDevice()) {
     size_t in_bytes = 0;
     for (size_t c : o.send_counts) in_bytes += c * esize;
-    RunIntoDeviceOutput(r, entries, in_bytes, out_bytes, true, [&](Communicator& comm, const void* in, void* out) {
-      AlltoallOptions d = o;
-      d.input = in;
-      d.output = out;
-      Alltoall(comm, d);
-    });
+    RunIntoDeviceOutput(r, entries, in_bytes, out_bytes, true, OnBuffers(o, Alltoall));
   } else {
     std::vector<char> unused;
     o.output = HostOutput(entries, out_bytes, unused);
@@ -125,11 +115,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries, bool thro
   const std::vector<size_t> rows = EvenSplit(static_cast<size_t>(shape[0]), topo_.size());
   const size_t me = static_cast<size_t>(topo_.rank());
   ReducescatterOptions o;
-  o.dtype = r.dtype;
-  o.op = r.op;
-  o.prescale = r.prescale;
-  o.postscale = r.postscale;
-  o.name = r.names[0];
+  DescribeReduction(r, o);
   for (size_t rr : rows) o.counts.push_back(rr * row);
   if (entries[0]) {
     o.input = entries[0]->input;
@@ -151,10 +137,7 @@ void Executor::RunReducescatter(const Response& r, EntryList& entries, bool thro
     const size_t in_bytes = static_cast<size_t>(NumElements(shape)) * esize;
     RunIntoDeviceOutput(r, entries, in_bytes, out_bytes, direct, [&](Communicator& comm, const void* in, void* out) {
       if (comm.device_memory() == nullptr) {  // staged: the host collective does it all
-        ReducescatterOptions d = o;
-        d.input = in;
-        d.output = out;
-        return Reducescatter(comm, d);
+        return OnBuffers(o, Reducescatter)(comm, in, out);
       }
       if (o.prescale != 1.0) {
         void* scaled = on.bounce.Reserve(device, in_bytes);

@@ -148,10 +148,8 @@ CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const 
   o.input = s.input;
   o.output = s.output;
   for (size_t seg : s.segments) o.count += seg;
-  o.dtype = s.dtype;
-  o.op = r.op;
-  o.prescale = r.prescale;
-  o.postscale = r.postscale;
+  DescribeReduction(r, o);
+  o.dtype = s.dtype;  // DGC's velocities are float32 whatever the tensors' dtype
   o.codec = &codec;
   o.params = ParamsOf(r.compression);
   o.params.seed = static_cast<uint64_t>(settings_.seed);
@@ -166,7 +164,6 @@ CompressedAllreduceOptions Executor::CompressedOptions(const Response& r, const 
   o.pipeline_stripes = settings_.pipeline_stripes > 0 ? static_cast<size_t>(settings_.pipeline_stripes)
                        : auto_stripes                 ? kAutoPipelineStripes
                                                       : 1;
-  o.name = FusedName(r);
   return o;
 }
 

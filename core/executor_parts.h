@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/executor.h"
+#include "ops/collectives/reduction_options.h"
 #include "ops/common/shape.h"
 
 namespace gradcomp {
@@ -27,6 +28,28 @@ inline std::string EndArgs(DataType dtype, const std::vector<int64_t>& shape, in
 inline std::string FusedName(const Response& r) {
   const size_t n = r.names.size();
   return n == 1 ? r.names[0] : "fusion of " + std::to_string(n) + " tensors starting with '" + r.names[0] + "'";
+}
+
+// The response's reduction into `o`: dtype, op, scale factors, and its name for messages
+// (FusedName); the buffers and counts are the caller's.
+inline void DescribeReduction(const Response& r, ReductionOptions& o) {
+  o.dtype = r.dtype;
+  o.op = r.op;
+  o.prescale = r.prescale;
+  o.postscale = r.postscale;
+  o.name = FusedName(r);
+}
+
+// The collective `run` on a copy of its options `o` with the buffers RunIntoDeviceOutput hands
+// it (`in`, `out`: the device's, or host staging).
+template <typename Options>
+auto OnBuffers(const Options& o, void (*run)(Communicator&, const Options&)) {
+  return [&o, run](Communicator& comm, const void* in, void* out) {
+    Options d = o;
+    d.input = in;
+    d.output = out;
+    run(comm, d);
+  };
 }
 
 inline Device& EntryDevice(const TensorEntry& e) { return e.device != nullptr ? *e.device : HostDevice(); }

@@ -21,15 +21,11 @@ CompressedAllreduceOptions Executor::ShardedOptions(const Response& r, EntryList
   o.output = &device == &HostDevice() ? static_cast<void*>(HostOutput(entries, out_bytes, local))
                                       : entries[0]->handle->ReserveDeviceOutput(device, out_bytes);
   for (size_t c : counts) o.count += c;
-  o.dtype = r.dtype;
-  o.op = r.op;
-  o.prescale = r.prescale;
-  o.postscale = r.postscale;
+  DescribeReduction(r, o);
   o.codec = &FindCodec(r.compression.codec);
   o.params = ParamsOf(r.compression);
   o.params.seed = static_cast<uint64_t>(settings_.seed);
   o.params.step = ++compressed_steps_;
-  o.name = r.names[0];
   if (timeline_.active()) {
     o.on_phase = [this, name = r.names[0]](const char* phase, bool begin) {
       begin ? timeline_.Begin(name, phase) : timeline_.End(name, phase);

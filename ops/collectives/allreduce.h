@@ -8,24 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "ops/collectives/reduction_options.h"
 #include "ops/comm/communicator.h"
 #include "ops/comm/topology.h"
 
 namespace gradcomp {
 
 /// Arguments of one allreduce. `output` may equal `input`.
-struct AllreduceOptions {
-  const void* input = nullptr;
-  void* output = nullptr;
+struct AllreduceOptions : ReductionOptions {
   size_t count = 0;
-  DataType dtype = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  /// Multiplies the input before the reduction.
-  double prescale = 1.0;
-  /// Multiplies the result (after Average's division by the number of ranks).
-  double postscale = 1.0;
-  /// Tensor name, for error messages.
-  std::string name;
 };
 
 /// Flat allreduce over `comm`; the reduction itself is the communicator's (MPI's) collective

@@ -81,6 +81,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/collectives/reduction_options.h"
 #include "ops/comm/communicator.h"
 #include "ops/comm/topology.h"
 #include "ops/compression/codec.h"
@@ -116,16 +117,10 @@ struct CompressionWorkspace {
 /// Sum or Average. `output` may equal `input`. Every buffer (input, output, residuals) is in
 /// the memory of `device`; encoding, reduction and decoding run there, and only encoded bytes
 /// are staged to the host for the communicator. The work is done when the call returns.
-struct CompressedAllreduceOptions {
+struct CompressedAllreduceOptions : ReductionOptions {
   /// The device the buffers live on (null: the host).
   Device* device = nullptr;
-  const void* input = nullptr;
-  void* output = nullptr;
   size_t count = 0;
-  DataType dtype = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  double prescale = 1.0;
-  double postscale = 1.0;
   const Codec* codec = nullptr;
   CodecParams params;
   /// Element counts of the tensors packed in the buffer (summing to count); quantization
@@ -145,7 +140,6 @@ struct CompressedAllreduceOptions {
   CompressionWorkspace* workspace = nullptr;
   /// Called as each phase ("COMPRESS", "COMMUNICATE", "DECOMPRESS") begins and ends (timeline).
   std::function<void(const char* phase, bool begin)> on_phase;
-  std::string name;
 };
 
 /// What a compressed allreduce moved and spent.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/collectives/reduction_options.h"
 #include "ops/comm/communicator.h"
 #include "ops/comm/topology.h"
 
@@ -12,15 +13,8 @@ namespace gradcomp {
 /// Arguments of one reduce-scatter: `input` holds sum(counts) elements; rank r receives the
 /// reduced slice of counts[r] elements starting at the prefix sum of counts[0..r).
 /// EvenSplit(total, size) gives Horovod's default split.
-struct ReducescatterOptions {
-  const void* input = nullptr;
-  void* output = nullptr;
+struct ReducescatterOptions : ReductionOptions {
   std::vector<size_t> counts;
-  DataType dtype = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  double prescale = 1.0;
-  double postscale = 1.0;
-  std::string name;
 };
 
 /// Reduces across ranks; each rank keeps its slice.
