@@ -9,6 +9,7 @@ fail in the ranks, as where torch is not installed.
 """
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,7 +43,16 @@ def main():
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.n), LOCAL_WORLD_SIZE=str(args.n),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it: the ranks share the cores
-        procs.append(subprocess.Popen(args.command, env=env))
+        # A session of its own: ending a rank ends whatever it started (a wrapper's child).
+        procs.append(subprocess.Popen(args.command, env=env, start_new_session=True))
+    def end_all(signum, _frame):  # envrun itself ended (a test's timeout, Ctrl-C): its ranks too
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end_all)
+    signal.signal(signal.SIGINT, end_all)
     failed, deadline = 0, None
     while any(proc.poll() is None for proc in procs):
         for r, proc in enumerate(procs):
@@ -53,7 +63,7 @@ def main():
         if deadline is not None and time.time() > deadline:
             for proc in procs:
                 if proc.poll() is None:
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)
         time.sleep(0.1)
     codes = [proc.returncode for proc in procs]
     return failed or next((c for c in codes if c != 0), 0)

@@ -39,8 +39,10 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none
 TIMEOUT = 6          # GRADCOMP_COLLECTIVE_TIMEOUT_SECONDS in these jobs
 SLACK = 6            # after the deadline: the exception reaching Python, exit (2 cores, 3 ranks)
 # Each rank's output goes to LOGDIR/rank-R.log, then the status it exited with and when; the
-# wrapper then ends as its rank did (killed by the same signal), so mpirun sees what happened.
-WRAPPER = ('exec >"$0/rank-$OMPI_COMM_WORLD_RANK.log" 2>&1; "$@"; s=$?; '
+# wrapper then ends as its rank did (killed by the same signal), so mpirun sees what happened. A
+# launcher's SIGTERM (or SIGINT, SIGHUP) to the wrapper ends the rank too, not the wrapper alone.
+WRAPPER = ('exec >"$0/rank-$OMPI_COMM_WORLD_RANK.log" 2>&1; "$@" & c=$!; '
+           'trap \'kill -9 $c; trap - TERM INT HUP; kill -TERM $$\' TERM INT HUP; wait $c; s=$?; '
            'echo "fault-test exit $s at $(date +%s.%N)"; [ $s -gt 128 ] && kill -$((s - 128)) $$; exit $s')
 
 
@@ -434,8 +436,16 @@ def test_an_uncaught_exception_anywhere_ends_the_job_in_seconds(tmp_path, at, la
         assert job.event(r, "finished") is None or at == "exit", job.describe()
     if launcher == "mpirun":
         assert_clean(job, tmp_path)
-    else:
-        assert not subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout, job.describe()
+    assert_no_worker_left(job)
+
+
+def assert_no_worker_left(job):
+    """No rank's process left running (a launcher that ended a rank's wrapper alone left the rank)."""
+    deadline = time.time() + 10
+    while subprocess.run(["pgrep", "-f", WORKER], capture_output=True).stdout and time.time() < deadline:
+        time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-af", WORKER], capture_output=True, text=True).stdout
+    assert not left, f"ranks left running:\n{left}\n{job.describe()}"
 
 
 def test_a_rank_that_never_shuts_down_holds_the_others_teardown_for_the_timeout_at_most(tmp_path):
