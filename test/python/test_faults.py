@@ -429,8 +429,9 @@ def test_an_uncaught_exception_anywhere_ends_the_job_in_seconds(tmp_path, at, la
         if job.exit(r) is not None and at not in ("outside", "before_init") and (at != "exit" or launcher == "mpirun"):
             assert re.search(r"by rank 1 |to rank 1 ", job.logs[r]), f"rank {r}\n{job.describe()}"
     if at in ("outside", "before_init"):  # the others wait outside gradcomp, or in its init
-        assert re.search(r"\[\[\d+,\d+\],1\]|rank\s*:\s*1 \(local_rank|envrun: rank 1 exited", job.output), \
-            job.describe()
+        # Open MPI 4's report names [[job,1],1], Open MPI 5's [prterun-HOST-PID@1,1]
+        assert re.search(r"\[\[\d+,\d+\],1\]|\[prterun-[^\]]*@\d+,1\]|rank\s*:\s*1 \(local_rank|envrun: rank 1 exited",
+                         job.output), job.describe()
     for r in range(3):
         assert "terminate called" not in job.logs.get(r, "") and "Aborted" not in job.logs.get(r, ""), job.describe()
         assert job.event(r, "finished") is None or at == "exit", job.describe()
@@ -469,8 +470,8 @@ def test_stopped_rank_fails_every_rank_after_the_shutdown_time(tmp_path, at):
     stopped = job.event(1, "stops calling gradcomp")
     assert stopped, job.describe()
     for r in (0, 2):
-        status = job.exit(r)
-        assert status is not None and status[0] == 1, job.describe()
+        status = job.ended_at(r)  # Open MPI 5 may end one as soon as the other exited
+        assert status is not None and status[0] in (1, None), job.describe()
         # Their scripts end on the error they do not catch: they leave at once, MPI unfinalized,
         # without waiting at exit for the stopped rank (which would never come).
         assert status[1] - stopped <= shutdown + SLACK, job.describe()
