@@ -107,13 +107,13 @@ Controller::CycleOutput Controller::RunCycle(CycleInput input) {
 }
 
 std::vector<int> Controller::RanksShuttingDown(bool mine) {
-  const int n = world_.size();
-  std::vector<uint64_t> bits((static_cast<size_t>(n) + 63) / 64, ~uint64_t{0});
-  if (mine) bits[static_cast<size_t>(rank_) / 64] &= ~(uint64_t{1} << (rank_ % 64));
+  const size_t n = static_cast<size_t>(world_.size());
+  std::vector<uint64_t> bits(Words(n), ~uint64_t{0});  // a cleared bit: that rank asked to stop
+  if (mine) ClearBit(bits, 0, static_cast<size_t>(rank_));
   world_.Allreduce(bits.data(), bits.data(), bits.size(), DataType::kInt64, ReduceOp::kBitwiseAnd);
   std::vector<int> ranks;
-  for (int r = 0; r < n; ++r) {
-    if (((bits[static_cast<size_t>(r) / 64] >> (r % 64)) & 1) == 0) ranks.push_back(r);
+  for (size_t r = 0; r < n; ++r) {
+    if (!TestBit(bits, 0, r)) ranks.push_back(static_cast<int>(r));
   }
   return ranks;
 }
