@@ -49,7 +49,8 @@ def steps_of(events, names, prefix):
 
 
 def responses_of(step):
-    """The step's responses: (queued, began, ended, wire bytes), in order of their start."""
+    """The step's responses: [began, ended, wire bytes, its last tensor queued], in order of
+    their start."""
     queued, open_, out = {}, {}, []
     for t, ph, name, e in step:
         what = e.get("name")
@@ -58,7 +59,7 @@ def responses_of(step):
         elif ph == "B" and what in ("ALLREDUCE", "COMMUNICATE") and name not in open_:
             open_[name] = (what, t)
         elif ph == "E" and name in open_ and open_[name][0] == what:
-            kind, began = open_.pop(name)
+            _, began = open_.pop(name)
             out.append((began, t, int(e.get("args", {}).get("wire_bytes", 0)), queued.get(name, began)))
     # Tensors fused into one response share its begin and end: one row each.
     fused = {}

@@ -115,14 +115,20 @@ def run(tmp_path, worker_args, **kw):
     return finish(tmp_path, proc, started, deadline)
 
 
+def still_running(pattern, wait=10):
+    """The processes whose command line matches `pattern` (pgrep -af), after waiting up to `wait`
+    seconds for them to end."""
+    deadline = time.time() + wait
+    while True:
+        left = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.2)
+
+
 def assert_clean(job, tmp_path):
     """No rank left running, no shared memory of the job left behind."""
-    deadline = time.time() + 10
-    while True:
-        left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
-        if not left or time.time() > deadline:
-            break
-        time.sleep(0.2)
+    left = still_running(str(tmp_path))
     assert not left, f"processes of the job still running: {left}\n{job.describe()}"
     assert job.jobid, job.describe()
     shm = [f for f in os.listdir("/dev/shm") if job.jobid in f]
@@ -442,10 +448,7 @@ def test_an_uncaught_exception_anywhere_ends_the_job_in_seconds(tmp_path, at, la
 
 def assert_no_worker_left(job):
     """No rank's process left running (a launcher that ended a rank's wrapper alone left the rank)."""
-    deadline = time.time() + 10
-    while subprocess.run(["pgrep", "-f", WORKER], capture_output=True).stdout and time.time() < deadline:
-        time.sleep(0.2)
-    left = subprocess.run(["pgrep", "-af", WORKER], capture_output=True, text=True).stdout
+    left = still_running(WORKER)
     assert not left, f"ranks left running:\n{left}\n{job.describe()}"
 
 

@@ -156,7 +156,6 @@ class _DistributedOptimizer(*_PARTS, torch.optim.Optimizer):
                               "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
                               "your code.")
             if closure is None and self._steps_in_exchange_order(self._wrapped_class):
-                self._apply_deferred(list(self._deferred))
                 self._step_in_exchange_order()
                 self._synchronized = False
                 return None
